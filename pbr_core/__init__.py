@@ -1,0 +1,1 @@
+"""pbr_core: Personalize Before Retrieve, framework-free."""

@@ -1,0 +1,99 @@
+"""PBR's parameters in one immutable object (spec §2), with the defaults and why."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+FusionMode = Literal[
+    "full",  # q + c_anchor + w1·f_avg + w2·r          (spec §2.4, the paper's PBR)
+    "no_anchor",  # q + w1·f_avg + w2·r with mid = q      (ablation "w/o P-Anchor")
+    "no_prf",  # q + c_anchor                           (ablation "w/o P-PRF")
+    "no_utterances",  # q + c_anchor + w2·r              (ablation: drop the pseudo utterances)
+    "no_reasoning",  # q + c_anchor + w1·f_avg           (ablation: drop the pseudo reasoning)
+    "plain",  # q                                    (no personalization at all)
+]
+FUSION_MODES: tuple[FusionMode, ...] = (
+    "full",
+    "no_anchor",
+    "no_prf",
+    "no_utterances",
+    "no_reasoning",
+    "plain",
+)
+
+
+@dataclass(frozen=True)
+class PBRConfig:
+    """All knobs of the method. Frozen: a config is part of every cache key.
+
+    Attributes:
+        k1: related history items shown to the LLM (spec §2.1; the authors used 10 on long
+            histories, 5 is the spec's default).
+        num_utterances: pseudo utterances asked for (``m``, spec §2.2).
+        max_item_chars: each related item is cut to this many characters in prompts, so a prompt
+            stays bounded whatever the history holds.
+        theta: similarity threshold of the anchor's kNN graph (spec §2.3).
+        k2: neighbours per node, the node itself included.
+        alpha: PageRank damping. ``1.0`` is pure power iteration, as in the authors' code.
+        pagerank_tol: stop when the L2 change of the PageRank vector falls below this.
+        pagerank_max_iter: step cap of the power iteration.
+        exact_knn_max_items: up to this many history items the kNN graph is exact (faiss flat
+            inner product); above it an HNSW index approximates it.
+        fusion: which terms enter the personalized query (spec §2.4, §2.5).
+        top_anchor_items: how many highest-PageRank items the explanation lists.
+    """
+
+    k1: int = 5
+    num_utterances: int = 10
+    max_item_chars: int = 800
+    theta: float = 0.5
+    k2: int = 5
+    alpha: float = 0.85
+    pagerank_tol: float = 1e-6
+    pagerank_max_iter: int = 50
+    exact_knn_max_items: int = 50_000
+    fusion: FusionMode = "full"
+    top_anchor_items: int = 3
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.k1 < 1:
+            problems.append(f"k1 must be >= 1, got {self.k1}")
+        if self.num_utterances < 1:
+            problems.append(f"num_utterances must be >= 1, got {self.num_utterances}")
+        if self.max_item_chars < 1:
+            problems.append(f"max_item_chars must be >= 1, got {self.max_item_chars}")
+        if not -1.0 <= self.theta <= 1.0:
+            problems.append(f"theta is a cosine threshold in [-1, 1], got {self.theta}")
+        if self.k2 < 1:
+            problems.append(f"k2 counts the node itself and must be >= 1, got {self.k2}")
+        if not 0.0 < self.alpha <= 1.0:
+            problems.append(f"alpha must lie in (0, 1], got {self.alpha}")
+        if self.pagerank_tol <= 0:
+            problems.append(f"pagerank_tol must be > 0, got {self.pagerank_tol}")
+        if self.pagerank_max_iter < 1:
+            problems.append(f"pagerank_max_iter must be >= 1, got {self.pagerank_max_iter}")
+        if self.fusion not in FUSION_MODES:
+            problems.append(f"fusion must be one of {FUSION_MODES}, got {self.fusion!r}")
+        if problems:
+            raise ValueError("invalid PBRConfig: " + "; ".join(problems))
+
+    def with_(self, **changes: Any) -> PBRConfig:
+        """A copy with some fields changed (validated like the original)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def anchor_key(self) -> tuple[float, int, float, float, int, int]:
+        """The fields the anchor depends on (its cache key, with the history version)."""
+        return (
+            self.theta,
+            self.k2,
+            self.alpha,
+            self.pagerank_tol,
+            self.pagerank_max_iter,
+            self.exact_knn_max_items,
+        )

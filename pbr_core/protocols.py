@@ -1,0 +1,68 @@
+"""The three things pbr_core needs from its host, as structural protocols.
+
+pbr_core never imports a framework. A LangChain ``Embeddings`` already satisfies
+:class:`Embedder`; the adapters wrap chat models / LLMs as :class:`TextGenerator` and vector
+stores as :class:`VectorSearch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Text to vectors. Output need not be normalised: pbr_core L2-normalises every vector."""
+
+    def embed_query(self, text: str) -> Sequence[float]: ...
+
+    def embed_documents(self, texts: list[str]) -> Sequence[Sequence[float]]: ...
+
+
+@runtime_checkable
+class AsyncEmbedder(Embedder, Protocol):
+    """An :class:`Embedder` with native async methods (used by the async pipeline when present)."""
+
+    async def aembed_query(self, text: str) -> Sequence[float]: ...
+
+    async def aembed_documents(self, texts: list[str]) -> Sequence[Sequence[float]]: ...
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    """Prompt in, text out. ``model_id`` keys the on-disk generation cache.
+
+    ``prompt_style`` tells which default prompts suit the model: ``"chat"`` for
+    instruction-following models (JSON answers), ``"completion"`` for base models that continue a
+    document (numbered lists). Generators without the attribute are treated as ``"chat"``.
+    """
+
+    model_id: str
+
+    def generate(self, prompt: str) -> str: ...
+
+
+@runtime_checkable
+class AsyncTextGenerator(TextGenerator, Protocol):
+    """A :class:`TextGenerator` with a native async method."""
+
+    async def agenerate(self, prompt: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One search result: an item of one user's corpus and its cosine / inner-product score."""
+
+    id: str
+    score: float
+    text: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class VectorSearch(Protocol):
+    """Nearest-neighbour search restricted to one user's items (a pre-filter, never a post-filter)."""
+
+    def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]: ...
