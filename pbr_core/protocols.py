@@ -63,6 +63,6 @@ class SearchHit:
 
 @runtime_checkable
 class VectorSearch(Protocol):
-    """Nearest-neighbour search restricted to one user's items (a pre-filter, never a post-filter)."""
+    """Nearest-neighbour search within one user's items (a pre-filter, never a post-filter)."""
 
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]: ...

@@ -1,0 +1,34 @@
+"""Exceptions with messages that say what was wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class PBRError(Exception):
+    """Base class of every error raised on purpose by pbr_core."""
+
+
+class UnknownUserError(PBRError, KeyError):
+    """The user has no history in the store."""
+
+    def __init__(self, user_id: str) -> None:
+        self.user_id = user_id
+        super().__init__(
+            f"user {user_id!r} has no history; add items first with "
+            f"Personalizer.add_texts({user_id!r}, [...]) (or the adapter's add_documents(..., "
+            f"user_id={user_id!r}))"
+        )
+
+    def __str__(self) -> str:  # KeyError would otherwise print the repr of the message
+        return str(self.args[0])
+
+
+class EmbeddingError(PBRError, ValueError):
+    """An embedding was empty, NaN/inf, zero, or of the wrong dimension."""
+
+
+class PersistenceError(PBRError, OSError):
+    """A persisted folder is missing or damaged."""
+
+
+class GenerationError(PBRError):
+    """The LLM failed or its answer could not be used (raised only in strict mode)."""

@@ -1,0 +1,96 @@
+"""Fusion (spec §2.4, §2.5): the personalized query vector from its terms.
+
+    mid = (q + c_anchor) / 2          (mid = q without the anchor)
+    w1  = 1 + cos(mid, f_avg)
+    w2  = 1 + cos(mid, r)
+    q*  = q + c_anchor + w1·f_avg + w2·r
+
+A term that is missing (no history, an LLM answer that could not be used) or switched off by the
+fusion mode is simply left out; the caller records why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import FusionMode
+
+#: Which terms each fusion mode uses: (anchor, utterances, reasoning).
+MODE_TERMS: dict[FusionMode, tuple[bool, bool, bool]] = {
+    "full": (True, True, True),
+    "no_anchor": (False, True, True),
+    "no_prf": (True, False, False),
+    "no_utterances": (True, False, True),
+    "no_reasoning": (True, True, False),
+    "plain": (False, False, False),
+}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity; 0 when either vector is zero."""
+    na = float(np.linalg.norm(a))
+    nb = float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+@dataclass(frozen=True)
+class FusionResult:
+    """The personalized query and how it was made.
+
+    Attributes:
+        vector: ``q*`` as the spec defines it (not normalised; ranking by inner product or cosine
+            against unit-norm documents is the same).
+        w1: weight of the mean pseudo-utterance vector, ``None`` when that term is absent.
+        w2: weight of the reasoning vector, ``None`` when absent.
+        used: the names of the terms that entered ``q*`` (``"query"`` always does).
+    """
+
+    vector: np.ndarray
+    w1: float | None
+    w2: float | None
+    used: tuple[str, ...]
+
+
+def fuse(
+    q: np.ndarray,
+    *,
+    anchor: np.ndarray | None = None,
+    f_avg: np.ndarray | None = None,
+    r: np.ndarray | None = None,
+    mode: FusionMode = "full",
+) -> FusionResult:
+    """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
+
+    Args:
+        q: the unit query vector.
+        anchor: ``c_anchor`` or ``None``.
+        f_avg: mean of the unit pseudo-utterance vectors or ``None``.
+        r: the unit reasoning vector or ``None``.
+        mode: one of :data:`MODE_TERMS`.
+    """
+    want_anchor, want_f, want_r = MODE_TERMS[mode]
+    q = np.asarray(q, dtype=np.float64)
+    used = ["query"]
+    total = q.copy()
+    mid = q
+    if want_anchor and anchor is not None:
+        a = np.asarray(anchor, dtype=np.float64)
+        total += a
+        mid = (q + a) / 2.0
+        used.append("anchor")
+    w1 = w2 = None
+    if want_f and f_avg is not None:
+        f = np.asarray(f_avg, dtype=np.float64)
+        w1 = 1.0 + cosine(mid, f)
+        total += w1 * f
+        used.append("utterances")
+    if want_r and r is not None:
+        rr = np.asarray(r, dtype=np.float64)
+        w2 = 1.0 + cosine(mid, rr)
+        total += w2 * rr
+        used.append("reasoning")
+    return FusionResult(vector=total.astype(np.float32), w1=w1, w2=w2, used=tuple(used))

@@ -1,0 +1,641 @@
+"""The PBR pipeline: (user, query) → personalized query vector + explanation (spec §2).
+
+:class:`Personalizer` owns a :class:`~pbr_core.history.HistoryStore` and talks to an embedder, a
+text generator and optionally a host vector search through the protocols of
+:mod:`pbr_core.protocols`. The two LLM calls of P-PRF run concurrently: one batched call when
+the generator offers ``generate_batch`` (local models), threads for the sync API, and
+``asyncio.gather`` for the async one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .cache import GenerationCache
+from .config import PBRConfig
+from .errors import EmbeddingError, GenerationError
+from .fusion import MODE_TERMS, FusionResult, fuse
+from .history import HistoryItem, HistoryStore, UserHistory
+from .prf import (
+    CHAT_PROMPTS,
+    COMPLETION_PROMPTS,
+    Parsed,
+    PromptSet,
+    PromptStyle,
+    build_prompts,
+    parse_reasoning,
+    parse_utterances,
+)
+from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch
+from .vectors import aembed_documents, aembed_query, embed_documents, embed_query
+
+
+@dataclass(frozen=True)
+class PseudoFeedback:
+    """Ready-made P-PRF texts (e.g. cached generations of another LLM): skips the LLM calls."""
+
+    utterances: Sequence[str] = ()
+    reasoning: str | None = None
+
+
+@dataclass
+class Explanation:
+    """Why the personalized query is what it is. JSON-ready through :meth:`to_dict`.
+
+    Attributes:
+        user_id, query: the request.
+        fusion: the fusion mode.
+        used: the terms that entered ``q*``.
+        related: the history items shown to the LLM (score = cosine with the query).
+        pseudo_utterances, reasoning: the parsed LLM answers (empty / None when dropped).
+        w1, w2: fusion weights (None for a dropped term).
+        anchor_items: the most central history items (score = PageRank).
+        dropped: term → reason it is not in ``q*``.
+        timings_ms: milliseconds per stage.
+    """
+
+    user_id: str
+    query: str
+    fusion: str
+    used: tuple[str, ...] = ()
+    related: list[SearchHit] = field(default_factory=list)
+    pseudo_utterances: list[str] = field(default_factory=list)
+    reasoning: str | None = None
+    w1: float | None = None
+    w2: float | None = None
+    anchor_items: list[SearchHit] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def hit(h: SearchHit) -> dict[str, Any]:
+            return {"id": h.id, "score": round(h.score, 6), "text": h.text}
+
+        return {
+            "user_id": self.user_id,
+            "query": self.query,
+            "fusion": self.fusion,
+            "used": list(self.used),
+            "related": [hit(h) for h in self.related],
+            "pseudo_utterances": list(self.pseudo_utterances),
+            "reasoning": self.reasoning,
+            "w1": self.w1,
+            "w2": self.w2,
+            "anchor_items": [hit(h) for h in self.anchor_items],
+            "dropped": dict(self.dropped),
+            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
+        }
+
+
+@dataclass
+class PersonalizedQuery:
+    """The result of :meth:`Personalizer.personalize`.
+
+    Attributes:
+        vector: ``q*`` scaled to unit norm (ranking by inner product or cosine is unchanged).
+        query_vector: the plain unit query vector ``q``.
+        explanation: how ``vector`` was made.
+    """
+
+    vector: np.ndarray
+    query_vector: np.ndarray
+    explanation: Explanation
+
+
+@dataclass
+class SearchResult:
+    hits: list[SearchHit]
+    personalized: PersonalizedQuery
+
+
+class _Stopwatch:
+    def __init__(self, timings: dict[str, float]) -> None:
+        self.timings = timings
+        self._t = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + (now - self._t) * 1000.0
+        self._t = now
+
+
+@dataclass
+class _Request:
+    """Per-request state: it lives on the stack, never on the shared Personalizer."""
+
+    user_id: str
+    query: str
+    config: PBRConfig
+    history: UserHistory
+    explanation: Explanation
+    watch: _Stopwatch
+    started: float = field(default_factory=time.perf_counter)
+    q: np.ndarray | None = None
+    anchor: np.ndarray | None = None
+    needs_llm: bool = False
+
+
+class Personalizer:
+    """Personalize Before Retrieve for many users.
+
+    Args:
+        embedder: any :class:`~pbr_core.protocols.Embedder` (a LangChain ``Embeddings`` works
+            as is). Default: the embedded all-MiniLM-L6-v2, loaded on first use.
+        generator: any :class:`~pbr_core.protocols.TextGenerator`. Default: the embedded Gemma 3
+            270M, loaded on first use, and only if a fusion mode needs the LLM.
+        config: the method's parameters.
+        store: an existing history store (e.g. loaded from disk).
+        prompts: the P-PRF prompt templates; by default chosen from the generator's
+            ``prompt_style`` (``"chat"`` → JSON prompts, ``"completion"`` → list prompts).
+        cache: a :class:`GenerationCache` or a path to its JSONL file; no cache when None.
+        vector_search: the final search; default is the store's own per-user faiss index.
+        strict: raise :class:`GenerationError` when the LLM fails or its answer is unusable,
+            instead of dropping the term.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder | None = None,
+        generator: TextGenerator | None = None,
+        *,
+        config: PBRConfig | None = None,
+        store: HistoryStore | None = None,
+        prompts: PromptSet | None = None,
+        cache: GenerationCache | str | None = None,
+        vector_search: VectorSearch | None = None,
+        strict: bool = False,
+    ) -> None:
+        self._embedder = embedder
+        self._generator = generator
+        self.config = config or PBRConfig()
+        self.store = store or HistoryStore()
+        self.prompts = prompts
+        self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
+        self.vector_search = vector_search
+        self.strict = strict
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- collaborators -------------------------------------------------------------------------
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            from .models import default_embedder
+
+            self._embedder = default_embedder()
+        return self._embedder
+
+    @property
+    def generator(self) -> TextGenerator:
+        if self._generator is None:
+            from .models import default_generator
+
+            self._generator = default_generator()
+        return self._generator
+
+    def prompts_for(self, generator: TextGenerator) -> PromptSet:
+        """The prompt set used with ``generator``: the explicit one, else by its prompt style."""
+        if self.prompts is not None:
+            return self.prompts
+        style = getattr(generator, "prompt_style", "chat")
+        return COMPLETION_PROMPTS if style == "completion" else CHAT_PROMPTS
+
+    # -- history -------------------------------------------------------------------------------
+    def add_texts(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        *,
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[dict[str, Any]] | None = None,
+        timestamps: Sequence[float | None] | None = None,
+    ) -> list[str]:
+        """Embed and store texts for a user; returns their ids (new uuid4 hex when not given)."""
+        return self.add_items(user_id, _items(texts, ids, metadatas, timestamps))
+
+    def add_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
+        """Store items, embedding only those whose (id, text) is not stored yet."""
+        items = list(items)
+        known = self.store.known_vectors(user_id, items)
+        todo = [i for i, v in enumerate(known) if v is None]
+        fresh = embed_documents(self.embedder, [items[i].text for i in todo], dim=self.store.dim)
+        self._record_model()
+        self.store.upsert(user_id, items, _merge_vectors(known, todo, fresh))
+        return [item.id for item in items]
+
+    async def aadd_texts(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        *,
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[dict[str, Any]] | None = None,
+        timestamps: Sequence[float | None] | None = None,
+    ) -> list[str]:
+        return await self.aadd_items(user_id, _items(texts, ids, metadatas, timestamps))
+
+    async def aadd_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
+        items = list(items)
+        known = self.store.known_vectors(user_id, items)
+        todo = [i for i, v in enumerate(known) if v is None]
+        fresh = await aembed_documents(
+            self.embedder, [items[i].text for i in todo], dim=self.store.dim
+        )
+        self._record_model()
+        self.store.upsert(user_id, items, _merge_vectors(known, todo, fresh))
+        return [item.id for item in items]
+
+    def delete(self, user_id: str, ids: Sequence[str]) -> None:
+        """Remove items; their anchor and index are rebuilt on the next query."""
+        self.store.delete(user_id, ids)
+
+    def _record_model(self) -> None:
+        if self.store.embedding_model_id is None:
+            self.store.embedding_model_id = _model_id(self.embedder)
+
+    def save(self, path: str) -> None:
+        self.store.save(path)
+
+    @classmethod
+    def load(cls, path: str, embedder: Embedder | None = None, **kwargs: Any) -> Personalizer:
+        """A personalizer over a saved store; refuses an embedder of another model."""
+        from .errors import PersistenceError
+
+        store = HistoryStore.load(path)
+        if embedder is not None and store.embedding_model_id is not None:
+            current = _model_id(embedder)
+            if current != store.embedding_model_id:
+                raise PersistenceError(
+                    f"{path} holds vectors of {store.embedding_model_id!r}, but the embedder is "
+                    f"{current!r}; re-add the history with this embedder instead"
+                )
+        return cls(embedder, store=store, **kwargs)
+
+    # -- the method ----------------------------------------------------------------------------
+    def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
+        """The user's most central history items by PageRank (the P-Anchor), most central first."""
+        cfg = config or self.config
+        history = self.store.get(user_id)
+        result = history.anchor(cfg)
+        if result is None:
+            return []
+        return [_hit(history, i, score) for i, score in result.top_items(cfg.top_anchor_items)]
+
+    def personalize(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        config: PBRConfig | None = None,
+        generator: TextGenerator | None = None,
+        feedback: PseudoFeedback | None = None,
+        strict: bool | None = None,
+    ) -> PersonalizedQuery:
+        """The personalized query vector for ``user_id`` and ``query``.
+
+        Args:
+            config: per-call parameters (default: the personalizer's).
+            generator: per-call generator, e.g. one that carries this request's callbacks.
+            feedback: ready-made pseudo utterances / reasoning; no LLM call is made.
+            strict: per-call override of :attr:`strict`.
+        """
+        req = self._start(user_id, query, config)
+        req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
+        req.watch.lap("embed_query")
+        self._related_and_anchor(req)
+        texts: tuple[str | BaseException | None, str | BaseException | None]
+        if feedback is not None:
+            texts = _feedback_texts(feedback)
+        elif req.needs_llm:
+            gen = generator or self.generator
+            texts = self._generate(gen, self._prompt_pair(req, gen))
+        else:
+            texts = (None, None)
+        req.watch.lap("llm")
+        parsed = self._parse(req, texts, generator, feedback, strict)
+        feedback_texts = [*parsed[0].items, *parsed[1].items]
+        vecs = embed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
+        req.watch.lap("embed_feedback")
+        return self._finish(req, parsed, vecs)
+
+    async def apersonalize(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        config: PBRConfig | None = None,
+        generator: TextGenerator | None = None,
+        feedback: PseudoFeedback | None = None,
+        strict: bool | None = None,
+    ) -> PersonalizedQuery:
+        """Async :meth:`personalize`: native async embedder/LLM calls when they exist."""
+        req = self._start(user_id, query, config)
+        req.q = await aembed_query(self.embedder, req.query, dim=self.store.dim)
+        req.watch.lap("embed_query")
+        self._related_and_anchor(req)
+        texts: tuple[str | BaseException | None, str | BaseException | None]
+        if feedback is not None:
+            texts = _feedback_texts(feedback)
+        elif req.needs_llm:
+            gen = generator or self.generator
+            texts = await self._agenerate(gen, self._prompt_pair(req, gen))
+        else:
+            texts = (None, None)
+        req.watch.lap("llm")
+        parsed = self._parse(req, texts, generator, feedback, strict)
+        feedback_texts = [*parsed[0].items, *parsed[1].items]
+        vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
+        req.watch.lap("embed_feedback")
+        return self._finish(req, parsed, vecs)
+
+    def search(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
+        """Personalize, then search the user's corpus with ``q*`` (keyword args as
+        :meth:`personalize`)."""
+        pq = self.personalize(user_id, query, **kwargs)
+        return SearchResult(self._final_search(user_id, pq, k), pq)
+
+    async def asearch(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
+        pq = await self.apersonalize(user_id, query, **kwargs)
+        if self.vector_search is None:
+            hits = self._final_search(user_id, pq, k)  # in-process faiss: microseconds
+        else:
+            hits = await asyncio.to_thread(self._final_search, user_id, pq, k)
+        return SearchResult(hits, pq)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _start(self, user_id: str, query: str, config: PBRConfig | None) -> _Request:
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("query must be a non-empty string")
+        cfg = config or self.config
+        history = self.store.get(user_id)
+        explanation = Explanation(user_id=user_id, query=query.strip(), fusion=cfg.fusion)
+        return _Request(
+            user_id=user_id,
+            query=query.strip(),
+            config=cfg,
+            history=history,
+            explanation=explanation,
+            watch=_Stopwatch(explanation.timings_ms),
+        )
+
+    def _related_and_anchor(self, req: _Request) -> None:
+        cfg, history, expl = req.config, req.history, req.explanation
+        assert req.q is not None
+        want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
+        related = [_hit(history, i, s) for i, s in history.search(req.q, cfg.k1)]
+        expl.related = related
+        req.watch.lap("related_history")
+        if want_anchor:
+            if len(history) < 2:
+                expl.dropped["anchor"] = (
+                    f"the history has {len(history)} item(s); an anchor needs 2"
+                )
+            else:
+                result = history.anchor(cfg)
+                assert result is not None
+                req.anchor = result.vector
+                expl.anchor_items = [
+                    _hit(history, i, s) for i, s in result.top_items(cfg.top_anchor_items)
+                ]
+        req.watch.lap("anchor")
+        if want_f or want_r:
+            if not related:
+                for term, wanted in (("utterances", want_f), ("reasoning", want_r)):
+                    if wanted:
+                        expl.dropped[term] = "the user has no history to imitate"
+            else:
+                req.needs_llm = True
+
+    def _prompt_pair(self, req: _Request, generator: TextGenerator) -> tuple[str, str]:
+        prompts = self.prompts_for(generator)
+        cfg = req.config
+        history_texts = [h.text for h in req.explanation.related]
+        return build_prompts(
+            prompts, req.query, history_texts, m=cfg.num_utterances, max_chars=cfg.max_item_chars
+        )
+
+    # -- LLM calls -----------------------------------------------------------------------------
+    def _generate(
+        self, generator: TextGenerator, prompts: tuple[str, str]
+    ) -> tuple[str | BaseException, str | BaseException]:
+        """Both P-PRF answers, concurrently; a failure is returned, not raised."""
+        model_id = _model_id(generator)
+        outs: list[str | BaseException | None] = [self._cached(model_id, p) for p in prompts]
+        todo = [i for i, o in enumerate(outs) if o is None]
+        batch = getattr(generator, "generate_batch", None)
+        if len(todo) == 2 and batch is not None:
+            try:
+                texts = batch([prompts[0], prompts[1]])
+                outs[0], outs[1] = texts[0], texts[1]
+            except Exception as exc:
+                outs[0] = outs[1] = exc
+        elif len(todo) == 2:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pbr-llm")
+            futures = [self._executor.submit(generator.generate, prompts[i]) for i in todo]
+            for i, fut in zip(todo, futures):
+                try:
+                    outs[i] = fut.result()
+                except Exception as exc:
+                    outs[i] = exc
+        else:
+            for i in todo:
+                try:
+                    outs[i] = generator.generate(prompts[i])
+                except Exception as exc:
+                    outs[i] = exc
+        self._store(model_id, prompts, outs)
+        return outs[0], outs[1]  # type: ignore[return-value]
+
+    async def _agenerate(
+        self, generator: TextGenerator, prompts: tuple[str, str]
+    ) -> tuple[str | BaseException, str | BaseException]:
+        model_id = _model_id(generator)
+        outs: list[str | BaseException | None] = [self._cached(model_id, p) for p in prompts]
+        todo = [i for i, o in enumerate(outs) if o is None]
+        abatch = getattr(generator, "agenerate_batch", None)
+        if len(todo) == 2 and abatch is not None:
+            try:
+                texts = await abatch([prompts[0], prompts[1]])
+                outs[0], outs[1] = texts[0], texts[1]
+            except Exception as exc:
+                outs[0] = outs[1] = exc
+        elif todo:
+            results = await asyncio.gather(
+                *(_agenerate_one(generator, prompts[i]) for i in todo), return_exceptions=True
+            )
+            for i, res in zip(todo, results):
+                outs[i] = res
+        self._store(model_id, prompts, outs)
+        return outs[0], outs[1]  # type: ignore[return-value]
+
+    def _cached(self, model_id: str, prompt: str) -> str | None:
+        return self.cache.get(model_id, prompt) if self.cache is not None else None
+
+    def _store(
+        self, model_id: str, prompts: tuple[str, str], outs: list[str | BaseException | None]
+    ) -> None:
+        if self.cache is None:
+            return
+        for prompt, out in zip(prompts, outs):
+            if isinstance(out, str):
+                self.cache.put(model_id, prompt, out)
+
+    # -- parsing and fusion --------------------------------------------------------------------
+    def _parse(
+        self,
+        req: _Request,
+        texts: tuple[str | BaseException | None, str | BaseException | None],
+        generator: TextGenerator | None,
+        feedback: PseudoFeedback | None,
+        strict: bool | None,
+    ) -> tuple[Parsed, Parsed]:
+        cfg, expl = req.config, req.explanation
+        _, want_f, want_r = MODE_TERMS[cfg.fusion]
+        strict = self.strict if strict is None else strict
+        gen = None if feedback is not None else (generator or self._generator)
+        style: PromptStyle = self.prompts_for(gen).style if gen is not None else "chat"
+        results: list[Parsed] = []
+        for term, wanted, text in (
+            ("utterances", want_f, texts[0]),
+            ("reasoning", want_r, texts[1]),
+        ):
+            if not wanted:
+                if term not in expl.dropped:
+                    expl.dropped[term] = f"switched off by fusion mode {cfg.fusion!r}"
+                results.append(Parsed(()))
+                continue
+            if term in expl.dropped:
+                results.append(Parsed(()))
+                continue
+            if isinstance(text, BaseException):
+                reason = f"the LLM call failed: {type(text).__name__}: {text}"
+                if strict:
+                    raise GenerationError(f"{term}: {reason}") from text
+                expl.dropped[term] = reason
+                results.append(Parsed(()))
+                continue
+            if term == "utterances":
+                got = parse_utterances(text, limit=cfg.num_utterances, style=style)
+            else:
+                got = parse_reasoning(text, style=style)
+            if not got.items:
+                reason = got.problem or "nothing usable in the LLM answer"
+                if strict:
+                    raise GenerationError(f"{term}: {reason}")
+                expl.dropped[term] = reason
+            results.append(got)
+        expl.pseudo_utterances = list(results[0].items)
+        expl.reasoning = results[1].items[0] if results[1].items else None
+        req.watch.lap("parse")
+        return results[0], results[1]
+
+    def _finish(
+        self, req: _Request, parsed: tuple[Parsed, Parsed], vecs: np.ndarray
+    ) -> PersonalizedQuery:
+        assert req.q is not None
+        n_f = len(parsed[0].items)
+        f_avg = vecs[:n_f].mean(axis=0) if n_f else None
+        r = vecs[n_f] if parsed[1].items else None
+        result: FusionResult = fuse(
+            req.q, anchor=req.anchor, f_avg=f_avg, r=r, mode=req.config.fusion
+        )
+        expl = req.explanation
+        expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
+        norm = float(np.linalg.norm(result.vector))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise EmbeddingError("the personalized query vector is zero or not finite")
+        vector = (result.vector / norm).astype(np.float32)
+        req.watch.lap("fusion")
+        expl.timings_ms["total"] = (time.perf_counter() - req.started) * 1000.0
+        return PersonalizedQuery(vector=vector, query_vector=req.q, explanation=expl)
+
+    def _final_search(self, user_id: str, pq: PersonalizedQuery, k: int) -> list[SearchHit]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        start = time.perf_counter()
+        if self.vector_search is not None:
+            hits = self.vector_search.search(user_id, pq.vector.tolist(), k)
+        else:
+            history = self.store.get(user_id)
+            hits = [_hit(history, i, s) for i, s in history.search(pq.vector, k)]
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return hits
+
+
+class HistoryVectorSearch:
+    """:class:`~pbr_core.protocols.VectorSearch` over a :class:`HistoryStore` (per-user faiss)."""
+
+    def __init__(self, store: HistoryStore) -> None:
+        self.store = store
+
+    def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
+        history = self.store.get(user_id)
+        return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _model_id(obj: object) -> str:
+    for attr in ("model_id", "model_name", "model"):
+        value = getattr(obj, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(obj).__qualname__
+
+
+def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
+    item = history.items[pos]
+    return SearchHit(id=item.id, score=float(score), text=item.text, metadata=item.metadata)
+
+
+def _items(
+    texts: Sequence[str],
+    ids: Sequence[str] | None,
+    metadatas: Sequence[dict[str, Any]] | None,
+    timestamps: Sequence[float | None] | None,
+) -> list[HistoryItem]:
+    n = len(texts)
+    for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):
+        if seq is not None and len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries for {n} texts")
+    return [
+        HistoryItem(
+            id=str(ids[i]) if ids is not None else uuid.uuid4().hex,
+            text=texts[i],
+            metadata=dict(metadatas[i]) if metadatas is not None else {},
+            timestamp=timestamps[i] if timestamps is not None else None,
+        )
+        for i in range(n)
+    ]
+
+
+def _merge_vectors(
+    known: list[np.ndarray | None], todo: list[int], fresh: np.ndarray
+) -> np.ndarray:
+    rows = list(known)
+    for j, i in enumerate(todo):
+        rows[i] = fresh[j]
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
+
+
+def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:
+    import json
+
+    utter = json.dumps({"candidates": list(fb.utterances)}) if fb.utterances else None
+    return utter, fb.reasoning
+
+
+async def _agenerate_one(generator: TextGenerator, prompt: str) -> str:
+    native = getattr(generator, "agenerate", None)
+    if native is not None:
+        return str(await native(prompt))
+    return await asyncio.to_thread(generator.generate, prompt)

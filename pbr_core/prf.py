@@ -1,0 +1,243 @@
+"""P-PRF (spec §2.2): prompts for the two LLM calls and lenient parsing of their answers.
+
+Two prompt sets ship: ``CHAT_PROMPTS`` for instruction-following models (JSON answers, as the
+paper asked gpt-4o-mini) and ``COMPLETION_PROMPTS`` for base models such as the embedded Gemma 3
+270M, which continue a document: those prompts end where a numbered list starts (``"\\n1."``).
+Parsing accepts either shape, code fences, trailing commas, prose around the JSON, and more or
+fewer items than asked; an answer with nothing usable yields an empty result and a reason, never
+an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PromptStyle = Literal["chat", "completion"]
+
+CHAT_UTTERANCES = """You help a search engine understand one particular user.
+
+Past messages and records of this user, most relevant first:
+{history}
+
+The user now says: "{query}"
+
+Write {m} different things this user might plausibly say in a conversation around this \
+question. They are not paraphrases of the question: each is a natural, varied utterance of more \
+than 25 words, in this user's own tone and style, drawing on details of their history.
+
+Answer with JSON only, in this form: {{"candidates": ["...", "..."]}}"""
+
+CHAT_REASONING = """You help a search engine understand one particular user.
+
+Past messages and records of this user, most relevant first:
+{history}
+
+The user now asks: "{query}"
+
+Work through the question step by step, inspired by the user's history: what are they asking, \
+which people, places, habits, preferences or events from their history bear on it, and what \
+would the answer be about? Be concise (at most 150 words)."""
+
+COMPLETION_UTTERANCES = """Here are some past messages of a user:
+{history}
+
+The user asked: {query}
+{m} other things this user might say about it, in their own words and style:
+1."""
+
+COMPLETION_REASONING = """Here are some past messages of a user:
+{history}
+
+Question from the user: {query}
+Step-by-step notes on what the user is asking, based on their past messages:
+1."""
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The two P-PRF prompt templates.
+
+    Placeholders: ``{history}`` (the related items, one per line), ``{query}``, and ``{m}`` (the
+    number of utterances, utterance prompt only). ``style="completion"`` means the prompt ends
+    inside a numbered list whose first marker (``"1."``) the model does not repeat.
+    """
+
+    utterances: str = CHAT_UTTERANCES
+    reasoning: str = CHAT_REASONING
+    style: PromptStyle = "chat"
+
+    def __post_init__(self) -> None:
+        for name, template, needed in (
+            ("utterances", self.utterances, ("{history}", "{query}")),
+            ("reasoning", self.reasoning, ("{history}", "{query}")),
+        ):
+            missing = [p for p in needed if p not in template]
+            if missing:
+                raise ValueError(f"the {name} prompt lacks the placeholder(s) {missing}")
+
+
+CHAT_PROMPTS = PromptSet()
+COMPLETION_PROMPTS = PromptSet(COMPLETION_UTTERANCES, COMPLETION_REASONING, "completion")
+
+
+def format_history(texts: Sequence[str], max_chars: int) -> str:
+    """The related items as a bullet list, each cut to ``max_chars`` on one line."""
+    lines = []
+    for text in texts:
+        flat = " ".join(text.split())
+        if len(flat) > max_chars:
+            flat = flat[: max_chars - 1].rstrip() + "…"
+        lines.append(f"- {flat}")
+    return "\n".join(lines) if lines else "- (no earlier messages)"
+
+
+def build_prompts(
+    prompts: PromptSet, query: str, history: Sequence[str], *, m: int, max_chars: int
+) -> tuple[str, str]:
+    """The utterance prompt and the reasoning prompt for one query."""
+    block = format_history(history, max_chars)
+    values = {"history": block, "query": query.strip(), "m": m}
+    return _fill(prompts.utterances, values), _fill(prompts.reasoning, values)
+
+
+def _fill(template: str, values: dict[str, Any]) -> str:
+    # str.format would choke on literal braces in user history; replace placeholders only.
+    out = template.replace("{{", "\0lb").replace("}}", "\0rb")
+    for key, value in values.items():
+        out = out.replace("{" + key + "}", str(value))
+    return out.replace("\0lb", "{").replace("\0rb", "}")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What a parser could use from an LLM answer, and why not, if nothing."""
+
+    items: tuple[str, ...]
+    problem: str | None = None
+
+
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
+_TRAILING_COMMA = re.compile(r",\s*([\]}])")
+_LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}\s*[.)\]:-]|[-*•·]|\(\d{1,3}\))\s+")
+_MIN_ITEM_CHARS = 3
+
+
+def strip_fences(text: str) -> str:
+    """The content of the first code fence, or the text itself."""
+    match = _FENCE.search(text)
+    if match:
+        return match.group(1)
+    # An opened but never closed fence (a truncated answer).
+    return re.sub(r"^\s*```[a-zA-Z0-9_-]*\s*\n?", "", text)
+
+
+def _load_json(text: str) -> Any:
+    """The first JSON value found in ``text``, repaired for trailing commas; None if none."""
+    candidates = [text]
+    for opener, closer in (("{", "}"), ("[", "]")):
+        start, end = text.find(opener), text.rfind(closer)
+        if start != -1 and end > start:
+            candidates.append(text[start : end + 1])
+    for cand in candidates:
+        for attempt in (cand, _TRAILING_COMMA.sub(r"\1", cand)):
+            try:
+                return json.loads(attempt)
+            except (json.JSONDecodeError, ValueError):
+                continue
+    return None
+
+
+def _strings(value: Any) -> list[str] | None:
+    """A list of strings from a parsed JSON value, looking inside dicts for the first list."""
+    if isinstance(value, list):
+        out = []
+        for v in value:
+            if isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, dict):
+                texts = [x for x in v.values() if isinstance(x, str)]
+                if texts:
+                    out.append(texts[0])
+        return out
+    if isinstance(value, dict):
+        for key in ("candidates", "utterances", "queries", "questions", "items"):
+            if key in value:
+                return _strings(value[key])
+        for v in value.values():
+            got = _strings(v)
+            if got:
+                return got
+    return None
+
+
+def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
+    seen: set[str] = set()
+    out: list[str] = []
+    for raw in items:
+        item = _LIST_MARKER.sub("", raw.strip()).strip().strip('"').strip("'").strip()
+        item = item.rstrip(",").strip().strip('"').strip()
+        key = item.casefold()
+        if len(item) < _MIN_ITEM_CHARS or key in seen:
+            continue
+        seen.add(key)
+        out.append(item)
+    return tuple(out[:limit] if limit is not None else out)
+
+
+def parse_utterances(
+    text: str | None, *, limit: int | None = None, style: PromptStyle = "chat"
+) -> Parsed:
+    """The pseudo utterances in an LLM answer.
+
+    Tries JSON first (``{"candidates": [...]}``, a bare list, or any dict holding a list), then
+    falls back to one item per numbered or bulleted line. With ``style="completion"`` the answer
+    continues a prompt that already printed ``"1."``, so its first line is item 1.
+
+    Args:
+        text: the raw answer.
+        limit: keep at most this many items (the number asked for).
+        style: the prompt style that produced ``text``.
+    """
+    if text is None or not text.strip():
+        return Parsed((), "the LLM answer was empty")
+    body = strip_fences(text).strip()
+    found = _strings(_load_json(body))
+    if found:
+        items = _clean(found, limit)
+        if items:
+            return Parsed(items)
+    lines = [ln for ln in body.splitlines() if ln.strip()]
+    if style == "completion" and lines:
+        lines[0] = "1. " + lines[0]
+    marked = [ln for ln in lines if _LIST_MARKER.match(ln)]
+    items = _clean(marked if marked else lines, limit)
+    if style == "chat" and not marked:
+        # Prose without a list is not a list of utterances: take sentences only if several.
+        items = items if len(items) > 1 else ()
+    if not items:
+        return Parsed((), "no utterances could be parsed from the LLM answer")
+    return Parsed(items)
+
+
+def parse_reasoning(text: str | None, *, style: PromptStyle = "chat") -> Parsed:
+    """The pseudo reasoning: the answer's text, unwrapped from fences or a JSON string field."""
+    if text is None or not text.strip():
+        return Parsed((), "the LLM answer was empty")
+    body = strip_fences(text).strip()
+    value = _load_json(body) if body[:1] in "{[" else None
+    if isinstance(value, dict):
+        strings = [v for v in value.values() if isinstance(v, str) and v.strip()]
+        if strings:
+            body = "\n".join(strings)
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value) and value:
+        body = "\n".join(value)
+    if style == "completion":
+        body = "1. " + body
+    body = body.strip()
+    if len(body) < _MIN_ITEM_CHARS or not any(ch.isalnum() for ch in body):
+        return Parsed((), "the reasoning answer held no text")
+    return Parsed((body,))

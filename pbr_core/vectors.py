@@ -1,0 +1,100 @@
+"""Turning whatever an embedder returns into checked, L2-normalised float32 arrays.
+
+Every vector that enters pbr_core passes through here, so the math downstream can assume finite,
+unit-norm rows of one dimension (spec §1: "normalise explicitly; do not assume the model does it").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import EmbeddingError
+from .protocols import Embedder
+
+
+def as_unit_rows(vectors: Any, *, dim: int | None = None, what: str = "embedding") -> np.ndarray:
+    """Check and L2-normalise a batch of vectors; returns a new ``(n, d)`` float32 array.
+
+    Raises:
+        EmbeddingError: on a ragged or empty batch, NaN/inf values, an all-zero vector, or a
+            dimension other than ``dim``.
+    """
+    try:
+        arr = np.array(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"{what}: not a rectangular batch of numbers ({exc})") from exc
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise EmbeddingError(f"{what}: expected a batch of vectors, got shape {arr.shape}")
+    if dim is not None and arr.shape[1] != dim:
+        raise EmbeddingError(
+            f"{what}: dimension {arr.shape[1]} does not match the stored vectors' dimension "
+            f"{dim}; use the same embedding model for history and queries"
+        )
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        raise EmbeddingError(f"{what}: row(s) {np.flatnonzero(bad).tolist()} contain NaN or inf")
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    zero = norms[:, 0] == 0
+    if zero.any():
+        raise EmbeddingError(f"{what}: row(s) {np.flatnonzero(zero).tolist()} are all zeros")
+    arr /= norms
+    return arr
+
+
+def as_unit_vector(vector: Any, *, dim: int | None = None, what: str = "embedding") -> np.ndarray:
+    """One vector, checked and normalised (shape ``(d,)``)."""
+    arr = np.asarray(vector, dtype=np.float32)
+    if arr.ndim != 1:
+        raise EmbeddingError(f"{what}: expected one vector, got shape {arr.shape}")
+    return as_unit_rows(arr, dim=dim, what=what)[0]
+
+
+def embed_documents(
+    embedder: Embedder, texts: Sequence[str], *, dim: int | None = None
+) -> np.ndarray:
+    """Embed texts with any :class:`Embedder`; returns unit rows ``(len(texts), d)``."""
+    if not texts:
+        return np.zeros((0, dim or 0), dtype=np.float32)
+    out = embedder.embed_documents(list(texts))
+    return _checked_batch(out, len(texts), dim)
+
+
+def embed_query(embedder: Embedder, text: str, *, dim: int | None = None) -> np.ndarray:
+    return as_unit_vector(embedder.embed_query(text), dim=dim, what="query embedding")
+
+
+async def aembed_documents(
+    embedder: Embedder, texts: Sequence[str], *, dim: int | None = None
+) -> np.ndarray:
+    """Async twin of :func:`embed_documents`: native ``aembed_documents`` if the embedder has one,
+    else the sync call in a worker thread (never blocking the event loop)."""
+    if not texts:
+        return np.zeros((0, dim or 0), dtype=np.float32)
+    native = getattr(embedder, "aembed_documents", None)
+    if native is not None:
+        out = await native(list(texts))
+    else:
+        out = await asyncio.to_thread(embedder.embed_documents, list(texts))
+    return _checked_batch(out, len(texts), dim)
+
+
+async def aembed_query(embedder: Embedder, text: str, *, dim: int | None = None) -> np.ndarray:
+    native = getattr(embedder, "aembed_query", None)
+    if native is not None:
+        out = await native(text)
+    else:
+        out = await asyncio.to_thread(embedder.embed_query, text)
+    return as_unit_vector(out, dim=dim, what="query embedding")
+
+
+def _checked_batch(out: Any, n: int, dim: int | None) -> np.ndarray:
+    arr = as_unit_rows(out, dim=dim, what="document embeddings")
+    if arr.shape[0] != n:
+        raise EmbeddingError(f"the embedder returned {arr.shape[0]} vectors for {n} texts")
+    return arr
