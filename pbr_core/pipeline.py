@@ -522,7 +522,9 @@ class Personalizer:
                 expl.dropped[term] = reason
                 results.append(Parsed(()))
                 continue
-            if term == "utterances":
+            if feedback is not None:  # given texts are used as they are, not parsed
+                got = _given(feedback, term, cfg.num_utterances)
+            elif term == "utterances":
                 got = parse_utterances(text, limit=cfg.num_utterances, style=style)
             else:
                 got = parse_reasoning(text, style=style)
@@ -628,10 +630,15 @@ def _merge_vectors(
 
 
 def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:
-    import json
+    return ("\n".join(fb.utterances) or None), fb.reasoning
 
-    utter = json.dumps({"candidates": list(fb.utterances)}) if fb.utterances else None
-    return utter, fb.reasoning
+
+def _given(fb: PseudoFeedback, term: str, limit: int) -> Parsed:
+    if term == "utterances":
+        items = tuple(t for t in fb.utterances if t and t.strip())[:limit]
+    else:
+        items = (fb.reasoning,) if fb.reasoning and fb.reasoning.strip() else ()
+    return Parsed(items, None if items else f"no {term} were given")
 
 
 async def _agenerate_one(generator: TextGenerator, prompt: str) -> str:

@@ -123,6 +123,7 @@ class Parsed:
 _FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
 _TRAILING_COMMA = re.compile(r",\s*([\]}])")
 _LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}\s*[.)\]:-]|[-*•·]|\(\d{1,3}\))\s+")
+_JSON_SYNTAX_LINE = re.compile(r'^\s*(?:[\[\]{}]+|\{?\s*"[^"]*"\s*:\s*[\[{]?)\s*,?\s*$')
 _MIN_ITEM_CHARS = 3
 
 
@@ -210,7 +211,8 @@ def parse_utterances(
         items = _clean(found, limit)
         if items:
             return Parsed(items)
-    lines = [ln for ln in body.splitlines() if ln.strip()]
+    # Lines of a truncated JSON answer: drop the syntax, keep the string lines.
+    lines = [ln for ln in body.splitlines() if ln.strip() and not _JSON_SYNTAX_LINE.match(ln)]
     if style == "completion" and lines:
         lines[0] = "1. " + lines[0]
     marked = [ln for ln in lines if _LIST_MARKER.match(ln)]

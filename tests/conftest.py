@@ -1,0 +1,65 @@
+"""Shared test doubles. Fakes isolate a unit; results always come from the real math."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+
+class HashEmbedder:
+    """Deterministic, text-seeded vectors: stable ids for unit tests, no ranking semantics."""
+
+    model_id = "test/hash-embedder"
+
+    def __init__(self, dim: int = 16) -> None:
+        self.dim = dim
+        self.calls: list[int] = []
+
+    def _vector(self, text: str) -> list[float]:
+        seed = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 2**32
+        return np.random.default_rng(seed).normal(size=self.dim).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._vector(text)
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls.append(len(texts))
+        return [self._vector(t) for t in texts]
+
+
+class TableEmbedder:
+    """Maps known texts to given vectors (hand-computed cases); unknown text raises."""
+
+    model_id = "test/table-embedder"
+
+    def __init__(self, table: dict[str, Sequence[float]]) -> None:
+        self.table = {k: list(map(float, v)) for k, v in table.items()}
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.table[text]
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        return [self.table[t] for t in texts]
+
+
+class ScriptedGenerator:
+    """Answers the utterance prompt and the reasoning prompt with fixed texts, counting calls."""
+
+    model_id = "test/scripted"
+
+    def __init__(self, utterances: str, reasoning: str) -> None:
+        self.utterances = utterances
+        self.reasoning = reasoning
+        self.prompts: list[str] = []
+
+    def generate(self, prompt: str) -> str:
+        self.prompts.append(prompt)
+        return self.utterances if "candidates" in prompt else self.reasoning
+
+
+@pytest.fixture
+def hash_embedder() -> HashEmbedder:
+    return HashEmbedder()

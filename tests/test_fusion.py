@@ -1,0 +1,70 @@
+"""Fusion (spec §2.4) and its ablations (spec §2.5) on a hand-computed 2-D case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pbr_core import FUSION_MODES, fuse
+
+Q = np.array([1.0, 0.0])
+ANCHOR = np.array([0.0, 1.0])
+F_AVG = np.array([0.6, 0.8])
+R = np.array([0.0, -1.0])
+# mid = (q + anchor)/2 = (0.5, 0.5); cos(mid, f) = (0.3 + 0.4)/(0.7071·1) = 0.98995;
+# cos(mid, r) = -0.5/0.7071 = -0.70711
+W1 = 1 + 0.7 / np.sqrt(0.5)
+W2 = 1 - 0.5 / np.sqrt(0.5)
+
+
+def test_full_fusion_by_hand() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="full")
+    assert got.w1 == pytest.approx(W1)
+    assert got.w2 == pytest.approx(W2)
+    np.testing.assert_allclose(got.vector, Q + ANCHOR + W1 * F_AVG + W2 * R, rtol=1e-6)
+    assert got.used == ("query", "anchor", "utterances", "reasoning")
+
+
+def test_weights_lie_in_zero_to_two() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=-Q - ANCHOR, r=Q + ANCHOR, mode="full")
+    assert got.w1 == pytest.approx(0.0)
+    assert got.w2 == pytest.approx(2.0)
+
+
+def test_without_anchor_the_midpoint_is_the_query() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="no_anchor")
+    assert got.w1 == pytest.approx(1 + 0.6)
+    assert got.w2 == pytest.approx(1 + 0.0)
+    np.testing.assert_allclose(got.vector, Q + 1.6 * F_AVG + 1.0 * R, rtol=1e-6)
+
+
+def test_without_prf_it_is_query_plus_anchor() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="no_prf")
+    np.testing.assert_allclose(got.vector, Q + ANCHOR)
+    assert got.w1 is None and got.w2 is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("no_utterances", Q + ANCHOR + W2 * R),
+        ("no_reasoning", Q + ANCHOR + W1 * F_AVG),
+        ("plain", Q),
+    ],
+)
+def test_dropping_one_term(mode, expected) -> None:
+    np.testing.assert_allclose(
+        fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).vector, expected, rtol=1e-6
+    )
+
+
+def test_a_missing_term_is_left_out_and_the_mid_follows() -> None:
+    got = fuse(Q, anchor=None, f_avg=F_AVG, r=None, mode="full")
+    assert got.used == ("query", "utterances")
+    assert got.w1 == pytest.approx(1.6)
+    np.testing.assert_allclose(got.vector, Q + 1.6 * F_AVG, rtol=1e-6)
+
+
+def test_every_mode_is_covered() -> None:
+    for mode in FUSION_MODES:
+        assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).used[0] == "query"

@@ -1,0 +1,247 @@
+"""The Personalizer end to end with fakes that isolate it from real models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import ClassVar
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder, ScriptedGenerator, TableEmbedder
+
+from pbr_core import (
+    EmbeddingError,
+    GenerationCache,
+    GenerationError,
+    PBRConfig,
+    PersistenceError,
+    Personalizer,
+    PseudoFeedback,
+    UnknownUserError,
+    compute_anchor,
+    fuse,
+)
+
+UTTER = '{"candidates": ["I could roast some beets tonight", "maybe kale chips again"]}'
+REASON = "Step 1: the user cooks vegetables. Step 2: they want a dinner idea."
+
+
+def unit(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.linalg.norm(v)
+
+
+def make(generator=None, **kwargs) -> Personalizer:
+    p = Personalizer(HashEmbedder(), generator or ScriptedGenerator(UTTER, REASON), **kwargs)
+    p.add_texts(
+        "alice",
+        ["kale salad", "roasted beets", "morning run", "oat porridge"],
+        ids=["a1", "a2", "a3", "a4"],
+    )
+    p.add_texts(
+        "bob", ["sushi omakase", "ghost pepper sauce", "street tacos"], ids=["b1", "b2", "b3"]
+    )
+    return p
+
+
+def test_the_personalized_vector_is_the_spec_fusion_of_real_terms() -> None:
+    table = {
+        "h1": [1, 0, 0],
+        "h2": [0.9, 0.1, 0],
+        "h3": [0, 1, 0],
+        "q": [0.5, 0.5, 0.1],
+        "u1": [1, 1, 0],
+        "u2": [0, 1, 1],
+        "reason": [0, 0, 1],
+    }
+    cfg = PBRConfig(theta=0.0, k2=2, alpha=0.85)
+    p = Personalizer(TableEmbedder(table), config=cfg)
+    p.add_texts("u", ["h1", "h2", "h3"])
+    got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
+
+    vecs = np.array([unit(table[h]) for h in ("h1", "h2", "h3")], dtype=np.float32)
+    anchor = compute_anchor(vecs, cfg).vector
+    f_avg = (unit(table["u1"]) + unit(table["u2"])) / 2
+    want = fuse(unit(table["q"]), anchor=anchor, f_avg=f_avg, r=unit(table["reason"])).vector
+    np.testing.assert_allclose(got.vector, unit(want), atol=1e-6)
+    expl = got.explanation
+    assert expl.used == ("query", "anchor", "utterances", "reasoning")
+    assert expl.pseudo_utterances == ["u1", "u2"] and expl.reasoning == "reason"
+    assert expl.w1 is not None and 0 <= expl.w1 <= 2
+
+
+def test_results_stay_within_the_users_corpus() -> None:
+    p = make()
+    for user, prefix in (("alice", "a"), ("bob", "b"), ("alice", "a")):
+        hits = p.search(user, "what should I eat?", k=10).hits
+        assert hits and all(h.id.startswith(prefix) for h in hits)
+
+
+def test_explanation_lists_history_anchor_weights_and_timings() -> None:
+    expl = make().personalize("alice", "what should I eat?").explanation
+    assert len(expl.related) == 4 and {h.id for h in expl.related} <= {"a1", "a2", "a3", "a4"}
+    assert expl.pseudo_utterances == ["I could roast some beets tonight", "maybe kale chips again"]
+    assert expl.reasoning == REASON
+    assert len(expl.anchor_items) == 3
+    assert sum(h.score for h in expl.anchor_items) <= 1.0
+    assert {"embed_query", "related_history", "anchor", "llm", "fusion", "total"} <= set(
+        expl.timings_ms
+    )
+    assert expl.to_dict()["dropped"] == {}
+
+
+def test_both_llm_calls_run_concurrently_in_the_sync_api() -> None:
+    barrier = threading.Barrier(2, timeout=5)
+
+    class Rendezvous(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            barrier.wait()  # raises BrokenBarrierError if the other call is not in flight
+            return super().generate(prompt)
+
+    expl = make(Rendezvous(UTTER, REASON)).personalize("alice", "dinner?").explanation
+    assert expl.dropped == {}
+
+
+def test_a_batching_generator_gets_both_prompts_in_one_call() -> None:
+    class Batching(ScriptedGenerator):
+        batches: ClassVar[list[int]] = []
+
+        def generate_batch(self, prompts: list[str]) -> list[str]:
+            self.batches.append(len(prompts))
+            return [self.generate(p) for p in prompts]
+
+    gen = Batching(UTTER, REASON)
+    make(gen).personalize("alice", "dinner?")
+    assert gen.batches == [2]
+
+
+async def test_both_llm_calls_run_concurrently_in_the_async_api() -> None:
+    started: list[str] = []
+    both = asyncio.Event()
+
+    class AsyncGen(ScriptedGenerator):
+        async def agenerate(self, prompt: str) -> str:
+            started.append(prompt)
+            if len(started) == 2:
+                both.set()
+            await asyncio.wait_for(both.wait(), timeout=5)
+            return self.generate(prompt)
+
+    pq = await make(AsyncGen(UTTER, REASON)).apersonalize("alice", "dinner?")
+    assert pq.explanation.dropped == {}
+
+
+async def test_sync_and_async_give_the_same_vector() -> None:
+    p = make()
+    sync = p.personalize("alice", "dinner?").vector
+    np.testing.assert_allclose((await p.apersonalize("alice", "dinner?")).vector, sync, atol=1e-7)
+
+
+def test_generations_are_cached_on_disk_by_model_and_prompt(tmp_path) -> None:
+    path = tmp_path / "gen.jsonl"
+    gen = ScriptedGenerator(UTTER, REASON)
+    first = make(gen, cache=GenerationCache(path)).personalize("alice", "dinner?")
+    assert len(gen.prompts) == 2
+    again = make(gen, cache=GenerationCache(path)).personalize("alice", "dinner?")
+    assert len(gen.prompts) == 2  # no new LLM call, from a fresh process's point of view
+    np.testing.assert_allclose(again.vector, first.vector)
+    other_model = ScriptedGenerator(UTTER, REASON)
+    other_model.model_id = "test/another"
+    make(other_model, cache=GenerationCache(path)).personalize("alice", "dinner?")
+    assert len(other_model.prompts) == 2
+
+
+def test_a_failing_llm_drops_its_term_and_says_why() -> None:
+    class Broken(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            if "candidates" in prompt:
+                raise TimeoutError("LLM timed out")
+            return super().generate(prompt)
+
+    expl = make(Broken(UTTER, REASON)).personalize("alice", "dinner?").explanation
+    assert expl.used == ("query", "anchor", "reasoning")
+    assert "TimeoutError: LLM timed out" in expl.dropped["utterances"]
+    with pytest.raises(GenerationError, match="timed out"):
+        make(Broken(UTTER, REASON)).personalize("alice", "dinner?", strict=True)
+
+
+def test_an_unparseable_answer_drops_its_term() -> None:
+    p = make(ScriptedGenerator("Sorry, I cannot do that.", "   "))
+    expl = p.personalize("alice", "dinner?").explanation
+    assert expl.used == ("query", "anchor")
+    assert set(expl.dropped) == {"utterances", "reasoning"}
+    with pytest.raises(GenerationError):
+        p.personalize("alice", "dinner?", strict=True)
+
+
+def test_fusion_modes_switch_terms_off_without_calling_the_llm() -> None:
+    gen = ScriptedGenerator(UTTER, REASON)
+    p = make(gen)
+    plain = p.personalize("alice", "dinner?", config=PBRConfig(fusion="plain"))
+    np.testing.assert_allclose(plain.vector, plain.query_vector, atol=1e-7)
+    no_prf = p.personalize("alice", "dinner?", config=PBRConfig(fusion="no_prf"))
+    assert gen.prompts == []
+    assert no_prf.explanation.used == ("query", "anchor")
+    assert "switched off" in no_prf.explanation.dropped["utterances"]
+
+
+def test_a_one_item_history_has_no_anchor_and_an_emptied_one_falls_back_to_plain() -> None:
+    p = Personalizer(HashEmbedder(), ScriptedGenerator(UTTER, REASON))
+    p.add_texts("solo", ["only item"], ids=["s1"])
+    expl = p.personalize("solo", "q?").explanation
+    assert "anchor" not in expl.used and "needs 2" in expl.dropped["anchor"]
+    p.delete("solo", ["s1"])
+    pq = p.personalize("solo", "q?")
+    np.testing.assert_allclose(pq.vector, pq.query_vector, atol=1e-7)
+    assert p.search("solo", "q?", k=3).hits == []
+
+
+def test_bad_requests_fail_clearly() -> None:
+    p = make()
+    with pytest.raises(ValueError, match="non-empty"):
+        p.personalize("alice", "   ")
+    with pytest.raises(UnknownUserError, match="carol"):
+        p.personalize("carol", "dinner?")
+    with pytest.raises(ValueError, match="k must be"):
+        p.search("alice", "dinner?", k=0)
+
+
+def test_an_embedder_that_changes_dimension_or_returns_nan_corrupts_nothing() -> None:
+    p = make()
+    before = p.store.get("alice")
+    p._embedder = HashEmbedder(dim=8)
+    with pytest.raises(EmbeddingError, match="dimension 8"):
+        p.personalize("alice", "dinner?")
+    with pytest.raises(EmbeddingError, match="dimension 8"):
+        p.add_texts("alice", ["new item"])
+
+    class NaNEmbedder(HashEmbedder):
+        def embed_documents(self, texts):
+            return [[float("nan")] * 16 for _ in texts]
+
+    p._embedder = NaNEmbedder()
+    with pytest.raises(EmbeddingError, match="NaN"):
+        p.add_texts("alice", ["new item"])
+    assert p.store.get("alice") is before
+
+
+def test_history_items_are_embedded_once() -> None:
+    emb = HashEmbedder()
+    p = Personalizer(emb, ScriptedGenerator(UTTER, REASON))
+    p.add_texts("u", ["a", "b"], ids=["1", "2"])
+    p.add_texts("u", ["a", "b changed", "c"], ids=["1", "2", "3"])
+    assert emb.calls == [2, 2]  # "a" was not embedded again
+
+
+def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
+    p = make()
+    p.save(str(tmp_path / "s"))
+    loaded = Personalizer.load(str(tmp_path / "s"), HashEmbedder(), generator=p.generator)
+    np.testing.assert_allclose(
+        loaded.personalize("bob", "hot?").vector, p.personalize("bob", "hot?").vector, atol=1e-7
+    )
+    other = HashEmbedder()
+    other.model_id = "test/other-model"
+    with pytest.raises(PersistenceError, match="other-model"):
+        Personalizer.load(str(tmp_path / "s"), other)

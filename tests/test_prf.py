@@ -1,0 +1,114 @@
+"""P-PRF prompts and the lenient parsing of LLM answers (spec §2.2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pbr_core import CHAT_PROMPTS, COMPLETION_PROMPTS, PromptSet, parse_reasoning, parse_utterances
+from pbr_core.prf import build_prompts, format_history
+
+GOOD = ["I want something light after my run today", "Maybe a salad with chickpeas and lemon"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"candidates": ["I want something light after my run today", '
+        '"Maybe a salad with chickpeas and lemon"]}',
+        '```json\n{"candidates": ["I want something light after my run today", '
+        '"Maybe a salad with chickpeas and lemon"]}\n```',
+        '{"candidates": ["I want something light after my run today", '
+        '"Maybe a salad with chickpeas and lemon",],}',
+        'Sure! Here you go:\n{"candidates": ["I want something light after my run today", '
+        '"Maybe a salad with chickpeas and lemon"]}\nHope this helps.',
+        '["I want something light after my run today", "Maybe a salad with chickpeas and lemon"]',
+        "1. I want something light after my run today\n2. Maybe a salad with chickpeas and lemon",
+        "- I want something light after my run today\n- Maybe a salad with chickpeas and lemon",
+        '{"utterances": [{"text": "I want something light after my run today"}, '
+        '{"text": "Maybe a salad with chickpeas and lemon"}]}',
+    ],
+    ids=[
+        "json",
+        "fenced",
+        "trailing-commas",
+        "prose-around",
+        "bare-list",
+        "numbered",
+        "bullets",
+        "other-key-objects",
+    ],
+)
+def test_utterances_are_found_in_every_common_shape(answer: str) -> None:
+    assert list(parse_utterances(answer).items) == GOOD
+
+
+def test_more_items_than_asked_are_cut_and_duplicates_dropped() -> None:
+    answer = '{"candidates": ["one thing I say", "one thing I say", "ok", "three x", "four x"]}'
+    assert parse_utterances(answer, limit=2).items == ("one thing I say", "three x")
+
+
+def test_fewer_items_than_asked_are_kept() -> None:
+    assert parse_utterances('{"candidates": ["only this one"]}', limit=10).items == (
+        "only this one",
+    )
+
+
+@pytest.mark.parametrize("answer", ["", "   ", None])
+def test_an_empty_answer_yields_nothing_and_a_reason(answer) -> None:
+    got = parse_utterances(answer)
+    assert got.items == ()
+    assert "empty" in (got.problem or "")
+
+
+def test_prose_without_a_list_is_not_taken_for_utterances() -> None:
+    got = parse_utterances("I'm sorry, I can't help with that.")
+    assert got.items == ()
+    assert got.problem
+
+
+def test_a_truncated_json_answer_falls_back_to_lines() -> None:
+    got = parse_utterances('```json\n{"candidates": [\n"first thing I say",\n"second thing I')
+    assert got.items == ("first thing I say", "second thing I")
+
+
+def test_completion_answers_continue_after_the_first_marker() -> None:
+    answer = " what can I cook with kale tonight?\n2. is quinoa better than rice?\n3. more"
+    got = parse_utterances(answer, style="completion")
+    assert got.items == (
+        "what can I cook with kale tonight?",
+        "is quinoa better than rice?",
+        "more",
+    )
+
+
+def test_reasoning_is_unwrapped_from_fences_and_json() -> None:
+    assert parse_reasoning("```\nStep 1: they run.\n```").items == ("Step 1: they run.",)
+    assert parse_reasoning('{"reasoning": "Step 1: they run."}').items == ("Step 1: they run.",)
+    assert parse_reasoning(" they run a lot", style="completion").items == ("1. they run a lot",)
+    assert parse_reasoning("").items == ()
+    assert parse_reasoning("```\n```").problem
+
+
+def test_prompts_carry_history_query_and_count_and_survive_braces() -> None:
+    utter, reason = build_prompts(
+        CHAT_PROMPTS, "What's for dinner?", ["likes {curly} kale", "runs"], m=7, max_chars=100
+    )
+    assert "What's for dinner?" in utter and "What's for dinner?" in reason
+    assert "- likes {curly} kale\n- runs" in utter
+    assert "Write 7 different things" in utter
+    assert '{"candidates": ["...", "..."]}' in utter
+
+
+def test_completion_prompts_end_where_the_list_starts() -> None:
+    utter, reason = build_prompts(COMPLETION_PROMPTS, "q?", ["a"], m=5, max_chars=100)
+    assert utter.endswith("\n1.") and reason.endswith("\n1.")
+
+
+def test_long_items_are_cut_to_the_budget() -> None:
+    block = format_history(["x" * 500], max_chars=50)
+    assert len(block) == len("- ") + 50
+
+
+def test_a_prompt_without_placeholders_is_rejected() -> None:
+    with pytest.raises(ValueError, match="placeholder"):
+        PromptSet(utterances="no slots", reasoning="{history} {query}")
