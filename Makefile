@@ -1,0 +1,32 @@
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite, lint included).
+# Each bootstraps .venv on first use. torch is installed first and pinned to the CPU build:
+# an unpinned torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pbr-installed
+EXTRAS := local,langchain,llamaindex,bench,test
+
+.PHONY: demo test lint pytest install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pbr demo
+
+test: lint pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy pbr_core langchain_pbr llamaindex_pbr
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
