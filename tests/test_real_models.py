@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 SHARED = {
     "opt-salad": "Dinner idea: a quinoa and roasted vegetable bowl with a light lemon dressing.",
     "opt-fish": "Dinner idea: steamed salmon with broccoli and brown rice, high in protein.",
-    "opt-hotpot": "Dinner idea: a fiery Sichuan hotpot with tripe, chilies and numbing peppercorns.",
+    "opt-hotpot": "Dinner idea: a fiery Sichuan hotpot with tripe and numbing peppercorns.",
     "opt-tacos": "Dinner idea: street-style tacos with grasshoppers, salsa roja and lime.",
     "opt-burger": "Dinner idea: a classic cheeseburger with fries.",
 }
