@@ -13,9 +13,9 @@ class UnknownUserError(PBRError, KeyError):
     def __init__(self, user_id: str) -> None:
         self.user_id = user_id
         super().__init__(
-            f"user {user_id!r} has no history; add items first with "
-            f"Personalizer.add_texts({user_id!r}, [...]) (or the adapter's add_documents(..., "
-            f"user_id={user_id!r}))"
+            f"user {user_id!r} has no history; add items for this user first "
+            f"(Personalizer.add_texts({user_id!r}, [...]), or the retriever's add_documents / "
+            "add_nodes)"
         )
 
     def __str__(self) -> str:  # KeyError would otherwise print the repr of the message

@@ -10,6 +10,7 @@ the generator offers ``generate_batch`` (local models), threads for the sync API
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import uuid
 from collections.abc import Sequence
@@ -141,6 +142,7 @@ class _Request:
     q: np.ndarray | None = None
     anchor: np.ndarray | None = None
     needs_llm: bool = False
+    prompts: PromptSet | None = None
 
 
 class Personalizer:
@@ -176,7 +178,7 @@ class Personalizer:
         self._embedder = embedder
         self._generator = generator
         self.config = config or PBRConfig()
-        self.store = store or HistoryStore()
+        self.store = store if store is not None else HistoryStore()  # an empty store is falsy
         self.prompts = prompts
         self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
         self.vector_search = vector_search
@@ -220,9 +222,20 @@ class Personalizer:
         """Embed and store texts for a user; returns their ids (new uuid4 hex when not given)."""
         return self.add_items(user_id, _items(texts, ids, metadatas, timestamps))
 
-    def add_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
-        """Store items, embedding only those whose (id, text) is not stored yet."""
+    def add_items(
+        self, user_id: str, items: Sequence[HistoryItem], *, vectors: Any = None
+    ) -> list[str]:
+        """Store items, embedding only those whose (id, text) is not stored yet.
+
+        Args:
+            vectors: the items' embeddings when the host already has them (e.g. read back from
+                its vector store); they are checked and normalised like any other.
+        """
         items = list(items)
+        if vectors is not None:
+            self._record_model()
+            self.store.upsert(user_id, items, vectors)
+            return [item.id for item in items]
         known = self.store.known_vectors(user_id, items)
         todo = [i for i, v in enumerate(known) if v is None]
         fresh = embed_documents(self.embedder, [items[i].text for i in todo], dim=self.store.dim)
@@ -257,8 +270,9 @@ class Personalizer:
         self.store.delete(user_id, ids)
 
     def _record_model(self) -> None:
-        if self.store.embedding_model_id is None:
-            self.store.embedding_model_id = _model_id(self.embedder)
+        # Only a configured embedder names the model: recording must never load the default.
+        if self.store.embedding_model_id is None and self._embedder is not None:
+            self.store.embedding_model_id = _model_id(self._embedder)
 
     def save(self, path: str) -> None:
         self.store.save(path)
@@ -297,6 +311,7 @@ class Personalizer:
         generator: TextGenerator | None = None,
         feedback: PseudoFeedback | None = None,
         strict: bool | None = None,
+        prompts: PromptSet | None = None,
     ) -> PersonalizedQuery:
         """The personalized query vector for ``user_id`` and ``query``.
 
@@ -305,8 +320,9 @@ class Personalizer:
             generator: per-call generator, e.g. one that carries this request's callbacks.
             feedback: ready-made pseudo utterances / reasoning; no LLM call is made.
             strict: per-call override of :attr:`strict`.
+            prompts: per-call prompt templates (default: :meth:`prompts_for` the generator).
         """
-        req = self._start(user_id, query, config)
+        req = self._start(user_id, query, config, prompts)
         req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
@@ -334,9 +350,10 @@ class Personalizer:
         generator: TextGenerator | None = None,
         feedback: PseudoFeedback | None = None,
         strict: bool | None = None,
+        prompts: PromptSet | None = None,
     ) -> PersonalizedQuery:
         """Async :meth:`personalize`: native async embedder/LLM calls when they exist."""
-        req = self._start(user_id, query, config)
+        req = self._start(user_id, query, config, prompts)
         req.q = await aembed_query(self.embedder, req.query, dim=self.store.dim)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
@@ -370,7 +387,9 @@ class Personalizer:
         return SearchResult(hits, pq)
 
     # -- steps ---------------------------------------------------------------------------------
-    def _start(self, user_id: str, query: str, config: PBRConfig | None) -> _Request:
+    def _start(
+        self, user_id: str, query: str, config: PBRConfig | None, prompts: PromptSet | None = None
+    ) -> _Request:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty string")
         cfg = config or self.config
@@ -383,6 +402,7 @@ class Personalizer:
             history=history,
             explanation=explanation,
             watch=_Stopwatch(explanation.timings_ms),
+            prompts=prompts,
         )
 
     def _related_and_anchor(self, req: _Request) -> None:
@@ -414,7 +434,7 @@ class Personalizer:
                 req.needs_llm = True
 
     def _prompt_pair(self, req: _Request, generator: TextGenerator) -> tuple[str, str]:
-        prompts = self.prompts_for(generator)
+        prompts = req.prompts or self.prompts_for(generator)
         cfg = req.config
         history_texts = [h.text for h in req.explanation.related]
         return build_prompts(
@@ -439,7 +459,13 @@ class Personalizer:
         elif len(todo) == 2:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pbr-llm")
-            futures = [self._executor.submit(generator.generate, prompts[i]) for i in todo]
+            # Each call runs in a copy of the caller's context, so tracing parents survive.
+            futures = [
+                self._executor.submit(
+                    contextvars.copy_context().run, generator.generate, prompts[i]
+                )
+                for i in todo
+            ]
             for i, fut in zip(todo, futures):
                 try:
                     outs[i] = fut.result()
@@ -501,7 +527,9 @@ class Personalizer:
         _, want_f, want_r = MODE_TERMS[cfg.fusion]
         strict = self.strict if strict is None else strict
         gen = None if feedback is not None else (generator or self._generator)
-        style: PromptStyle = self.prompts_for(gen).style if gen is not None else "chat"
+        style: PromptStyle = "chat"
+        if gen is not None:
+            style = (req.prompts or self.prompts_for(gen)).style
         results: list[Parsed] = []
         for term, wanted, text in (
             ("utterances", want_f, texts[0]),
