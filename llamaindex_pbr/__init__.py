@@ -1,0 +1,32 @@
+"""LlamaIndex integration of Personalize Before Retrieve (PBR): a per-user retriever."""
+
+from pbr_core.adapters_support import EXPLANATION_KEY
+
+from .embeddings import LocalMiniLMEmbedding
+from .events import (
+    PBRAnchorEvent,
+    PBRDegradedEvent,
+    PBREvent,
+    PBRFusionEvent,
+    PBRPseudoUtterancesEvent,
+    PBRReasoningEvent,
+)
+from .llms import LocalGemmaLLM
+from .retrievers import DEFAULT_SIMILARITY_TOP_K, DEFAULT_USER_ID_KEY, PBRRetriever
+from .salience import SalienceNodePostprocessor
+
+__all__ = [
+    "DEFAULT_SIMILARITY_TOP_K",
+    "DEFAULT_USER_ID_KEY",
+    "EXPLANATION_KEY",
+    "LocalGemmaLLM",
+    "LocalMiniLMEmbedding",
+    "PBRAnchorEvent",
+    "PBRDegradedEvent",
+    "PBREvent",
+    "PBRFusionEvent",
+    "PBRPseudoUtterancesEvent",
+    "PBRReasoningEvent",
+    "PBRRetriever",
+    "SalienceNodePostprocessor",
+]

