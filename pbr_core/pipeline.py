@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -183,7 +184,6 @@ class Personalizer:
         self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
         self.vector_search = vector_search
         self.strict = strict
-        self._executor: ThreadPoolExecutor | None = None
 
     # -- collaborators -------------------------------------------------------------------------
     @property
@@ -457,11 +457,9 @@ class Personalizer:
             except Exception as exc:
                 outs[0] = outs[1] = exc
         elif len(todo) == 2:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pbr-llm")
             # Each call runs in a copy of the caller's context, so tracing parents survive.
             futures = [
-                self._executor.submit(
+                _llm_executor().submit(
                     contextvars.copy_context().run, generator.generate, prompts[i]
                 )
                 for i in todo
@@ -609,6 +607,21 @@ class HistoryVectorSearch:
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
         history = self.store.get(user_id)
         return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
+
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _llm_executor() -> ThreadPoolExecutor:
+    """One process-wide pool for concurrent sync LLM calls: personalizers are cheap to create
+    (adapters make one per request), so none of them owns threads."""
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        with _EXECUTOR_LOCK:
+            if _EXECUTOR is None:
+                _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pbr-llm")
+    return _EXECUTOR
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""The embedded local model (Gemma 3 270M, offline) as a LangChain chat model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import Field
+
+if TYPE_CHECKING:
+    from pbr_core.models import LocalGemmaGenerator
+
+__all__ = ["LocalGemmaChatModel", "flatten_messages"]
+
+_ROLE_NAMES = {"human": "User", "ai": "Assistant", "system": "System", "tool": "Tool"}
+
+
+def flatten_messages(messages: Sequence[BaseMessage]) -> str:
+    """One completion prompt from chat messages, for a base model that continues documents.
+
+    A single message is passed through verbatim (that is how PBR's completion prompts arrive).
+    Several become a transcript, one ``"Role: text"`` paragraph each, ending with
+    ``"Assistant:"`` so the model continues as the assistant.
+    """
+    if len(messages) == 1:
+        return messages[0].text
+    lines = [f"{_ROLE_NAMES.get(m.type, m.type.title())}: {m.text}" for m in messages]
+    return "\n\n".join([*lines, "Assistant:"])
+
+
+class LocalGemmaChatModel(BaseChatModel):
+    """The embedded Gemma 3 270M of ``pbr_core`` as a LangChain chat model (offline, CPU).
+
+    Gemma 3 270M here is a *base* model: it continues text rather than follows instructions.
+    Messages are flattened into one completion prompt (:func:`flatten_messages`) and
+    ``prompt_style = "completion"`` tells :class:`~langchain_pbr.PBRRetriever` to use PBR's
+    numbered-list prompts with it. Sampling is seeded from the prompt, so a prompt always gives
+    the same text. The weights load on the first call, once per process.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install torch==2.13.0   # the CPU wheel, first
+            pip install 'personalize-before-retrieve[langchain,local]'
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_pbr import LocalGemmaChatModel
+
+            llm = LocalGemmaChatModel(max_new_tokens=64)
+
+    Invoke:
+        .. code-block:: python
+
+            llm.invoke("Three things to pack for a rainy hike:\\n1.").text
+
+    Async:
+        .. code-block:: python
+
+            await llm.ainvoke("...")
+
+    Use in PBR:
+        .. code-block:: python
+
+            from langchain_pbr import PBRRetriever
+
+            retriever = PBRRetriever(llm=LocalGemmaChatModel())  # == PBRRetriever(llm=None)
+    """
+
+    max_new_tokens: int = Field(default=160, ge=1)
+    """Most tokens generated per call."""
+    temperature: float = Field(default=0.8, gt=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    top_k: int = Field(default=64, ge=1)
+    repetition_penalty: float = Field(default=1.1, gt=0)
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    """Weights' dtype: ``"bfloat16"`` decodes fastest on CPU; ``"float32"`` shares the salience
+    scorer's copy of the model."""
+    prompt_style: Literal["completion"] = "completion"
+    """Read by :class:`~langchain_pbr.PBRRetriever`: this model needs completion prompts."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "pbr-local-gemma"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+            "dtype": self.dtype,
+        }
+
+    @property
+    def model_id(self) -> str:
+        """The generator's id: every setting that changes the text (a generation-cache key)."""
+        return self._generator(None).model_id
+
+    def _generator(self, stop: list[str] | None) -> LocalGemmaGenerator:
+        # Cheap to build (the weights are cached per process in pbr_core.models), so each call
+        # gets one with its own stop strings instead of sharing mutable state.
+        from pbr_core.models import DEFAULT_STOP, LocalGemmaGenerator
+
+        return LocalGemmaGenerator(
+            max_new_tokens=self.max_new_tokens,
+            stop=tuple(stop) if stop else DEFAULT_STOP,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            dtype=self.dtype,
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        text = self._generator(stop).generate(flatten_messages(messages))
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # The forward passes run in a worker thread: the event loop keeps serving.
+        return await asyncio.to_thread(self._generate, messages, stop, None, **kwargs)

@@ -1,0 +1,549 @@
+"""PBRRetriever: behaviour with fakes (deterministic embeddings, scripted chat models)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding, FakeEmbeddings
+from langchain_core.language_models import BaseChatModel, ParrotFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.prompts import PromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import ConfigurableField, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+from pydantic import ValidationError
+
+import langchain_pbr
+from langchain_pbr import LocalGemmaChatModel, PBRRetriever
+from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+
+EMB = DeterministicFakeEmbedding(size=64)
+ALICE = [
+    "I cooked a lentil curry for my vegetarian book club on Sunday.",
+    "My sister Ana visits in May; she is allergic to peanuts.",
+    "Looking for a quiet vegan place near the river for lunch.",
+    "Started marathon training: long run every Saturday morning.",
+    "Bought a cast iron pan, seasoning it with flaxseed oil.",
+]
+BOB = [
+    "Changed the oil of my 1998 Miata, the gearbox still whines.",
+    "Fantasy football: I drafted two running backs in the first round.",
+    "Looking for a cheap steakhouse for my brother's birthday.",
+    "Our server rack needs a new UPS battery before winter.",
+    "Watching the Monaco Grand Prix at my uncle's place.",
+]
+OWN = {"alice": set(ALICE), "bob": set(BOB)}
+# What a chat model following PBR's chat prompts answers (one answer serves both calls).
+ANSWER = json.dumps(
+    {"candidates": ["I want something vegetarian and quick tonight", "Ana cannot eat peanuts"]}
+)
+
+
+class InFlight:
+    """Counts calls running at the same time (to see that the two LLM calls overlap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+class ScriptedChat(BaseChatModel):
+    """A fake chat model: a fixed answer, a failure when the prompt contains ``fail_on``."""
+
+    answer: str = ANSWER
+    fail_on: str | None = None
+    delay: float = 0.0
+    in_flight: InFlight | None = None
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
+        if self.fail_on is not None and self.fail_on in messages[-1].text:
+            raise RuntimeError("model overloaded")
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=self.answer))])
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        if self.in_flight is not None:
+            self.in_flight.enter()
+        try:
+            time.sleep(self.delay)
+            return self._reply(messages)
+        finally:
+            if self.in_flight is not None:
+                self.in_flight.leave()
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        if self.in_flight is not None:
+            self.in_flight.enter()
+        try:
+            await asyncio.sleep(self.delay)
+            return self._reply(messages)
+        finally:
+            if self.in_flight is not None:
+                self.in_flight.leave()
+
+
+class Recorder(BaseCallbackHandler):
+    """Records the runs and custom events of a request."""
+
+    def __init__(self) -> None:
+        self.retriever_runs: list[UUID] = []
+        self.retriever_metadata: list[dict[str, Any]] = []
+        self.llm_parents: list[UUID | None] = []
+        self.llm_prompts: list[str] = []
+        self.events: list[tuple[str, Any, UUID]] = []
+
+    def on_retriever_start(
+        self, serialized: Any, query: str, *, run_id: UUID, metadata: Any = None, **kw: Any
+    ) -> None:
+        self.retriever_runs.append(run_id)
+        self.retriever_metadata.append(dict(metadata or {}))
+
+    def on_chat_model_start(
+        self,
+        serialized: Any,
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kw: Any,
+    ) -> None:
+        self.llm_parents.append(parent_run_id)
+        self.llm_prompts.append(messages[0][-1].text)
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kw: Any) -> None:
+        self.events.append((name, data, run_id))
+
+
+def corpus() -> list[Document]:
+    return [
+        Document(page_content=text, metadata={"user_id": user, "n": i})
+        for user, texts in (("alice", ALICE), ("bob", BOB))
+        for i, text in enumerate(texts)
+    ]
+
+
+def make(store: bool = False, **kwargs: Any) -> PBRRetriever:
+    """A retriever over both users' histories, searching the history or an InMemoryVectorStore."""
+    params: dict[str, Any] = {"llm": ScriptedChat(), "embeddings": EMB, "k": 3, **kwargs}
+    if store:
+        params.setdefault("vectorstore", InMemoryVectorStore(EMB))
+    return PBRRetriever.from_documents(corpus(), **params)
+
+
+def per_user(retriever: PBRRetriever) -> Any:
+    return retriever.configurable_fields(user_id=ConfigurableField(id="user_id"))
+
+
+def cfg(user: str, **extra: Any) -> dict[str, Any]:
+    return {"configurable": {"user_id": user}, **extra}
+
+
+def assert_own(docs: list[Document], user: str) -> None:
+    assert docs, f"no documents for {user}"
+    for doc in docs:
+        assert doc.page_content in OWN[user], f"{user} got {doc.page_content!r}"
+        related = [item["text"] for item in doc.metadata["pbr"]["related"]]
+        assert set(related) <= OWN[user]
+        assert doc.metadata["pbr"]["user_id"] == user
+
+
+BOTH_PATHS = pytest.mark.parametrize("store", [False, True], ids=["history-index", "vectorstore"])
+
+
+# -- the package ---------------------------------------------------------------------------------
+def test_public_api_is_pinned() -> None:
+    assert sorted(langchain_pbr.__all__) == [
+        "LocalGemmaChatModel",
+        "PBRRetriever",
+        "SalienceCompressor",
+    ]
+
+
+def test_is_a_langchain_retriever() -> None:
+    assert issubclass(PBRRetriever, BaseRetriever)
+
+
+# -- per-request user and isolation --------------------------------------------------------------
+@BOTH_PATHS
+def test_two_users_back_to_back_sync(store: bool) -> None:
+    r = make(store)
+    for user in ("alice", "bob", "alice", "bob"):
+        assert_own(r.invoke("where should we eat tonight?", user_id=user), user)
+    configured = per_user(r)
+    for user in ("bob", "alice"):
+        assert_own(configured.invoke("where should we eat?", config=cfg(user)), user)
+
+
+@BOTH_PATHS
+async def test_two_users_back_to_back_async_and_interleaved(store: bool) -> None:
+    r = make(store, llm=ScriptedChat(delay=0.01))
+    configured = per_user(r)
+    users = ["alice", "bob"] * 4
+    results = await asyncio.gather(
+        *(configured.ainvoke("where should we eat?", config=cfg(u)) for u in users)
+    )
+    for user, docs in zip(users, results):
+        assert_own(docs, user)
+    assert_own(await r.ainvoke("dinner plans", user_id="bob"), "bob")
+
+
+@BOTH_PATHS
+def test_batch_with_a_user_per_input(store: bool) -> None:
+    configured = per_user(make(store))
+    users = ["alice", "bob", "bob", "alice"]
+    results = configured.batch(["dinner?"] * 4, config=[cfg(u) for u in users])
+    for user, docs in zip(users, results):
+        assert_own(docs, user)
+
+
+@BOTH_PATHS
+async def test_abatch_with_a_user_per_input(store: bool) -> None:
+    configured = per_user(make(store))
+    users = ["bob", "alice", "alice", "bob"]
+    results = await configured.abatch(
+        ["dinner?"] * 4, config=[cfg(u, max_concurrency=4) for u in users]
+    )
+    for user, docs in zip(users, results):
+        assert_own(docs, user)
+
+
+def test_missing_user_names_both_ways() -> None:
+    r = make()
+    with pytest.raises(ValueError) as err:
+        r.invoke("dinner?")
+    assert "invoke(query, user_id=" in str(err.value)
+    assert "configurable_fields(user_id=ConfigurableField" in str(err.value)
+    with pytest.raises(ValueError, match="user_id="):
+        per_user(r).invoke("dinner?")
+
+
+def test_fixed_user_field_and_k_kwarg() -> None:
+    r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB, history=make().history, user_id="bob")
+    assert r.k == 4
+    assert len(r.invoke("cars")) == 4
+    docs = r.invoke("cars", k=2)
+    assert len(docs) == 2
+    assert_own(docs, "bob")
+    assert_own(r.invoke("cars", user_id="alice"), "alice")  # the kwarg wins over the field
+    single = PBRRetriever.from_documents(
+        [Document(page_content=t) for t in ALICE], user_id="alice", embeddings=EMB
+    )
+    assert single.user_id == "alice" and single.history.users() == ["alice"]
+
+
+def test_k_larger_than_the_history_returns_all_of_it() -> None:
+    assert len(make().invoke("anything", user_id="alice", k=50)) == len(ALICE)
+
+
+def test_bad_arguments_are_refused_clearly() -> None:
+    r = make()
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        r.invoke("q", user_id="alice", k=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument.*filter"):
+        r.invoke("q", user_id="alice", filter={"user_id": "bob"})
+    with pytest.raises(ValidationError):
+        PBRRetriever(k=0)
+
+
+# -- results -------------------------------------------------------------------------------------
+@BOTH_PATHS
+def test_documents_carry_score_and_explanation(store: bool) -> None:
+    docs = make(store).invoke("where should we eat tonight?", user_id="alice")
+    scores = [d.metadata["score"] for d in docs]
+    assert scores == sorted(scores, reverse=True)
+    assert all(-1.0 - 1e-5 <= s <= 1.0 + 1e-5 for s in scores)
+    pbr = docs[0].metadata["pbr"]
+    assert pbr["used"] == ["query", "anchor", "utterances", "reasoning"]
+    assert pbr["pseudo_utterances"] == json.loads(ANSWER)["candidates"]
+    assert pbr["w1"] is not None and pbr["w2"] is not None
+    assert len(pbr["anchor_items"]) == 3
+    assert pbr["degraded"] is False and pbr["missing"] == {}
+    assert "search" in pbr["timings_ms"]
+    assert docs[0].metadata["user_id"] == "alice" and "n" in docs[0].metadata
+    json.dumps([d.metadata for d in docs])  # JSON-ready
+
+
+def test_plain_fusion_makes_no_llm_call() -> None:
+    rec = Recorder()
+    docs = make(config={"fusion": "plain"}).invoke(
+        "dinner", user_id="alice", config={"callbacks": [rec]}
+    )
+    assert rec.llm_parents == []
+    assert docs[0].metadata["pbr"]["used"] == ["query"]
+    assert docs[0].metadata["pbr"]["degraded"] is False
+
+
+def test_config_is_validated() -> None:
+    assert make(config=PBRConfig(k1=2)).config.k1 == 2
+    with pytest.raises(ValidationError, match="k1 must be >= 1"):
+        PBRRetriever(config={"k1": 0})
+
+
+# -- callbacks and events ------------------------------------------------------------------------
+def test_llm_runs_and_events_are_children_of_the_retriever_run() -> None:
+    rec = Recorder()
+    per_user(make(store=True)).invoke("dinner?", config=cfg("alice", callbacks=[rec]))
+    (run_id,) = rec.retriever_runs
+    assert rec.llm_parents == [run_id, run_id]
+    names = [name for name, _, _ in rec.events]
+    assert names == ["pbr.anchor", "pbr.pseudo_utterances", "pbr.reasoning", "pbr.fusion"]
+    assert {rid for _, _, rid in rec.events} == {run_id}
+    meta = rec.retriever_metadata[0]
+    assert meta["ls_retriever_name"] == "pbr"
+    assert meta["ls_vector_store_provider"] == "InMemoryVectorStore"
+    assert meta["ls_embedding_provider"] == "DeterministicFakeEmbedding"
+
+
+async def test_async_llm_runs_are_children_and_concurrent() -> None:
+    rec, flight = Recorder(), InFlight()
+    r = make(llm=ScriptedChat(delay=0.05, in_flight=flight))
+    await r.ainvoke("dinner?", user_id="alice", config={"callbacks": [rec]})
+    (run_id,) = rec.retriever_runs
+    assert rec.llm_parents == [run_id, run_id]
+    assert flight.peak == 2
+
+
+def test_sync_llm_calls_are_concurrent() -> None:
+    flight = InFlight()
+    make(llm=ScriptedChat(delay=0.05, in_flight=flight)).invoke("dinner?", user_id="alice")
+    assert flight.peak == 2
+
+
+async def test_astream_events_shows_the_personalization() -> None:
+    configured = per_user(make(store=True))
+    events = [
+        e async for e in configured.astream_events("dinner?", version="v2", config=cfg("alice"))
+    ]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "on_retriever_start" and kinds[-1] == "on_retriever_end"
+    retriever_run = events[0]["run_id"]
+    llm_starts = [e for e in events if e["event"] == "on_chat_model_start"]
+    assert len(llm_starts) == 2
+    assert all(retriever_run in e["parent_ids"] for e in llm_starts)
+    custom = {e["name"]: e["data"] for e in events if e["event"] == "on_custom_event"}
+    assert set(custom) == {"pbr.anchor", "pbr.pseudo_utterances", "pbr.reasoning", "pbr.fusion"}
+    assert custom["pbr.pseudo_utterances"]["pseudo_utterances"] == json.loads(ANSWER)["candidates"]
+    assert custom["pbr.reasoning"]["reasoning"]
+    assert custom["pbr.fusion"]["w1"] is not None
+    assert {i["text"] for i in custom["pbr.anchor"]["anchor_items"]} <= OWN["alice"]
+    assert all(d["user_id"] == "alice" for d in custom.values())
+
+
+# -- LCEL ----------------------------------------------------------------------------------------
+def format_docs(docs: list[Document]) -> str:
+    return "\n".join(d.page_content for d in docs)
+
+
+def test_in_an_lcel_chain_per_user() -> None:
+    prompt = PromptTemplate.from_template("Context:\n{context}\n\nAnswer for the user.")
+    chain = per_user(make(store=True)) | format_docs | prompt | ParrotFakeChatModel()
+    for user, other in (("alice", "bob"), ("bob", "alice")):
+        answer = chain.invoke("where should we eat?", config=cfg(user)).text
+        assert any(text in answer for text in OWN[user])
+        assert not any(text in answer for text in OWN[other])
+    rag = {
+        "context": per_user(make()) | format_docs,
+        "question": RunnablePassthrough(),
+    } | PromptTemplate.from_template("{context}\nQ: {question}")
+    outs = rag.batch(["dinner?", "dinner?"], config=[cfg("bob"), cfg("alice")])
+    assert any(t in outs[0].to_string() for t in BOB)
+    assert not any(t in outs[0].to_string() for t in ALICE)
+    assert any(t in outs[1].to_string() for t in ALICE)
+
+
+# -- degraded and strict -------------------------------------------------------------------------
+def test_llm_failure_degrades_to_fewer_terms() -> None:
+    rec = Recorder()
+    # The chat reasoning prompt asks to "Work through the question": only that call fails.
+    r = make(llm=ScriptedChat(fail_on="Work through"))
+    docs = r.invoke("dinner?", user_id="alice", config={"callbacks": [rec]})
+    assert len(docs) == 3
+    pbr = docs[0].metadata["pbr"]
+    assert pbr["used"] == ["query", "anchor", "utterances"]
+    assert pbr["degraded"] is True
+    assert "RuntimeError: model overloaded" in pbr["missing"]["reasoning"]
+    degraded = [data for name, data, _ in rec.events if name == "pbr.degraded"]
+    assert degraded == [{"user_id": "alice", "query": "dinner?", "missing": pbr["missing"]}]
+
+
+async def test_unparseable_answers_degrade_async() -> None:
+    docs = await make(llm=ScriptedChat(answer="Sure!")).ainvoke("dinner?", user_id="bob")
+    pbr = docs[0].metadata["pbr"]
+    assert set(pbr["missing"]) == {"utterances"}
+    assert pbr["used"] == ["query", "anchor", "reasoning"]
+    assert_own(docs, "bob")
+
+
+def test_strict_mode_raises() -> None:
+    with pytest.raises(GenerationError, match="model overloaded"):
+        make(llm=ScriptedChat(fail_on="Work through"), strict=True).invoke("q", user_id="alice")
+    with pytest.raises(GenerationError, match="utterances"):
+        make(llm=ScriptedChat(answer="Sure!"), strict=True).invoke("q", user_id="alice")
+    with pytest.raises(UnknownUserError, match="add_documents"):
+        make(strict=True).invoke("q", user_id="carol")
+
+
+async def test_strict_mode_raises_async() -> None:
+    with pytest.raises(GenerationError):
+        await make(llm=ScriptedChat(fail_on="JSON"), strict=True).ainvoke("q", user_id="bob")
+
+
+def test_a_user_without_history_gets_the_plain_query() -> None:
+    rec = Recorder()
+    r = make(store=True)
+    stranger = Document(page_content="Orphan note in the shared store", metadata={"user_id": "eve"})
+    r.vectorstore.add_documents([stranger])  # type: ignore[union-attr]
+    docs = r.invoke("notes", user_id="eve", config={"callbacks": [rec]})
+    assert [d.page_content for d in docs] == [stranger.page_content]
+    assert docs[0].metadata["pbr"]["degraded"] is True
+    assert "has no history" in docs[0].metadata["pbr"]["missing"]["anchor"]
+    assert rec.llm_parents == []
+    assert [n for n, _, _ in rec.events][-1] == "pbr.degraded"
+    assert make().invoke("notes", user_id="eve") == []
+
+
+# -- prompts -------------------------------------------------------------------------------------
+def test_prompts_are_replaceable_templates() -> None:
+    rec = Recorder()
+    utter = PromptTemplate.from_template(
+        'Past: {history}\nNow: {query}\n{m} lines as {{"candidates": [...]}} for {who}',
+        partial_variables={"who": "a cook"},
+    )
+    reason = PromptTemplate.from_template("Why {query}? {history}", template_format="f-string")
+    r = make(utterances_prompt=utter, reasoning_prompt=reason, config={"num_utterances": 4})
+    r.invoke("dinner {tonight}?", user_id="alice", config={"callbacks": [rec]})
+    sent = sorted(rec.llm_prompts)
+    assert sent[0].startswith("Past: - ")
+    assert 'Now: dinner {tonight}?\n4 lines as {"candidates": [...]} for a cook' in sent[0]
+    assert sent[1].startswith("Why dinner {tonight}?? - ")
+    assert sum(text in sent[0] for text in ALICE) >= 3
+    assert [p.template for p in r.get_prompts()][1] == "Why {query}? {history}"
+
+
+def test_mustache_templates_work_too() -> None:
+    rec = Recorder()
+    utter = PromptTemplate.from_template(
+        "History:\n{{history}}\nQuery: {{query}} {json}", template_format="mustache"
+    )
+    make(utterances_prompt=utter).invoke("pasta?", user_id="bob", config={"callbacks": [rec]})
+    assert any(
+        p.startswith("History:\n- ") and p.endswith("Query: pasta? {json}") for p in rec.llm_prompts
+    )
+
+
+def test_a_prompt_without_history_or_with_unknown_variables_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"lacks \['history'\]"):
+        PBRRetriever(utterances_prompt=PromptTemplate.from_template("{query}"))
+    with pytest.raises(ValidationError, match=r"unknown variable\(s\) \['mood'\]"):
+        PBRRetriever(reasoning_prompt=PromptTemplate.from_template("{history}{query}{mood}"))
+
+
+def test_default_prompts_follow_the_llm_prompt_style() -> None:
+    chat = PBRRetriever(llm=ParrotFakeChatModel()).get_prompts()
+    assert "JSON" in chat[0].template
+    completion = PBRRetriever(llm=LocalGemmaChatModel()).get_prompts()  # nothing is loaded
+    assert all(p.template.endswith("1.") for p in completion)
+    forced = PBRRetriever(llm=ParrotFakeChatModel(), prompt_style="completion").get_prompts()
+    assert forced[0].template == completion[0].template
+
+
+# -- history management --------------------------------------------------------------------------
+def test_add_and_delete_keep_history_and_store_in_step() -> None:
+    store = InMemoryVectorStore(EMB)
+    r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB, vectorstore=store, k=10)
+    docs = [Document(page_content=t) for t in ALICE]
+    ids = r.add_documents(docs, user_id="alice")
+    assert all("user_id" not in d.metadata for d in docs)  # the caller's documents are untouched
+    assert store.get_by_ids(ids[:1])[0].metadata["user_id"] == "alice"
+    r.delete(ids[:2], user_id="alice")
+    found = r.invoke("food", user_id="alice")
+    assert {d.page_content for d in found} == set(ALICE[2:])
+    assert store.get_by_ids(ids[:2]) == []
+    assert len(r.history.get("alice")) == 3
+    with pytest.raises(KeyError, match="no item"):
+        r.delete(["nope"], user_id="alice")
+
+
+async def test_async_add_and_delete() -> None:
+    store = InMemoryVectorStore(EMB)
+    r = await PBRRetriever.afrom_documents(
+        corpus(), llm=ScriptedChat(), embeddings=EMB, vectorstore=store, k=10
+    )
+    ids = await r.aadd_documents(
+        [Document(page_content="Bob's new note on tyres", id="tyres")], user_id="bob"
+    )
+    assert ids == ["tyres"]
+    found = await r.ainvoke("q", user_id="bob")
+    assert "Bob's new note on tyres" in {d.page_content for d in found}
+    await r.adelete(["tyres"], user_id="bob")
+    assert_own(await r.ainvoke("q", user_id="bob"), "bob")
+    assert len(r.history.get("bob")) == len(BOB)
+
+
+def test_existing_store_plus_history_documents() -> None:
+    store = InMemoryVectorStore(EMB)
+    store.add_documents(corpus())  # already tagged with user_id
+    r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB, vectorstore=store, k=10)
+    for user in ("alice", "bob"):
+        mine = [d for d in corpus() if d.metadata["user_id"] == user]
+        r.add_documents(mine, user_id=user, add_to_vectorstore=False)
+    assert len(store.store) == len(ALICE) + len(BOB)
+    assert_own(r.invoke("q", user_id="bob"), "bob")
+
+
+def test_documents_of_another_user_are_refused() -> None:
+    r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB)
+    with pytest.raises(ValueError, match="'bob' but is being added for user 'alice'"):
+        r.add_documents([Document(page_content="x", metadata={"user_id": "bob"})], user_id="alice")
+    with pytest.raises(ValueError, match="document 0 has no user"):
+        PBRRetriever.from_documents([Document(page_content="x")], embeddings=EMB)
+
+
+def test_filter_builder_is_called_per_request() -> None:
+    calls: list[str] = []
+
+    def only(uid: str) -> dict[str, Any]:
+        calls.append(uid)
+        return {"filter": lambda d: d.metadata["user_id"] == uid and d.metadata["n"] < 2}
+
+    r = make(store=True, filter_builder=only, k=5)
+    docs = r.invoke("q", user_id="bob")
+    assert {d.page_content for d in docs} == set(BOB[:2])
+    assert calls == ["bob"]
+
+
+def test_save_and_load_round_trip(tmp_path: Any) -> None:
+    r = make()
+    before = r.invoke("dinner?", user_id="alice")
+    r.save(tmp_path / "hist")
+    loaded = PBRRetriever.load(tmp_path / "hist", llm=ScriptedChat(), embeddings=EMB, k=3)
+    after = loaded.invoke("dinner?", user_id="alice")
+    assert [d.page_content for d in after] == [d.page_content for d in before]
+    with pytest.raises(PersistenceError, match="DeterministicFakeEmbedding"):
+        PBRRetriever.load(tmp_path / "hist", embeddings=FakeEmbeddings(size=64))
