@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from llama_index.core.bridge.pydantic import Field, field_validator
@@ -13,12 +12,7 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from pbr_core.salience import (
-    LogProbScorer,
-    SalienceSelection,
-    default_scorer,
-    select_by_salience,
-)
+from pbr_core.salience import SELECT_OPTIONS, SalienceSelection, as_scorer, select_by_salience
 
 __all__ = ["SalienceNodePostprocessor"]
 
@@ -91,54 +85,24 @@ class SalienceNodePostprocessor(BaseNodePostprocessor):
     @field_validator("scorer")
     @classmethod
     def _check_scorer(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, LogProbScorer):
-            raise TypeError(
-                "scorer must implement pbr_core.salience.LogProbScorer (a model_id attribute and "
-                f"a logprobs(contexts, targets) method), got {type(value).__name__}"
-            )
-        return value
+        return value if value is None else as_scorer(value)
 
     @classmethod
     def class_name(cls) -> str:
         return "SalienceNodePostprocessor"
 
-    def _scorer(self) -> LogProbScorer:
-        return self.scorer if self.scorer is not None else default_scorer()
-
-    def _timestamps(self, nodes: Sequence[NodeWithScore]) -> list[Hashable] | None:
-        if self.timestamp_key is None or self.mode != "gate":
-            return None
-        values = [n.node.metadata.get(self.timestamp_key) for n in nodes]
-        if all(v is not None for v in values):
-            return values
-        if any(v is not None for v in values):
-            warnings.warn(
-                f"only some nodes have metadata[{self.timestamp_key!r}]; the gate keeps input "
-                "order instead of chronological order",
-                UserWarning,
-                stacklevel=4,
-            )
-        return None
-
     def select(self, nodes: Sequence[NodeWithScore], query: str) -> SalienceSelection:
         """Score and re-rank / gate ``nodes`` for ``query``; positions refer to the input."""
         nodes = list(nodes)
-        scores = [n.score for n in nodes]
-        dense = [float(s) for s in scores if s is not None]
+        key = self.timestamp_key
         return select_by_salience(
-            self._scorer(),
+            self.scorer,
             query,
             [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
-            mode=self.mode,
-            method=self.method,
-            top_n=self.top_n,
-            rrf_k=self.rrf_k,
-            weight=self.weight,
-            tau=self.tau,
-            max_items=self.max_items,
-            reduction=self.reduction,
-            dense_scores=dense if len(dense) == len(nodes) else None,
-            timestamps=self._timestamps(nodes),
+            dense_scores=[n.score for n in nodes],
+            timestamps=None if key is None else [n.node.metadata.get(key) for n in nodes],
+            timestamp_source=f"node.metadata[{key!r}]",
+            **{name: getattr(self, name) for name in SELECT_OPTIONS},
         )
 
     def _postprocess_nodes(

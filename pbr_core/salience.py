@@ -55,6 +55,7 @@ from pbr_core.protocols import SearchHit
 
 __all__ = [
     "DEFAULT_TEMPLATE",
+    "SELECT_OPTIONS",
     "GateDecision",
     "LogProbScorer",
     "NonFiniteLogProbError",
@@ -65,6 +66,7 @@ __all__ = [
     "SalienceTemplate",
     "TokenLogProbs",
     "TransformersLogProbScorer",
+    "as_scorer",
     "default_scorer",
     "gate",
     "oracle_focus_set",
@@ -75,6 +77,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+U = TypeVar("U")
 RerankMethod = Literal["salience", "rrf", "zsum"]
 Reduction = Literal["sum", "mean"]
 _METHODS: tuple[str, ...] = ("salience", "rrf", "zsum")
@@ -251,7 +254,8 @@ class TransformersLogProbScorer:
         self.batch_size = batch_size
         self.max_item_tokens = max_item_tokens
         self.cache_size = cache_size
-        model.eval()
+        if callable(getattr(model, "eval", None)):
+            model.eval()
         if model_id is None:
             name = (
                 getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
@@ -432,7 +436,6 @@ def _non_finite(model_id: str, bad: int, total: int, dtype: str) -> NonFiniteLog
     )
 
 
-@functools.lru_cache(maxsize=1)
 def _default_lm() -> tuple[Any, Any]:
     try:
         from pbr_core.models import load_causal_lm
@@ -444,6 +447,7 @@ def _default_lm() -> tuple[Any, Any]:
     return load_causal_lm(dtype="float32")
 
 
+@functools.lru_cache(maxsize=8)
 def default_scorer(
     template: SalienceTemplate | str = DEFAULT_TEMPLATE,
     batch_size: int = 16,
@@ -452,9 +456,10 @@ def default_scorer(
     """A :class:`TransformersLogProbScorer` on the embedded Gemma 3 270M in fp32.
 
     The model loads once per process (first call: a few seconds, or ~1 minute and ~3 GB RAM if
-    the packaged GGUF has never been converted); later calls only build a cheap wrapper. Each
-    scorer wraps the same model, so the tokenized-item cache is per scorer: keep one around.
-    Measured on 2 CPU cores: ~5 (item, query) pairs per second (notes §7).
+    the packaged GGUF has never been converted). The same arguments return the same scorer, so
+    its tokenized-item cache is shared by every caller (the adapters call this when given no
+    scorer). Throughput: ~5 sequences per second on 2 quiet CPU cores (notes §7), several times
+    less when other processes compete for the cores; see ``docs/salience.md``.
     """
     model, tok = _default_lm()
     return TransformersLogProbScorer(
@@ -508,6 +513,11 @@ class SalienceScores:
         return self.sum if reduction == "sum" else self.mean
 
 
+def _empty(query: str, model_id: str, answer: str | None = None) -> SalienceScores:
+    e = np.zeros(0, dtype=np.float64)
+    return SalienceScores(query, e, e.copy(), e.copy(), None, 0, answer, model_id)
+
+
 def _bayes_factor(
     scorer: LogProbScorer,
     query: str,
@@ -518,10 +528,7 @@ def _bayes_factor(
 ) -> SalienceScores:
     items = _as_texts(items)
     if not items:
-        empty = np.zeros(0, dtype=np.float64)
-        return SalienceScores(
-            query, empty, empty.copy(), empty.copy(), None, 0, answer, scorer.model_id
-        )
+        return _empty(query, scorer.model_id, answer)
     contexts = ["", *items]
     targets = [target] * len(contexts)
     if conditions:
@@ -783,6 +790,13 @@ class GateDecision(Generic[T]):
     tau: float
     reason: str
 
+    def take(self, items: Sequence[U]) -> GateDecision[U]:
+        """The same decision over ``items`` (aligned with the gated ones, e.g. their documents)."""
+        if len(items) != len(self.scores):
+            raise ValueError(f"the gate saw {len(self.scores)} items, got {len(items)}")
+        selected = [items[i] for i in self.indices.tolist()]
+        return GateDecision(self.open, selected, self.indices, self.scores, self.tau, self.reason)
+
 
 def gate(
     items: Sequence[T],
@@ -884,8 +898,57 @@ class SalienceSelection:
     decision: GateDecision[int] | None = None
 
 
+#: The options of :func:`select_by_salience` that the adapters expose as their own fields.
+SELECT_OPTIONS: tuple[str, ...] = (
+    "mode",
+    "method",
+    "top_n",
+    "rrf_k",
+    "weight",
+    "tau",
+    "max_items",
+    "reduction",
+)
+
+
+def as_scorer(value: Any) -> LogProbScorer:
+    """``value`` if it implements :class:`LogProbScorer`; ``None`` gives :func:`default_scorer`."""
+    if value is None:
+        return default_scorer()
+    if not isinstance(value, LogProbScorer):
+        raise TypeError(
+            "scorer must implement pbr_core.salience.LogProbScorer (a model_id attribute and a "
+            f"logprobs(contexts, targets) method), got {type(value).__name__}"
+        )
+    return value
+
+
+def _usable_dense(values: Sequence[Any] | np.ndarray | None) -> np.ndarray | None:
+    """Dense scores if every item has a real number, else ``None`` (rank by input order)."""
+    if values is None:
+        return None
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
+        return np.asarray(values, dtype=np.float64)
+    return None
+
+
+def _usable_timestamps(values: Sequence[Any] | None, what: str) -> list[Hashable] | None:
+    """Timestamps if every item has one; none at all: ``None``; some missing: warn, ``None``."""
+    if values is None or all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        warnings.warn(
+            f"only some items have a timestamp ({what}); the gate keeps input order instead of "
+            "chronological order",
+            UserWarning,
+            stacklevel=4,
+        )
+        return None
+    return list(values)
+
+
 def select_by_salience(
-    scorer: LogProbScorer,
+    scorer: LogProbScorer | None,
     query: str,
     texts: Sequence[str],
     *,
@@ -897,8 +960,9 @@ def select_by_salience(
     tau: float = 0.0,
     max_items: int | None = None,
     reduction: Reduction = "mean",
-    dense_scores: Sequence[float] | np.ndarray | None = None,
-    timestamps: Sequence[Hashable] | None = None,
+    dense_scores: Sequence[float | None] | np.ndarray | None = None,
+    timestamps: Sequence[Hashable | None] | None = None,
+    timestamp_source: str = "timestamps",
 ) -> SalienceSelection:
     """Score ``texts`` for ``query``, then re-rank them (keep ``top_n``) or gate them.
 
@@ -906,18 +970,31 @@ def select_by_salience(
     postprocessor run; they only map documents / nodes to texts and back. Re-rank mode: see
     :func:`rerank` (``top_n=None`` keeps all). Gate mode: see :func:`gate` (a closed gate keeps
     nothing).
+
+    Lenient where :func:`rerank` and :func:`gate` are strict, because retrieved items come
+    with whatever metadata they have: ``scorer=None`` uses :func:`default_scorer`; dense scores
+    with a missing (``None``) entry are ignored (RRF then uses the input order, z-sum fails);
+    timestamps with a missing entry are ignored with a warning that names ``timestamp_source``.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if top_n is not None and top_n < 1:
         raise ValueError(f"top_n must be >= 1 or None (keep all), got {top_n}")
-    sal = salience(scorer, query, texts)
+    texts = _as_texts(texts)
+    if not texts:  # nothing to score: do not load a model for it
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("salience needs a non-empty query; got " + repr(query))
+        model_id = getattr(scorer, "model_id", "")
+        return SalienceSelection(np.zeros(0, dtype=np.int64), np.zeros(0), _empty(query, model_id))
+    sal = salience(as_scorer(scorer), query, texts)
     positions = list(range(len(texts)))
     if mode == "rerank":
-        ranked = rerank(positions, sal, method, rrf_k, weight, dense_scores=dense_scores)
+        dense = _usable_dense(dense_scores)
+        ranked = rerank(positions, sal, method, rrf_k, weight, dense_scores=dense)
         keep = len(positions) if top_n is None else top_n
         return SalienceSelection(ranked.order[:keep], ranked.scores[:keep], sal, reranked=ranked)
-    decision = gate(positions, sal, tau, max_items, timestamps, reduction=reduction)
+    times = _usable_timestamps(timestamps, timestamp_source)
+    decision = gate(positions, sal, tau, max_items, times, reduction=reduction)
     return SalienceSelection(
         decision.indices, decision.scores[decision.indices], sal, decision=decision
     )
