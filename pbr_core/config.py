@@ -47,7 +47,7 @@ class PBRConfig:
     k1: int = 5
     num_utterances: int = 10
     max_item_chars: int = 800
-    theta: float = 0.5
+    theta: float = 0.65
     k2: int = 5
     alpha: float = 0.85
     pagerank_tol: float = 1e-6

@@ -1,0 +1,183 @@
+"""``pbr bench``: run methods on the benchmark data sets, sweep the anchor parameters.
+
+Examples:
+    pbr bench run --dataset personabench --noise 0.0 --llm authors
+    pbr bench run --dataset locomo --level turn --llm local --limit 100
+    pbr bench sweep --dataset personabench --noise 0.0 --llm authors
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config import PBRConfig
+from .datasets import Dataset, load_locomo, load_personabench, load_prefeval
+from .plots import category_bars, sweep_heatmap
+from .runner import ALL_METHODS, LLM_BASELINES, PBR_METHODS, REPO, Bench, metric_table, save_run
+
+DEFAULT_OUT = REPO / "benchmarks" / "results"
+THETAS = [round(0.35 + 0.05 * i, 2) for i in range(10)]  # 0.35 … 0.80
+K2S = [1, 3, 5, 10]
+ALPHAS = [0.85, 1.0]
+
+
+def load_dataset(args: argparse.Namespace) -> Dataset:
+    if args.dataset == "personabench":
+        return load_personabench(args.noise, data_dir=args.data_dir)
+    if args.dataset == "locomo":
+        return load_locomo(args.level, data_dir=args.data_dir)
+    if args.dataset == "prefeval":
+        return load_prefeval(args.n_filler, data_dir=args.data_dir, max_per_topic=args.per_topic)
+    raise SystemExit(f"unknown data set {args.dataset!r}")
+
+
+def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
+    generator = None
+    if args.llm == "local":
+        from ..models import default_generator
+
+        generator = default_generator()
+    elif args.llm == "authors" and args.dataset != "personabench":
+        raise SystemExit("the authors' generations exist for PersonaBench only")
+    cfg = PBRConfig(theta=args.theta, k2=args.k2, alpha=args.alpha, k1=args.k1)
+    name = {"local": "gemma-270m", "authors": "authors", "none": "none"}[args.llm]
+    return Bench(
+        ds, config=cfg, generator=generator, llm_name=name, limit=args.limit, seed=args.seed, k=10
+    )
+
+
+def _print_table(rows: list[dict[str, Any]], stream: Any = sys.stdout) -> None:
+    if not rows:
+        return
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(c.ljust(widths[c]) for c in cols), file=stream)
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols), file=stream)
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    ds = load_dataset(args)
+    bench = make_bench(args, ds)
+    methods = args.methods.split(",") if args.methods else _default_methods(args.llm)
+    out = Path(args.out) / ds.name
+    runs = []
+    for method in tqdm(methods, desc=f"{ds.name}: methods", unit="method"):
+        run = bench.run(method)
+        save_run(run, ds.name, out)
+        runs.append(run)
+    cols = ["R@1", "R@5", "N@5", "R@10", "N@10", "MRR"]
+    rows = metric_table(runs, cols)
+    tag = f"{args.llm}" + (f"-n{args.limit}" if args.limit else "")
+    _write_csv(rows, out / f"summary__{tag}.csv")
+    (out / f"summary__{tag}.json").write_text(json.dumps(rows, indent=1))
+    category_bars(runs, "R@5", f"{ds.name}: R@5 by category ({tag})", out / f"bars__{tag}.png")
+    print(f"\n{ds.name} ({len(bench.queries)} questions, LLM: {args.llm})")
+    _print_table(rows)
+    return 0
+
+
+def _default_methods(llm: str) -> list[str]:
+    if llm == "none":
+        return ["plain", "bm25", "pbr-no-prf"]
+    if llm == "authors":
+        return ["plain", "bm25", *PBR_METHODS]
+    return list(ALL_METHODS)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    ds = load_dataset(args)
+    bench = make_bench(args, ds)
+    out = Path(args.out) / ds.name
+    rows: list[dict[str, Any]] = []
+    grid = [(a, t, k) for a in ALPHAS for t in THETAS for k in K2S]
+    for alpha, theta, k2 in tqdm(grid, desc=f"{ds.name}: sweep θ×k2×α", unit="config"):
+        cfg = bench.config.with_(theta=theta, k2=k2, alpha=alpha)
+        run = bench.run(args.method, config=cfg, progress=False)
+        o = run.metrics["Overall"]
+        rows.append(
+            {
+                "alpha": alpha,
+                "theta": theta,
+                "k2": k2,
+                "R@5": round(o["R@5"], 4),
+                "N@5": round(o["N@5"], 4),
+            }
+        )
+    tag = f"{args.method}__{args.llm}"
+    _write_csv(rows, out / f"sweep__{tag}.csv")
+    (out / f"sweep__{tag}.json").write_text(json.dumps(rows, indent=1))
+    for alpha in ALPHAS:
+        g = np.array(
+            [[r["R@5"] for r in rows if r["alpha"] == alpha and r["theta"] == t] for t in THETAS]
+        )
+        sweep_heatmap(
+            g,
+            THETAS,
+            K2S,
+            f"{ds.name} {args.method} R@5, α={alpha}",
+            out / f"sweep__{tag}__alpha{alpha}.png",
+        )
+    best = max(rows, key=lambda r: (r["R@5"], r["N@5"]))
+    _print_table(sorted(rows, key=lambda r: -r["R@5"])[:10])
+    print(f"best: {best}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pbr bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("run", "sweep"):
+        s = sub.add_parser(name)
+        s.add_argument(
+            "--dataset", choices=["personabench", "locomo", "prefeval"], default="personabench"
+        )
+        s.add_argument("--noise", default="0.0", help="PersonaBench noise level")
+        s.add_argument("--level", default="turn", choices=["turn", "session"], help="LoCoMo")
+        s.add_argument("--n-filler", type=int, default=10, help="PrefEval filler messages")
+        s.add_argument("--per-topic", type=int, default=None, help="PrefEval items per topic")
+        s.add_argument("--llm", choices=["none", "authors", "local"], default="none")
+        s.add_argument("--limit", type=int, default=None, help="seeded random subset")
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("--theta", type=float, default=PBRConfig.theta)
+        s.add_argument("--k2", type=int, default=PBRConfig.k2)
+        s.add_argument("--alpha", type=float, default=PBRConfig.alpha)
+        s.add_argument("--k1", type=int, default=PBRConfig.k1)
+        s.add_argument("--data-dir", default=None)
+        s.add_argument("--out", default=str(DEFAULT_OUT))
+        if name == "run":
+            s.add_argument(
+                "--methods", default=None, help=f"comma-separated, from {', '.join(ALL_METHODS)}"
+            )
+        else:
+            s.add_argument("--method", default="pbr", choices=[*PBR_METHODS])
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return cmd_run(args)
+    return cmd_sweep(args)
+
+
+__all__ = ["LLM_BASELINES", "main"]
