@@ -12,6 +12,7 @@ FusionMode = Literal[
     "no_utterances",  # q + c_anchor + w2·r              (ablation: drop the pseudo utterances)
     "no_reasoning",  # q + c_anchor + w1·f_avg           (ablation: drop the pseudo reasoning)
     "plain",  # q                                    (no personalization at all)
+    "safe",  # full, each LLM term scaled by its query-time trust (see pbr_core.fusion)
 ]
 FUSION_MODES: tuple[FusionMode, ...] = (
     "full",
@@ -20,6 +21,7 @@ FUSION_MODES: tuple[FusionMode, ...] = (
     "no_utterances",
     "no_reasoning",
     "plain",
+    "safe",
 )
 
 
@@ -42,6 +44,10 @@ class PBRConfig:
             inner product); above it an HNSW index approximates it.
         fusion: which terms enter the personalized query (spec §2.4, §2.5).
         top_anchor_items: how many highest-PageRank items the explanation lists.
+        trust_low: ``"safe"`` fusion: a pseudo-feedback term whose cosine with the query is at or
+            below this gets no weight (and the anchor none unless another term is trusted).
+        trust_high: ``"safe"`` fusion: at or above this cosine a term gets the paper's full weight;
+            in between, a linear ramp.
     """
 
     k1: int = 5
@@ -55,6 +61,8 @@ class PBRConfig:
     exact_knn_max_items: int = 50_000
     fusion: FusionMode = "full"
     top_anchor_items: int = 3
+    trust_low: float = 0.3
+    trust_high: float = 0.45
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -76,6 +84,10 @@ class PBRConfig:
             problems.append(f"pagerank_max_iter must be >= 1, got {self.pagerank_max_iter}")
         if self.fusion not in FUSION_MODES:
             problems.append(f"fusion must be one of {FUSION_MODES}, got {self.fusion!r}")
+        if not -1.0 <= self.trust_low < self.trust_high <= 1.0:
+            problems.append(
+                f"need -1 <= trust_low < trust_high <= 1, got {self.trust_low}, {self.trust_high}"
+            )
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

@@ -7,11 +7,19 @@
 
 A term that is missing (no history, an LLM answer that could not be used) or switched off by the
 fusion mode is simply left out; the caller records why.
+
+``"safe"`` mode (this library's addition, not in the paper) keeps the paper's formula but scales
+each pseudo-feedback term by a *trust* in [0, 1] read off at query time: its cosine with the plain
+query, ramped linearly from ``trust_low`` (no weight) to ``trust_high`` (the paper's weight).
+Feedback from a strong LLM is on-topic and keeps its full weight; generic or off-target text from
+a tiny model fades out, and with it the anchor (scaled by the largest trust), because the anchor
+alone pulls every query towards the centre of the user's corpus. With nothing trusted, ``q*``
+is the plain query: personalization can fall back, it cannot drag the query away.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +33,7 @@ MODE_TERMS: dict[FusionMode, tuple[bool, bool, bool]] = {
     "no_utterances": (True, False, True),
     "no_reasoning": (True, True, False),
     "plain": (False, False, False),
+    "safe": (True, True, True),
 }
 
 
@@ -53,6 +62,13 @@ class FusionResult:
     w1: float | None
     w2: float | None
     used: tuple[str, ...]
+    trust: dict[str, float] = field(default_factory=dict)
+
+
+def trust(q: np.ndarray, term: np.ndarray, low: float, high: float) -> float:
+    """How much ``"safe"`` fusion trusts a pseudo-feedback term: its cosine with the query,
+    mapped linearly from ``low`` (0) to ``high`` (1) and clipped."""
+    return float(np.clip((cosine(q, term) - low) / (high - low), 0.0, 1.0))
 
 
 def fuse(
@@ -62,6 +78,8 @@ def fuse(
     f_avg: np.ndarray | None = None,
     r: np.ndarray | None = None,
     mode: FusionMode = "full",
+    trust_low: float = 0.3,
+    trust_high: float = 0.45,
 ) -> FusionResult:
     """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
 
@@ -71,26 +89,36 @@ def fuse(
         f_avg: mean of the unit pseudo-utterance vectors or ``None``.
         r: the unit reasoning vector or ``None``.
         mode: one of :data:`MODE_TERMS`.
+        trust_low, trust_high: the trust ramp of ``"safe"`` mode (ignored by the others).
     """
     want_anchor, want_f, want_r = MODE_TERMS[mode]
     q = np.asarray(q, dtype=np.float64)
+    scale = {"anchor": 1.0, "utterances": 1.0, "reasoning": 1.0}
+    trusts: dict[str, float] = {}
+    if mode == "safe":
+        for name, vec in (("utterances", f_avg), ("reasoning", r)):
+            if vec is not None:
+                trusts[name] = scale[name] = trust(q, np.asarray(vec), trust_low, trust_high)
+        trusts["anchor"] = scale["anchor"] = max(trusts.values(), default=0.0)
     used = ["query"]
     total = q.copy()
     mid = q
-    if want_anchor and anchor is not None:
+    if want_anchor and anchor is not None and scale["anchor"] > 0:
         a = np.asarray(anchor, dtype=np.float64)
-        total += a
+        total += scale["anchor"] * a
         mid = (q + a) / 2.0
         used.append("anchor")
     w1 = w2 = None
-    if want_f and f_avg is not None:
+    if want_f and f_avg is not None and scale["utterances"] > 0:
         f = np.asarray(f_avg, dtype=np.float64)
-        w1 = 1.0 + cosine(mid, f)
+        w1 = scale["utterances"] * (1.0 + cosine(mid, f))
         total += w1 * f
         used.append("utterances")
-    if want_r and r is not None:
+    if want_r and r is not None and scale["reasoning"] > 0:
         rr = np.asarray(r, dtype=np.float64)
-        w2 = 1.0 + cosine(mid, rr)
+        w2 = scale["reasoning"] * (1.0 + cosine(mid, rr))
         total += w2 * rr
         used.append("reasoning")
-    return FusionResult(vector=total.astype(np.float32), w1=w1, w2=w2, used=tuple(used))
+    return FusionResult(
+        vector=total.astype(np.float32), w1=w1, w2=w2, used=tuple(used), trust=trusts
+    )

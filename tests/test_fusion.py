@@ -68,3 +68,26 @@ def test_a_missing_term_is_left_out_and_the_mid_follows() -> None:
 def test_every_mode_is_covered() -> None:
     for mode in FUSION_MODES:
         assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).used[0] == "query"
+
+
+def test_safe_fusion_keeps_on_topic_terms_at_the_papers_weight() -> None:
+    # cos(q, f) = 0.6 and cos(q, r) = 0.0: with the ramp 0.3 → 0.45, f is fully trusted, r not.
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", trust_low=0.3, trust_high=0.45)
+    assert got.trust == {"utterances": 1.0, "reasoning": 0.0, "anchor": 1.0}
+    assert got.used == ("query", "anchor", "utterances")
+    np.testing.assert_allclose(got.vector, Q + ANCHOR + W1 * F_AVG, rtol=1e-6)
+
+
+def test_safe_fusion_ramps_the_weight_between_the_thresholds() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=None, mode="safe", trust_low=0.5, trust_high=0.7)
+    t = (0.6 - 0.5) / (0.7 - 0.5)
+    assert got.trust["utterances"] == pytest.approx(t)
+    assert got.trust["anchor"] == pytest.approx(t)
+    np.testing.assert_allclose(got.vector, Q + t * ANCHOR + t * W1 * F_AVG, rtol=1e-6)
+
+
+def test_safe_fusion_falls_back_to_the_plain_query_when_nothing_is_trusted() -> None:
+    got = fuse(Q, anchor=ANCHOR, f_avg=-F_AVG, r=R, mode="safe")
+    assert got.used == ("query",)
+    assert got.trust == {"utterances": 0.0, "reasoning": 0.0, "anchor": 0.0}
+    np.testing.assert_allclose(got.vector, Q)

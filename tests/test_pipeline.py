@@ -245,3 +245,13 @@ def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
     other.model_id = "test/other-model"
     with pytest.raises(PersistenceError, match="other-model"):
         Personalizer.load(str(tmp_path / "s"), other)
+
+
+def test_safe_fusion_reports_its_trust_and_falls_back_on_off_topic_feedback() -> None:
+    # Hash vectors are near-orthogonal to the query: nothing is trusted, q* is the plain query.
+    pq = make().personalize("alice", "dinner?", config=PBRConfig(fusion="safe", trust_low=0.5))
+    expl = pq.explanation
+    assert expl.trust == {"utterances": 0.0, "reasoning": 0.0, "anchor": 0.0}
+    assert "not trusted" in expl.dropped["utterances"]
+    assert expl.to_dict()["trust"] == expl.trust
+    np.testing.assert_allclose(pq.vector, pq.query_vector, atol=1e-7)
