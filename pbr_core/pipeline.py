@@ -61,6 +61,7 @@ class Explanation:
         w1, w2: fusion weights (None for a dropped term).
         anchor_items: the most central history items (score = PageRank).
         dropped: term → reason it is not in ``q*``.
+        trust: ``"safe"`` fusion only: term → trust in [0, 1] that scaled its weight.
         timings_ms: milliseconds per stage.
     """
 
@@ -75,6 +76,7 @@ class Explanation:
     w2: float | None = None
     anchor_items: list[SearchHit] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
+    trust: dict[str, float] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +95,7 @@ class Explanation:
             "w2": self.w2,
             "anchor_items": [hit(h) for h in self.anchor_items],
             "dropped": dict(self.dropped),
+            "trust": {k: round(v, 4) for k, v in self.trust.items()},
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
         }
 
@@ -232,16 +235,52 @@ class Personalizer:
                 its vector store); they are checked and normalised like any other.
         """
         items = list(items)
-        if vectors is not None:
-            self._record_model()
-            self.store.upsert(user_id, items, vectors)
-            return [item.id for item in items]
+        if vectors is None:
+            vectors = self._vectors(user_id, items)
+        self._record_model()
+        self.store.upsert(user_id, items, vectors)
+        return [item.id for item in items]
+
+    def item_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> np.ndarray:
+        """The vectors :meth:`add_items` would store for ``items``, checked; nothing is stored.
+
+        Embeds only the items whose (id, text) is not stored yet, and raises on whatever
+        :meth:`add_items` would refuse (duplicate ids, empty text, a wrong dimension, NaN/zero
+        vectors). An adapter calls it before writing to its host vector store, then
+        ``add_items(..., vectors=...)`` once that write succeeded: a failed host write leaves the
+        history unchanged, and the history write cannot fail after the host write.
+
+        Returns:
+            One unit row per item, float32, shape ``(len(items), dim)``.
+        """
+        items = list(items)
+        return self._checked(user_id, items, self._vectors(user_id, items))
+
+    async def aitem_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> np.ndarray:
+        """Async :meth:`item_vectors` (native async embedder when it has one)."""
+        items = list(items)
+        return self._checked(user_id, items, await self._avectors(user_id, items))
+
+    def _vectors(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
+        """Stored vectors of unchanged items, fresh embeddings for the others."""
         known = self.store.known_vectors(user_id, items)
         todo = [i for i, v in enumerate(known) if v is None]
         fresh = embed_documents(self.embedder, [items[i].text for i in todo], dim=self.store.dim)
-        self._record_model()
-        self.store.upsert(user_id, items, _merge_vectors(known, todo, fresh))
-        return [item.id for item in items]
+        return _merge_vectors(known, todo, fresh)
+
+    async def _avectors(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
+        known = self.store.known_vectors(user_id, items)
+        todo = [i for i, v in enumerate(known) if v is None]
+        fresh = await aembed_documents(
+            self.embedder, [items[i].text for i in todo], dim=self.store.dim
+        )
+        return _merge_vectors(known, todo, fresh)
+
+    def _checked(self, user_id: str, items: list[HistoryItem], vectors: np.ndarray) -> np.ndarray:
+        # The store's own validation, run on a scratch store of the same dimension: one set of
+        # rules, and the real store is not touched.
+        scratch = HistoryStore(dim=self.store.dim).upsert(user_id, items, vectors)
+        return np.array(scratch.vectors, dtype=np.float32)
 
     async def aadd_texts(
         self,
@@ -256,13 +295,9 @@ class Personalizer:
 
     async def aadd_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
         items = list(items)
-        known = self.store.known_vectors(user_id, items)
-        todo = [i for i, v in enumerate(known) if v is None]
-        fresh = await aembed_documents(
-            self.embedder, [items[i].text for i in todo], dim=self.store.dim
-        )
+        vectors = await self._avectors(user_id, items)
         self._record_model()
-        self.store.upsert(user_id, items, _merge_vectors(known, todo, fresh))
+        self.store.upsert(user_id, items, vectors)
         return [item.id for item in items]
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
@@ -572,11 +607,26 @@ class Personalizer:
         n_f = len(parsed[0].items)
         f_avg = vecs[:n_f].mean(axis=0) if n_f else None
         r = vecs[n_f] if parsed[1].items else None
+        cfg = req.config
         result: FusionResult = fuse(
-            req.q, anchor=req.anchor, f_avg=f_avg, r=r, mode=req.config.fusion
+            req.q,
+            anchor=req.anchor,
+            f_avg=f_avg,
+            r=r,
+            mode=cfg.fusion,
+            trust_low=cfg.trust_low,
+            trust_high=cfg.trust_high,
         )
         expl = req.explanation
         expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
+        expl.trust = dict(result.trust)
+        for term, value in result.trust.items():
+            if value == 0.0 and term not in expl.dropped:
+                expl.dropped[term] = (
+                    "not trusted: too far from the query (safe fusion)"
+                    if term != "anchor"
+                    else "not trusted: no pseudo-feedback term was (safe fusion)"
+                )
         norm = float(np.linalg.norm(result.vector))
         if not np.isfinite(norm) or norm == 0.0:
             raise EmbeddingError("the personalized query vector is zero or not finite")

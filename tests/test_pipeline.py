@@ -249,7 +249,7 @@ def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
 
 def test_safe_fusion_reports_its_trust_and_falls_back_on_off_topic_feedback() -> None:
     # Hash vectors are near-orthogonal to the query: nothing is trusted, q* is the plain query.
-    pq = make().personalize("alice", "dinner?", config=PBRConfig(fusion="safe", trust_low=0.5))
+    pq = make().personalize("alice", "dinner?", config=PBRConfig(fusion="safe", trust_high=0.6))
     expl = pq.explanation
     assert expl.trust == {"utterances": 0.0, "reasoning": 0.0, "anchor": 0.0}
     assert "not trusted" in expl.dropped["utterances"]
