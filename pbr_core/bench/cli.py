@@ -55,7 +55,8 @@ def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
     )
 
 
-def _print_table(rows: list[dict[str, Any]], stream: Any = sys.stdout) -> None:
+def _print_table(rows: list[dict[str, Any]], stream: Any = None) -> None:
+    stream = stream or sys.stdout  # looked up per call: tests and callers may redirect it
     if not rows:
         return
     cols = list(rows[0])
@@ -141,12 +142,40 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import load_rankings, paired
+
+    ds = load_dataset(args)
+    folder = Path(args.out) / ds.name
+    base = load_rankings(folder / f"{ds.name}__{args.baseline}.rankings.jsonl")
+    rows = []
+    for name in sorted(folder.glob(f"{ds.name}__*.rankings.jsonl")):
+        method = name.name[len(ds.name) + 2 : -len(".rankings.jsonl")]
+        if method == args.baseline:
+            continue
+        p = paired(ds, base, load_rankings(name), method, k=5)
+        rows.append(
+            {
+                "method": method,
+                "wins": p.wins,
+                "losses": p.losses,
+                "ties": p.ties,
+                "mean_dR@5": round(p.mean_delta, 4),
+                "sign_p": float(f"{p.p_value:.2g}"),
+            }
+        )
+    _write_csv(rows, folder / f"paired_vs_{args.baseline}.csv")
+    print(f"{ds.name}: R@5 per question against {args.baseline}")
+    _print_table(rows)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pbr bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("run", "sweep"):
+    for name in ("run", "sweep", "compare"):
         s = sub.add_parser(name)
         s.add_argument(
             "--dataset", choices=["personabench", "locomo", "prefeval"], default="personabench"
@@ -168,16 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument(
                 "--methods", default=None, help=f"comma-separated, from {', '.join(ALL_METHODS)}"
             )
-        else:
+        elif name == "sweep":
             s.add_argument("--method", default="pbr", choices=[*PBR_METHODS])
+        else:
+            s.add_argument("--baseline", default="plain__none", help="<method>__<llm>")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    return cmd_sweep(args)
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare}
+    return commands[args.command](args)
 
 
 __all__ = ["LLM_BASELINES", "main"]

@@ -39,6 +39,7 @@ PBR_METHODS: dict[str, str] = {
     "pbr-no-prf": "no_prf",
     "pbr-no-utterances": "no_utterances",
     "pbr-no-reasoning": "no_reasoning",
+    "pbr-safe": "safe",
 }
 LLM_BASELINES = ("hyde", "query2term", "cot", "thinkqe")
 ALL_METHODS = ("plain", "bm25", *PBR_METHODS, *LLM_BASELINES)

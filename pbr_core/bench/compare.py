@@ -1,0 +1,54 @@
+"""Paired comparison of two methods' saved rankings: per-question wins/losses and a sign test."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .datasets import Dataset
+from .metrics import best_over_combinations
+
+
+@dataclass(frozen=True)
+class Paired:
+    method: str
+    wins: int
+    losses: int
+    ties: int
+    mean_delta: float
+    p_value: float
+
+
+def load_rankings(path: Path) -> dict[str, list[str]]:
+    with path.open() as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return {r["q"]: r["top"] for r in rows}
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided exact sign test (ties dropped): chance of a split at least this uneven."""
+    from scipy.stats import binomtest
+
+    n = wins + losses
+    return float(binomtest(wins, n).pvalue) if n else 1.0
+
+
+def paired(
+    ds: Dataset,
+    baseline: dict[str, list[str]],
+    other: dict[str, list[str]],
+    method: str,
+    k: int = 5,
+) -> Paired:
+    """Recall@k of ``other`` minus ``baseline`` per question both ranked."""
+    deltas = []
+    for q in ds.scored_queries:
+        if q.id in baseline and q.id in other:
+            a = best_over_combinations(baseline[q.id], q.gold, k)[0]
+            b = best_over_combinations(other[q.id], q.gold, k)[0]
+            deltas.append(b - a)
+    wins = sum(d > 0 for d in deltas)
+    losses = sum(d < 0 for d in deltas)
+    mean = sum(deltas) / len(deltas) if deltas else 0.0
+    return Paired(method, wins, losses, len(deltas) - wins - losses, mean, sign_test(wins, losses))
