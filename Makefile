@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pbr-installed
-EXTRAS := local,langchain,llamaindex,bench,test
+EXTRAS := local,langchain,llamaindex,bench,chroma,test
 
 .PHONY: demo test lint pytest install
 

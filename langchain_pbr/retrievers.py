@@ -44,7 +44,9 @@ from pbr_core.adapters_support import (
     SCORE_KEY,
     explanation_events,
     explanation_payload,
+    host_store_errors,
     model_id,
+    require_items,
     unpersonalized,
 )
 from pbr_core.vectors import aembed_query, embed_query
@@ -317,7 +319,10 @@ class PBRRetriever(BaseRetriever):
             scored = self._history_search(uid, pq, n)
         else:
             store = self.vectorstore
-            scored = _store_search(store, pq.vector.tolist(), n, self._search_kwargs(store, uid))
+            with host_store_errors(store, "search"):
+                scored = _store_search(
+                    store, pq.vector.tolist(), n, self._search_kwargs(store, uid)
+                )
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
@@ -349,9 +354,10 @@ class PBRRetriever(BaseRetriever):
             scored = self._history_search(uid, pq, n)  # in-process faiss: microseconds
         else:
             store = self.vectorstore
-            scored = await _astore_search(
-                store, pq.vector.tolist(), n, self._search_kwargs(store, uid)
-            )
+            with host_store_errors(store, "search"):
+                scored = await _astore_search(
+                    store, pq.vector.tolist(), n, self._search_kwargs(store, uid)
+                )
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
@@ -386,11 +392,18 @@ class PBRRetriever(BaseRetriever):
 
         Returns:
             The ids, which :meth:`delete` takes.
+
+        Raises:
+            VectorStoreUnavailableError: the store's server did not answer; the history is
+                unchanged (the store is written first, the history only once that succeeded).
         """
         items, store_docs = self._prepare(documents, user_id, ids)
-        self._personalizer().add_items(user_id, items)
+        personalizer = self._personalizer()
+        vectors = personalizer.item_vectors(user_id, items)  # embedded and checked, not stored
         if self.vectorstore is not None and add_to_vectorstore:
-            self.vectorstore.add_documents(store_docs, ids=[item.id for item in items])
+            with host_store_errors(self.vectorstore, "add"):
+                self.vectorstore.add_documents(store_docs, ids=[item.id for item in items])
+        personalizer.add_items(user_id, items, vectors=vectors)
         return [item.id for item in items]
 
     async def aadd_documents(
@@ -403,9 +416,12 @@ class PBRRetriever(BaseRetriever):
     ) -> list[str]:
         """Async :meth:`add_documents` (native async embeddings and store when they exist)."""
         items, store_docs = self._prepare(documents, user_id, ids)
-        await self._personalizer().aadd_items(user_id, items)
+        personalizer = self._personalizer()
+        vectors = await personalizer.aitem_vectors(user_id, items)
         if self.vectorstore is not None and add_to_vectorstore:
-            await self.vectorstore.aadd_documents(store_docs, ids=[item.id for item in items])
+            with host_store_errors(self.vectorstore, "add"):
+                await self.vectorstore.aadd_documents(store_docs, ids=[item.id for item in items])
+        personalizer.add_items(user_id, items, vectors=vectors)
         return [item.id for item in items]
 
     def delete(
@@ -415,18 +431,26 @@ class PBRRetriever(BaseRetriever):
 
         Raises:
             KeyError: an id is not in the user's history; nothing is removed.
+            VectorStoreUnavailableError: the store's server did not answer; the history is
+                unchanged.
         """
-        self.history.delete(self._user(user_id), list(ids))
+        uid, ids = self._user(user_id), list(ids)
+        require_items(self.history, uid, ids)  # never another user's documents
         if self.vectorstore is not None and delete_from_vectorstore:
-            self.vectorstore.delete(list(ids))
+            with host_store_errors(self.vectorstore, "delete"):
+                self.vectorstore.delete(ids)
+        self.history.delete(uid, ids)
 
     async def adelete(
         self, ids: Sequence[str], *, user_id: str, delete_from_vectorstore: bool = True
     ) -> None:
         """Async :meth:`delete`."""
-        self.history.delete(self._user(user_id), list(ids))
+        uid, ids = self._user(user_id), list(ids)
+        require_items(self.history, uid, ids)
         if self.vectorstore is not None and delete_from_vectorstore:
-            await self.vectorstore.adelete(list(ids))
+            with host_store_errors(self.vectorstore, "delete"):
+                await self.vectorstore.adelete(ids)
+        self.history.delete(uid, ids)
 
     def _prepare(
         self, documents: Sequence[Document], user_id: str, ids: Sequence[str] | None

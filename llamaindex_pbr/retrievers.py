@@ -58,6 +58,8 @@ from pbr_core.adapters_support import (
     EXPLANATION_KEY,
     explanation_events,
     explanation_payload,
+    host_store_errors,
+    require_items,
     unpersonalized,
 )
 from pbr_core.vectors import aembed_query, as_unit_rows, embed_query
@@ -462,7 +464,7 @@ class PBRRetriever(BaseRetriever):
         nodes: list[NodeWithScore] = []
         if inner is not None:
             start = time.perf_counter()
-            with self._store_errors():
+            with self._store_errors(user_id):
                 nodes = inner.retrieve(_bundle(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return self._annotate(nodes, pq)
@@ -475,7 +477,7 @@ class PBRRetriever(BaseRetriever):
         nodes: list[NodeWithScore] = []
         if inner is not None:
             start = time.perf_counter()
-            with self._store_errors():
+            with self._store_errors(user_id):
                 nodes = await inner.aretrieve(_bundle(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return self._annotate(nodes, pq)
@@ -555,10 +557,12 @@ class PBRRetriever(BaseRetriever):
         )
 
     @contextlib.contextmanager
-    def _store_errors(self) -> Iterator[None]:
-        """Turn a store's "cannot filter" error into advice (PBR never post-filters)."""
+    def _store_errors(self, user_id: str) -> Iterator[None]:
+        """Name an unreachable server's URL; turn "cannot filter" into advice (PBR never
+        post-filters)."""
         try:
-            yield
+            with host_store_errors(self._index_for(user_id).vector_store, "search"):
+                yield
         except (ValueError, NotImplementedError) as exc:
             if "filter" not in str(exc).lower():
                 raise
@@ -617,8 +621,10 @@ class PBRRetriever(BaseRetriever):
                 node.embedding = vector
         for user, group in _grouped(copies, users).items():
             vectors = self._checked_vectors(group)
-            if insert:
-                self._index_for(user).insert_nodes(group)
+            if insert:  # the index first: if it fails, the history is left as it was
+                index = self._index_for(user)
+                with host_store_errors(index.vector_store, "add"):
+                    index.insert_nodes(group)
             self._record(user, group, vectors)
         return [n.node_id for n in copies]
 
@@ -634,7 +640,9 @@ class PBRRetriever(BaseRetriever):
         for user, group in _grouped(copies, users).items():
             checked = self._checked_vectors(group)
             if insert:
-                await self._index_for(user).ainsert_nodes(group)
+                index = self._index_for(user)
+                with host_store_errors(index.vector_store, "add"):
+                    await index.ainsert_nodes(group)
             self._record(user, group, checked)
         return [n.node_id for n in copies]
 
@@ -655,14 +663,15 @@ class PBRRetriever(BaseRetriever):
 
         Raises:
             KeyError: an id is not one of this user's nodes (nothing is removed).
+            VectorStoreUnavailableError: the store's server did not answer; the history is
+                unchanged.
         """
         user_id = self._require_user("delete nodes")
         ids = list(node_ids)
-        history = self._core.store.get(user_id)
-        missing = sorted(i for i in ids if history.position(i) is None)
-        if missing:
-            raise KeyError(f"user {user_id!r} has no node(s) {missing}")
-        self._index_for(user_id).delete_nodes(ids, delete_from_docstore=True)
+        require_items(self._core.store, user_id, ids)
+        index = self._index_for(user_id)
+        with host_store_errors(index.vector_store, "delete"):
+            index.delete_nodes(ids, delete_from_docstore=True)
         self._core.delete(user_id, ids)
 
     def _require_user(self, what: str) -> str:

@@ -14,6 +14,7 @@ from .errors import (
     PBRError,
     PersistenceError,
     UnknownUserError,
+    VectorStoreUnavailableError,
 )
 from .fusion import FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
@@ -65,6 +66,7 @@ __all__ = [
     "UnknownUserError",
     "UserHistory",
     "VectorSearch",
+    "VectorStoreUnavailableError",
     "compute_anchor",
     "fuse",
     "knn_graph",

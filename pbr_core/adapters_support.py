@@ -8,12 +8,17 @@ Framework-free, like the rest of pbr_core.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from .config import PBRConfig
+from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS
+from .history import HistoryStore
 from .pipeline import Explanation, PersonalizedQuery, _model_id
 
 __all__ = [
@@ -22,8 +27,10 @@ __all__ = [
     "TERMS",
     "explanation_events",
     "explanation_payload",
+    "host_store_errors",
     "missing_terms",
     "model_id",
+    "require_items",
     "unpersonalized",
 ]
 
@@ -116,3 +123,78 @@ def unpersonalized(
     )
     vector = np.asarray(q, dtype=np.float32)
     return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
+
+
+def require_items(store: HistoryStore, user_id: str, ids: Iterable[str]) -> None:
+    """Raise ``KeyError`` unless every id is an item of ``user_id``'s history.
+
+    Adapters check this *before* deleting from the host store, so that a refused delete touches
+    neither the store nor the history, and nobody deletes another user's documents by id.
+    """
+    history = store.get(user_id)
+    missing = sorted({i for i in ids if history.position(i) is None})
+    if missing:
+        raise KeyError(f"user {user_id!r} has no item(s) {missing}")
+
+
+# Transport failures of the HTTP clients vector-store SDKs use, recognised by class name so that
+# pbr_core imports none of them: httpx's ``TransportError`` family (connection refused, reset,
+# timeout, server gone mid-request) and requests' ``ConnectionError``; builtin ``ConnectionError``
+# (``OSError`` subclasses such as ``ConnectionRefusedError``) by type.
+_TRANSPORT_ERRORS = frozenset({"TransportError", "ConnectionError"})
+
+
+def _transport_error(exc: BaseException) -> BaseException | None:
+    """The connection failure in ``exc``'s chain (itself, its cause or context), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionError) or any(
+            cls.__name__ in _TRANSPORT_ERRORS for cls in type(current).__mro__
+        ):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _server_url(exc: BaseException) -> str | None:
+    """``scheme://host:port`` of the request that failed, read from an httpx-style error."""
+    try:
+        request = getattr(exc, "request", None)  # httpx raises RuntimeError when unset
+    except RuntimeError:
+        return None
+    url = getattr(request, "url", None)
+    if url is None:
+        return None
+    parts = urlsplit(str(url))
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
+
+
+@contextlib.contextmanager
+def host_store_errors(store: object, action: str) -> Iterator[None]:
+    """Turn "cannot connect to the vector store" into :class:`VectorStoreUnavailableError`.
+
+    The message names the server's URL (the store's own client error often does not) and says
+    what was and was not done; any other error passes through unchanged.
+
+    Args:
+        store: the host vector store (its class name goes into the message).
+        action: what was being done, e.g. ``"search"``; with ``"add"`` / ``"delete"`` the message
+            says that PBR's history was left as it was (the adapters write the host store first).
+    """
+    try:
+        yield
+    except Exception as exc:
+        cause = _transport_error(exc)
+        if cause is None:
+            raise
+        url = _server_url(cause)
+        where = f"at {url}" if url else f"({type(store).__name__})"
+        unchanged = "; PBR's history is unchanged" if action in ("add", "delete") else ""
+        raise VectorStoreUnavailableError(
+            f"{action} failed: the vector store {where} is not reachable "
+            f"({type(cause).__name__}: {cause}){unchanged}. Check that the server is running "
+            "and that the client's host and port point to it, then retry",
+            url=url,
+        ) from exc

@@ -32,3 +32,15 @@ class PersistenceError(PBRError, OSError):
 
 class GenerationError(PBRError):
     """The LLM failed or its answer could not be used (raised only in strict mode)."""
+
+
+class VectorStoreUnavailableError(PBRError, ConnectionError):
+    """The host vector store (e.g. a Chroma server) could not be reached.
+
+    Attributes:
+        url: the address that did not answer (``scheme://host:port``), when the client said so.
+    """
+
+    def __init__(self, message: str, url: str | None = None) -> None:
+        self.url = url
+        super().__init__(message)

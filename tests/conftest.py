@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,3 +64,32 @@ class ScriptedGenerator:
 @pytest.fixture
 def hash_embedder() -> HashEmbedder:
     return HashEmbedder()
+
+
+# -- a real Chroma server, used only by tests/test_chroma_*.py (see tests/chroma_server.py) -----
+@pytest.fixture(scope="session")
+def shared_chroma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One ``chroma run`` for the session: free loopback port, fresh data folder, stopped by PID."""
+    from chroma_server import ChromaServer
+
+    server = ChromaServer(tmp_path_factory.mktemp("chroma") / "db").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def _module_chroma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from chroma_server import ChromaServer
+
+    server = ChromaServer(tmp_path_factory.mktemp("chroma-own") / "db").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_chroma(_module_chroma: Any) -> Any:
+    """A server apart from the shared one, to stop, kill and restart (one per test module;
+    started again for each test that finds it down)."""
+    if not _module_chroma.alive():
+        _module_chroma.start()
+    return _module_chroma

@@ -1,0 +1,270 @@
+"""langchain_pbr.PBRRetriever on a real Chroma server (``chroma run``) shared by many users.
+
+One collection holds every user; the user scope is Chroma's ``where`` filter, applied in the
+database. The models are fakes (deterministic embedding, a parrot chat model): the point here is
+the database - isolation, durability, faults and hostile input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+pytest.importorskip("chromadb")
+pytest.importorskip("langchain_chroma")
+
+from chroma_server import (
+    HOSTILE_USER_IDS,
+    ChromaServer,
+    assert_collection_holds,
+    assert_history_matches_database,
+    brute_force_ids,
+)
+from langchain_chroma import Chroma
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models import ParrotFakeChatModel
+from langchain_core.runnables import ConfigurableField
+
+from langchain_pbr import PBRRetriever
+from pbr_core import (
+    Personalizer,
+    PseudoFeedback,
+    VectorStoreUnavailableError,
+)
+
+DIM = 32
+USERS = [f"u{i:02d}" for i in range(50)]
+ROUNDS, PER_ROUND = 2, 6  # 12 items per user, written round-robin: users' rows interleave
+ITEMS = ROUNDS * PER_ROUND
+TOPICS = ("running", "cooking", "film cameras", "cars", "gardening", "chess", "jazz", "travel")
+QUERY = "what should I do this weekend?"
+K = 5
+EMB = DeterministicFakeEmbedding(size=DIM)
+
+
+class CountingEmbedding(DeterministicFakeEmbedding):
+    """DeterministicFakeEmbedding that counts the documents it embeds."""
+
+    documents_embedded: int = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.documents_embedded += len(texts)
+        return super().embed_documents(texts)
+
+
+def text(user: str, n: int) -> str:
+    return f"{user} note {n} about {TOPICS[(n + len(user)) % len(TOPICS)]}"
+
+
+def chroma_store(server: ChromaServer, name: str, embeddings: Any) -> Chroma:
+    # langchain-chroma creates the collection with embedding_function=None (it embeds on the
+    # client); cosine space so that distances rank like PBR's inner products.
+    return Chroma(
+        client=server.client(),
+        collection_name=name,
+        embedding_function=embeddings,
+        collection_configuration={"hnsw": {"space": "cosine"}},
+    )
+
+
+def collection(server: ChromaServer, name: str) -> Any:
+    return server.client().get_collection(name, embedding_function=None)
+
+
+def retriever_on(store: Chroma, embeddings: Any, **kwargs: Any) -> PBRRetriever:
+    return PBRRetriever(
+        llm=ParrotFakeChatModel(), embeddings=embeddings, vectorstore=store, k=K, **kwargs
+    )
+
+
+def add_interleaved(r: PBRRetriever, users: list[str]) -> None:
+    for rnd in range(ROUNDS):
+        for user in users:
+            ns = range(rnd * PER_ROUND, (rnd + 1) * PER_ROUND)
+            docs = [Document(page_content=text(user, n), metadata={"n": n}) for n in ns]
+            r.add_documents(docs, user_id=user, ids=[f"{user}-{n}" for n in ns])
+
+
+def expected(r: PBRRetriever, user: str, doc: Document, k: int) -> list[str]:
+    """Brute force over the user's items with the same ``q*``, rebuilt from the explanation."""
+    pbr = doc.metadata["pbr"]
+    feedback = PseudoFeedback(pbr["pseudo_utterances"], pbr["reasoning"])
+    core = Personalizer(r.embeddings, store=r.history, config=r.config)
+    pq = core.personalize(user, pbr["query"], feedback=feedback)
+    assert list(pq.explanation.used) == pbr["used"]
+    history = r.history.get(user)
+    return brute_force_ids(history.vectors, [it.id for it in history.items], pq.vector, k)
+
+
+def check(r: PBRRetriever, user: str, docs: list[Document], k: int = K) -> None:
+    assert len(docs) == min(k, ITEMS)
+    owners = {d.metadata["user_id"] for d in docs}
+    assert owners == {user}, f"{user} got documents of {owners - {user}}"
+    assert all(d.id is not None and d.id.startswith(f"{user}-") for d in docs)
+    assert [d.id for d in docs] == expected(r, user, docs[0], k)
+    distances = [d.metadata["score"] for d in docs]
+    assert distances == sorted(distances)  # Chroma's score is a distance: nearest first
+
+
+@pytest.fixture(scope="module")
+def world(shared_chroma: ChromaServer) -> tuple[PBRRetriever, str]:
+    """50 users, 12 items each, in one collection, written interleaved through the retriever."""
+    name = f"lc-isolation-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    add_interleaved(r, USERS)
+    return r, name
+
+
+# -- isolation -------------------------------------------------------------------------------------
+def test_the_collection_holds_every_user_interleaved(
+    world: tuple[PBRRetriever, str], shared_chroma: ChromaServer
+) -> None:
+    r, name = world
+    assert_collection_holds(collection(shared_chroma, name), r.history, USERS, ITEMS)
+
+
+def test_sync_queries_see_only_their_user_and_match_brute_force(
+    world: tuple[PBRRetriever, str],
+) -> None:
+    r, _ = world
+    for user in USERS:
+        check(r, user, r.invoke(QUERY, user_id=user))
+
+
+async def test_async_queries_concurrently(world: tuple[PBRRetriever, str]) -> None:
+    r, _ = world
+    results = await asyncio.gather(*(r.ainvoke(QUERY, user_id=u) for u in USERS))
+    for user, docs in zip(USERS, results):
+        check(r, user, docs)
+
+
+def test_batch_with_a_user_per_input(world: tuple[PBRRetriever, str]) -> None:
+    r, _ = world
+    per_user = r.configurable_fields(user_id=ConfigurableField(id="user_id"))
+    configs: Any = [{"configurable": {"user_id": u}, "max_concurrency": 8} for u in USERS]
+    for user, docs in zip(USERS, per_user.batch([QUERY] * len(USERS), config=configs)):
+        check(r, user, docs)
+
+
+async def test_abatch_with_a_user_per_input(world: tuple[PBRRetriever, str]) -> None:
+    r, _ = world
+    per_user = r.configurable_fields(user_id=ConfigurableField(id="user_id"))
+    configs: Any = [{"configurable": {"user_id": u}} for u in reversed(USERS)]
+    results = await per_user.abatch([QUERY] * len(USERS), config=configs)
+    for user, docs in zip(reversed(USERS), results):
+        check(r, user, docs)
+
+
+def test_the_user_filter_runs_in_the_database(world: tuple[PBRRetriever, str]) -> None:
+    # A post-filter on the collection's top-k would return fewer than all 12 of the user's items
+    # (600 rows, 12 of them the user's); Chroma's where-filter returns every one.
+    r, _ = world
+    docs = r.invoke(QUERY, user_id="u07", k=ITEMS + 10)
+    assert len(docs) == ITEMS
+    check(r, "u07", docs, k=ITEMS)
+
+
+def test_add_and_delete_update_the_database_and_the_history(
+    shared_chroma: ChromaServer,
+) -> None:
+    name = f"lc-add-delete-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    add_interleaved(r, ["ann", "ben"])
+    col = collection(shared_chroma, name)
+    r.delete(["ann-0", "ann-5"], user_id="ann")
+    assert col.get(ids=["ann-0", "ann-5"])["ids"] == []
+    assert col.count() == 2 * ITEMS - 2 and len(r.history.get("ann")) == ITEMS - 2
+    with pytest.raises(KeyError, match="ben-1"):
+        r.delete(["ben-1"], user_id="ann")  # another user's document, by id: refused
+    assert col.get(ids=["ben-1"])["ids"] == ["ben-1"]
+    check_all = r.invoke(QUERY, user_id="ann", k=ITEMS)
+    assert {d.id for d in check_all} == {f"ann-{n}" for n in range(ITEMS)} - {"ann-0", "ann-5"}
+
+
+# -- hostile input ---------------------------------------------------------------------------------
+def test_user_ids_that_look_like_filter_operators_are_plain_values(
+    shared_chroma: ChromaServer,
+) -> None:
+    name = f"lc-hostile-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    users = ["u00", *HOSTILE_USER_IDS]
+    for i, user in enumerate(users):
+        docs = [
+            Document(page_content=f"{user} item {n}", metadata={"note": 'a "quoted" $or value'})
+            for n in range(4)
+        ]
+        r.add_documents(docs, user_id=user, ids=[f"h{i}-{n}" for n in range(4)])
+    for i, user in enumerate(users):
+        docs = r.invoke("item", user_id=user, k=10)
+        assert sorted(d.id or "" for d in docs) == [f"h{i}-{n}" for n in range(4)], user
+        assert {d.metadata["user_id"] for d in docs} == {user}
+        assert docs[0].metadata["note"] == 'a "quoted" $or value'
+    for bad in ({"$ne": "u00"}, ["u00"], ""):
+        with pytest.raises(ValueError, match="user_id must be a non-empty string"):
+            r.invoke("item", user_id=bad)
+
+
+# -- faults ----------------------------------------------------------------------------------------
+def test_a_server_that_is_gone_gives_a_clear_error_and_no_partial_state(
+    own_chroma: ChromaServer,
+) -> None:
+    r = retriever_on(chroma_store(own_chroma, "lc-faults", EMB), EMB)
+    add_interleaved(r, ["ann"])
+    before = r.history.get("ann")
+    own_chroma.stop()
+    with pytest.raises(VectorStoreUnavailableError, match=own_chroma.url) as info:
+        r.invoke(QUERY, user_id="ann")
+    assert info.value.url == own_chroma.url
+    with pytest.raises(VectorStoreUnavailableError, match="history is unchanged"):
+        r.add_documents([Document(page_content="lost")], user_id="ann", ids=["ann-new"])
+    with pytest.raises(VectorStoreUnavailableError, match=own_chroma.url):
+        asyncio.run(r.aadd_documents([Document(page_content="lost")], user_id="ben"))
+    with pytest.raises(VectorStoreUnavailableError, match="history is unchanged"):
+        r.delete(["ann-0"], user_id="ann")
+    assert r.history.get("ann") is before  # not even a new snapshot
+    assert "ben" not in r.history
+
+
+def test_the_next_query_after_a_server_restart_works(own_chroma: ChromaServer) -> None:
+    r = retriever_on(chroma_store(own_chroma, "lc-restart", EMB), EMB)
+    add_interleaved(r, ["ann", "ben"])
+    first = [d.id for d in r.invoke(QUERY, user_id="ann")]
+    own_chroma.restart(kill=False)  # graceful, under the same client: keep-alive goes stale
+    assert [d.id for d in r.invoke(QUERY, user_id="ann")] == first
+    own_chroma.restart(kill=True)
+    assert [d.id for d in asyncio.run(r.ainvoke(QUERY, user_id="ann"))] == first
+    r.add_documents([Document(page_content="after the restart")], user_id="ann", ids=["ann-x"])
+    assert "ann-x" in {d.id for d in r.invoke(QUERY, user_id="ann", k=ITEMS + 1)}
+
+
+# -- durability ------------------------------------------------------------------------------------
+def test_sigkill_and_restart_loses_nothing_and_keeps_anchors_consistent(
+    own_chroma: ChromaServer, tmp_path: Any
+) -> None:
+    emb = CountingEmbedding(size=DIM)
+    users = USERS[:6]
+    r = retriever_on(chroma_store(own_chroma, "lc-durable", emb), emb)
+    add_interleaved(r, users)
+    r.delete(["u01-3"], user_id="u01")
+    before = {u: [d.id for d in r.invoke(QUERY, user_id=u)] for u in users}  # anchors computed
+    anchors = {u: r.history.get(u).anchor(r.config) for u in users}
+    r.save(tmp_path / "history")
+
+    own_chroma.kill()  # SIGKILL right after the writes: no graceful flush
+    own_chroma.start()
+    emb.documents_embedded = 0
+    store = chroma_store(own_chroma, "lc-durable", emb)
+    loaded = PBRRetriever.load(
+        tmp_path / "history", llm=ParrotFakeChatModel(), vectorstore=store, k=K
+    )
+    assert emb.documents_embedded == 0  # the history is read back, not re-embedded
+
+    col = collection(own_chroma, "lc-durable")
+    assert col.count() == len(users) * ITEMS - 1
+    for user in users:
+        assert_history_matches_database(col, loaded.history.get(user), anchors[user], loaded.config)
+        assert [d.id for d in loaded.invoke(QUERY, user_id=user)] == before[user]
