@@ -6,6 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pbr-installed
 EXTRAS := local,langchain,llamaindex,bench,chroma,test
+LINT_PATHS := pbr_core langchain_pbr llamaindex_pbr tests benchmarks examples
 
 .PHONY: demo test lint pytest install
 
@@ -24,8 +25,8 @@ demo: $(STAMP)
 test: lint pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy pbr_core langchain_pbr llamaindex_pbr
 
 pytest: $(STAMP)
