@@ -41,7 +41,7 @@ class PBRConfig:
         pagerank_tol: stop when the L2 change of the PageRank vector falls below this.
         pagerank_max_iter: step cap of the power iteration.
         exact_knn_max_items: up to this many history items the kNN graph is exact (faiss flat
-            inner product); above it an HNSW index approximates it.
+            inner product); above it an IVF index approximates it (docs/performance.md).
         fusion: which terms enter the personalized query (spec §2.4, §2.5).
         top_anchor_items: how many highest-PageRank items the explanation lists.
         trust_low: ``"safe"`` fusion: a pseudo-feedback term whose cosine with the query is at or
@@ -58,7 +58,7 @@ class PBRConfig:
     alpha: float = 0.85
     pagerank_tol: float = 1e-6
     pagerank_max_iter: int = 50
-    exact_knn_max_items: int = 50_000
+    exact_knn_max_items: int = 10_000
     fusion: FusionMode = "full"
     top_anchor_items: int = 3
     trust_low: float = 0.3

@@ -1,9 +1,11 @@
-"""Per-user history: items, their unit vectors, a faiss index and a cached anchor.
+"""Per-user history: items, their unit vectors, exact search and cached anchors.
 
 Each user's history is an immutable snapshot (:class:`UserHistory`). A change builds a new
 snapshot from validated inputs and swaps it in under a lock, so a query that is running keeps a
 consistent view, a rejected change leaves nothing half-written, and everything cached on a
-snapshot (its faiss index, its anchors) is invalidated by construction.
+snapshot (its anchors) is invalidated by construction. The new snapshot remembers the previous
+one's anchors and where each of its rows was, so that its own anchor is derived incrementally
+(:func:`~pbr_core.anchor.update_anchor`) instead of rebuilt.
 """
 
 from __future__ import annotations
@@ -18,16 +20,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
+import scipy.sparse as sp
 
-from .anchor import AnchorResult, compute_anchor
+from .anchor import AnchorResult, compute_anchor, update_anchor
 from .config import PBRConfig
 from .errors import EmbeddingError, PersistenceError, UnknownUserError
 from .vectors import as_unit_rows
 
 FORMAT_NAME = "pbr-history"
-FORMAT_VERSION = 1
+#: Version 2 adds each user's cached anchors (``<key>.anchors.npz``); version 1 folders (no
+#: anchors) are still read.
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
+
+#: A re-upserted vector within this distance (max abs difference) of the stored one is the same
+#: vector: the stored bits are kept, so re-adding unchanged items (re-normalised on the way in)
+#: neither changes the history's vectors nor costs anchor work.
+SAME_VECTOR_ATOL = 1e-6
+
+AnchorKey = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -76,8 +88,10 @@ class UserHistory:
         self.vectors.setflags(write=False)
         self.version = version
         self._positions = {item.id: i for i, item in enumerate(self.items)}
-        self._index: faiss.Index | None = None
-        self._anchors: dict[tuple[Any, ...], AnchorResult | None] = {}
+        self._anchors: dict[AnchorKey, AnchorResult | None] = {}
+        # Anchors of an earlier snapshot to derive ours from: key -> (anchor, old_positions),
+        # old_positions[i] = row i's position in that snapshot, -1 for a new or changed row.
+        self._parents: dict[AnchorKey, tuple[AnchorResult, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -97,30 +111,61 @@ class UserHistory:
         return self.items[pos]
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        """Positions and inner products of the ``k`` items nearest to ``vector``, best first."""
-        if len(self.items) == 0 or k <= 0:
+        """Positions and inner products of the ``k`` items nearest to ``vector``, best first.
+
+        Exact brute force over the snapshot's own vectors (one BLAS matrix-vector product and an
+        O(n) selection): as fast as a flat faiss index for one query, without a second copy of
+        the vectors per user. Equal scores are ordered by position.
+        """
+        n = len(self.items)
+        if n == 0 or k <= 0:
             return []
-        index = self._index
-        if index is None:
-            with self._lock:
-                if self._index is None:
-                    built = faiss.IndexFlatIP(self.dim)
-                    built.add(np.ascontiguousarray(self.vectors))
-                    self._index = built
-                index = self._index
-        query = np.ascontiguousarray(np.asarray(vector, dtype=np.float32).reshape(1, -1))
-        scores, ids = index.search(query, min(k, len(self.items)))
-        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        scores = self.vectors @ query
+        k = min(k, n)
+        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        top = top[np.lexsort((top, -scores[top]))]
+        return [(int(i), float(scores[i])) for i in top]
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:
-        """The anchor for ``config``'s graph parameters, computed once per snapshot."""
+        """The anchor for ``config``'s graph parameters, computed once per snapshot.
+
+        Derived from the previous snapshot's anchor for the same parameters when there is one
+        (only the graph rows the change touched are recomputed, PageRank is warm-started), else
+        built from scratch.
+        """
         key = config.anchor_key
-        if key in self._anchors:
+        try:
             return self._anchors[key]
+        except KeyError:
+            pass
         with self._lock:
             if key not in self._anchors:
-                self._anchors[key] = compute_anchor(np.asarray(self.vectors), config)
+                vectors = np.asarray(self.vectors)
+                parent = self._parents.get(key)
+                if parent is not None:
+                    self._anchors[key] = update_anchor(parent[0], vectors, parent[1], config)
+                else:
+                    self._anchors[key] = compute_anchor(vectors, config)
+                self._parents.pop(key, None)  # release the previous graph
             return self._anchors[key]
+
+    def _inherit_anchors(self, previous: UserHistory, old_positions: np.ndarray) -> None:
+        """Remember ``previous``'s anchors (computed or themselves pending) to derive ours from.
+
+        ``old_positions[i]`` is row ``i``'s position in ``previous``, ``-1`` for a new or changed
+        row. A pending parent of ``previous`` is chained, so a run of changes without a query in
+        between still ends in one incremental update.
+        """
+        for key, result in list(previous._anchors.items()):
+            if result is not None:
+                self._parents[key] = (result, old_positions)
+        for key, (result, older) in list(previous._parents.items()):
+            if key not in self._parents:
+                kept = old_positions >= 0
+                chained = np.full(old_positions.shape, -1, dtype=np.int64)
+                chained[kept] = older[old_positions[kept]]
+                self._parents[key] = (result, chained)
 
 
 def _user_key(user_id: str) -> str:
@@ -140,7 +185,8 @@ class HistoryStore:
     def __init__(self, dim: int | None = None, embedding_model_id: str | None = None) -> None:
         self.dim = dim
         self.embedding_model_id = embedding_model_id
-        self._users: dict[str, UserHistory] = {}
+        # A user of a folder loaded with lazy=True is a _Saved entry until first used.
+        self._users: dict[str, UserHistory | _Saved] = {}
         self._lock = threading.RLock()
 
     # -- reading -------------------------------------------------------------------------------
@@ -155,14 +201,26 @@ class HistoryStore:
 
     def get(self, user_id: str) -> UserHistory:
         """The user's current snapshot; :class:`UnknownUserError` if the user was never added."""
-        try:
-            return self._users[user_id]
-        except KeyError:
-            raise UnknownUserError(user_id) from None
+        history = self._current(user_id)
+        if history is None:
+            raise UnknownUserError(user_id)
+        return history
+
+    def _current(self, user_id: str) -> UserHistory | None:
+        """The user's snapshot (read from disk first if loaded lazily), None if unknown."""
+        history = self._users.get(user_id)
+        if not isinstance(history, _Saved):
+            return history
+        with self._lock:
+            history = self._users.get(user_id)
+            if isinstance(history, _Saved):
+                history = _read_user(history.folder, history.entry, self.dim)
+                self._users[user_id] = history  # same dict position: users() keeps its order
+            return history
 
     def known_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> list[np.ndarray | None]:
         """Stored vectors of items whose id *and* text are already stored (no re-embedding)."""
-        history = self._users.get(user_id)
+        history = self._current(user_id)
         out: list[np.ndarray | None] = []
         for item in items:
             pos = history.position(item.id) if history is not None else None
@@ -191,28 +249,34 @@ class HistoryStore:
                 raise ValueError(f"item {item.id!r} has empty text")
         with self._lock:
             if not items:
-                return self._users.get(user_id) or self._replace(user_id, [], None)
+                return self._current(user_id) or self._replace(user_id, [], None)
             rows = as_unit_rows(vectors, dim=self.dim, what=f"vectors for user {user_id!r}")
             if rows.shape[0] != len(items):
                 raise EmbeddingError(f"{len(items)} items but {rows.shape[0]} vectors")
-            old = self._users.get(user_id)
+            old = self._current(user_id)
             merged_items = list(old.items) if old is not None else []
-            merged_vecs = [np.asarray(old.vectors)] if old is not None else []
             positions = {it.id: i for i, it in enumerate(merged_items)}
             replace_pos = [
                 (positions[it.id], j) for j, it in enumerate(items) if it.id in positions
             ]
             fresh = [j for j, it in enumerate(items) if it.id not in positions]
-            base = np.concatenate(merged_vecs) if merged_vecs else np.zeros((0, rows.shape[1]))
-            base = base.astype(np.float32, copy=True)
+            if old is not None:
+                base = np.array(old.vectors, dtype=np.float32)
+            else:
+                base = np.zeros((0, rows.shape[1]), dtype=np.float32)
+            # Where each new row was in the old snapshot; -1 for new rows and changed vectors.
+            old_positions = np.arange(base.shape[0] + len(fresh), dtype=np.int64)
+            old_positions[base.shape[0] :] = -1
             for pos, j in replace_pos:
                 merged_items[pos] = items[j]
-                base[pos] = rows[j]
+                if np.abs(base[pos] - rows[j]).max() > SAME_VECTOR_ATOL:
+                    base[pos] = rows[j]
+                    old_positions[pos] = -1
             merged_items.extend(items[j] for j in fresh)
             new_vectors = np.concatenate([base, rows[fresh]]) if fresh else base
             if self.dim is None:
                 self.dim = int(rows.shape[1])
-            return self._replace(user_id, merged_items, new_vectors)
+            return self._replace(user_id, merged_items, new_vectors, old_positions)
 
     def delete(self, user_id: str, ids: Iterable[str]) -> UserHistory:
         """Remove items by id; unknown ids raise ``KeyError`` and nothing is removed."""
@@ -222,34 +286,53 @@ class HistoryStore:
             missing = sorted(i for i in drop if old.position(i) is None)
             if missing:
                 raise KeyError(f"user {user_id!r} has no item(s) {missing}")
-            keep = [i for i, item in enumerate(old.items) if item.id not in drop]
+            keep = np.array(
+                [i for i, item in enumerate(old.items) if item.id not in drop], dtype=np.int64
+            )
             return self._replace(
-                user_id, [old.items[i] for i in keep], np.asarray(old.vectors)[keep].copy()
+                user_id,
+                [old.items[i] for i in keep],
+                np.asarray(old.vectors)[keep].copy(),
+                keep,
             )
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:
-            self.get(user_id)
+            if user_id not in self._users:
+                raise UnknownUserError(user_id)
             del self._users[user_id]
 
     def _replace(
-        self, user_id: str, items: Sequence[HistoryItem], vectors: np.ndarray | None
+        self,
+        user_id: str,
+        items: Sequence[HistoryItem],
+        vectors: np.ndarray | None,
+        old_positions: np.ndarray | None = None,
     ) -> UserHistory:
-        old = self._users.get(user_id)
+        old = self._current(user_id)
         if vectors is None:
             vectors = np.zeros((0, self.dim or 0), dtype=np.float32)
         snapshot = UserHistory(user_id, items, vectors, version=(old.version + 1) if old else 1)
+        if old is not None and old_positions is not None:
+            snapshot._inherit_anchors(old, old_positions)
         self._users[user_id] = snapshot
         return snapshot
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write every user to ``path`` (a folder), atomically replacing an earlier save."""
+        """Write every user to ``path`` (a folder), atomically replacing an earlier save.
+
+        Each user's items (JSON lines), vectors (``.npy``) and the anchors computed so far
+        (``.anchors.npz``: graph, PageRank and anchor per parameter set), so that a restarted
+        process answers its first query without rebuilding any anchor. Users of a lazily loaded
+        folder that were never read are copied file by file.
+        """
         target = Path(path)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         if tmp.exists():
             shutil.rmtree(tmp)
-        (tmp / "users").mkdir(parents=True)
+        users = tmp / "users"
+        users.mkdir(parents=True)
         with self._lock:
             snapshots = list(self._users.values())
             manifest: dict[str, Any] = {
@@ -260,14 +343,23 @@ class HistoryStore:
                 "users": [],
             }
         for snap in snapshots:
+            if isinstance(snap, _Saved):
+                manifest["users"].append(_copy_user(snap, users))
+                continue
             key = _user_key(snap.user_id)
-            with (tmp / "users" / f"{key}.jsonl").open("w", encoding="utf-8") as fh:
-                for item in snap.items:
-                    fh.write(json.dumps(item.to_dict(), ensure_ascii=False) + "\n")
-            np.save(tmp / "users" / f"{key}.npy", np.asarray(snap.vectors))
-            manifest["users"].append(
-                {"user_id": snap.user_id, "key": key, "count": len(snap), "version": snap.version}
-            )
+            with (users / f"{key}.jsonl").open("w", encoding="utf-8") as fh:
+                fh.write("".join([_encode_json(item.to_dict()) + "\n" for item in snap.items]))
+            np.save(users / f"{key}.npy", np.asarray(snap.vectors))
+            entry: dict[str, Any] = {
+                "user_id": snap.user_id,
+                "key": key,
+                "count": len(snap),
+                "version": snap.version,
+            }
+            anchors = [(k, a) for k, a in list(snap._anchors.items()) if a is not None]
+            if anchors:
+                entry["anchors"] = _save_anchors(users / f"{key}.anchors.npz", anchors)
+            manifest["users"].append(entry)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         if target.exists():
@@ -278,8 +370,16 @@ class HistoryStore:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> HistoryStore:
-        """Read a folder written by :meth:`save`; raise PersistenceError if missing or damaged."""
+    def load(cls, path: str | os.PathLike[str], *, lazy: bool = False) -> HistoryStore:
+        """Read a folder written by :meth:`save`; raise PersistenceError if missing or damaged.
+
+        Args:
+            path: the folder.
+            lazy: read only the manifest now and each user's files on first use (first query,
+                upsert, ...). A restarted server then answers its first query after reading one
+                user, not all of them; a damaged user file raises :class:`PersistenceError` when
+                that user is first used, and the folder must stay in place until then.
+        """
         folder = Path(path)
         manifest_path = folder / "manifest.json"
         if not folder.is_dir():
@@ -294,33 +394,147 @@ class HistoryStore:
             raise PersistenceError(f"damaged manifest {manifest_path}: {exc}") from exc
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
             raise PersistenceError(f"{manifest_path} is not a {FORMAT_NAME} manifest")
-        if manifest.get("format_version") != FORMAT_VERSION:
+        if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
             raise PersistenceError(
                 f"{folder} was saved in format version {manifest.get('format_version')}, "
-                f"this library reads version {FORMAT_VERSION}"
+                f"this library reads versions {list(READABLE_FORMAT_VERSIONS)}"
             )
         store = cls(dim=manifest.get("dim"), embedding_model_id=manifest.get("embedding_model_id"))
         for entry in manifest.get("users", []):
             try:
-                user_id, key = str(entry["user_id"]), str(entry["key"])
-                with (folder / "users" / f"{key}.jsonl").open(encoding="utf-8") as fh:
-                    items = [HistoryItem.from_dict(json.loads(line)) for line in fh if line.strip()]
-                vectors = np.load(folder / "users" / f"{key}.npy", allow_pickle=False)
-            except (OSError, KeyError, ValueError, TypeError) as exc:
-                raise PersistenceError(f"damaged history in {folder}: {exc}") from exc
-            if len(items) != entry.get("count") or vectors.shape[0] != len(items):
-                raise PersistenceError(
-                    f"damaged history in {folder}: user {user_id!r} lists {entry.get('count')} "
-                    f"items, found {len(items)} items and {vectors.shape[0]} vectors"
-                )
-            if len(items) and (vectors.ndim != 2 or vectors.shape[1] != store.dim):
-                raise PersistenceError(
-                    f"damaged history in {folder}: user {user_id!r} vectors have shape "
-                    f"{vectors.shape}, expected (n, {store.dim})"
-                )
-            if not np.isfinite(vectors).all():
-                raise PersistenceError(f"damaged history in {folder}: NaN/inf in {user_id!r}")
-            store._users[user_id] = UserHistory(
-                user_id, items, vectors.astype(np.float32), int(entry.get("version", 1))
-            )
+                user_id = str(entry["user_id"])
+                str(entry["key"])
+            except (KeyError, TypeError) as exc:
+                raise PersistenceError(f"damaged manifest {manifest_path}: {exc}") from exc
+            if lazy:
+                store._users[user_id] = _Saved(folder, entry)
+            else:
+                store._users[user_id] = _read_user(folder, entry, store.dim)
         return store
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """A user of a lazily loaded folder whose files have not been read yet."""
+
+    folder: Path
+    entry: Mapping[str, Any]
+
+
+_encode_json = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+
+
+def _read_user(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserHistory:
+    """One user's snapshot from a saved folder, every part checked against the manifest."""
+    user_id, key = str(entry["user_id"]), str(entry["key"])
+    try:
+        with (folder / "users" / f"{key}.jsonl").open(encoding="utf-8") as fh:
+            # split("\n"), not splitlines(): JSON leaves U+2028 and friends unescaped in a line.
+            lines = [line for line in fh.read().split("\n") if line.strip()]
+        # One JSON array: a single parser call instead of one per line.
+        items = [HistoryItem.from_dict(row) for row in json.loads("[" + ",".join(lines) + "]")]
+        vectors = np.load(folder / "users" / f"{key}.npy", allow_pickle=False)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise PersistenceError(f"damaged history in {folder}: {exc}") from exc
+    if len(items) != entry.get("count") or vectors.shape[0] != len(items):
+        raise PersistenceError(
+            f"damaged history in {folder}: user {user_id!r} lists {entry.get('count')} "
+            f"items, found {len(items)} items and {vectors.shape[0]} vectors"
+        )
+    if len(items) and (vectors.ndim != 2 or vectors.shape[1] != dim):
+        raise PersistenceError(
+            f"damaged history in {folder}: user {user_id!r} vectors have shape "
+            f"{vectors.shape}, expected (n, {dim})"
+        )
+    if not np.isfinite(vectors).all():
+        raise PersistenceError(f"damaged history in {folder}: NaN/inf in {user_id!r}")
+    snapshot = UserHistory(
+        user_id, items, vectors.astype(np.float32, copy=False), int(entry.get("version", 1))
+    )
+    if entry.get("anchors"):
+        snapshot._anchors.update(
+            _load_anchors(folder / "users" / f"{key}.anchors.npz", entry["anchors"], snapshot)
+        )
+    return snapshot
+
+
+def _copy_user(saved: _Saved, users: Path) -> dict[str, Any]:
+    """Copy an unread user's files into a new save; return its manifest entry."""
+    key = str(saved.entry["key"])
+    names = [f"{key}.jsonl", f"{key}.npy"] + (
+        [f"{key}.anchors.npz"] if saved.entry.get("anchors") else []
+    )
+    try:
+        for name in names:
+            shutil.copyfile(saved.folder / "users" / name, users / name)
+    except OSError as exc:
+        raise PersistenceError(
+            f"user {saved.entry['user_id']!r} was not read yet and its files in {saved.folder} "
+            f"are gone: {exc}"
+        ) from exc
+    return dict(saved.entry)
+
+
+def _save_anchors(
+    path: Path, anchors: Sequence[tuple[AnchorKey, AnchorResult]]
+) -> list[dict[str, Any]]:
+    """Write anchors' arrays to one ``.npz``; return their manifest entries (key and scalars)."""
+    arrays: dict[str, np.ndarray] = {}
+    entries: list[dict[str, Any]] = []
+    for i, (key, result) in enumerate(anchors):
+        graph = result.graph.tocsr()
+        arrays[f"{i}_vector"] = np.asarray(result.vector)
+        arrays[f"{i}_pagerank"] = np.asarray(result.pagerank)
+        arrays[f"{i}_indptr"] = graph.indptr
+        arrays[f"{i}_indices"] = graph.indices
+        arrays[f"{i}_data"] = graph.data
+        entries.append(
+            {
+                "anchor_key": list(key),
+                "iterations": result.iterations,
+                "converged": result.converged,
+            }
+        )
+    with path.open("wb") as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    return entries
+
+
+def _load_anchors(
+    path: Path, entries: Sequence[Mapping[str, Any]], snapshot: UserHistory
+) -> dict[AnchorKey, AnchorResult]:
+    """Read what :func:`_save_anchors` wrote for ``snapshot``, checking every shape."""
+    n, d = len(snapshot), snapshot.dim
+    out: dict[AnchorKey, AnchorResult] = {}
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            for i, entry in enumerate(entries):
+                vector = arrays[f"{i}_vector"]
+                pi = arrays[f"{i}_pagerank"]
+                indptr = arrays[f"{i}_indptr"]
+                indices = arrays[f"{i}_indices"]
+                data = arrays[f"{i}_data"]
+                ok = (
+                    vector.shape == (d,)
+                    and pi.shape == (n,)
+                    and indptr.shape == (n + 1,)
+                    and indices.shape == data.shape == (int(indptr[-1]),)
+                    and np.isfinite(vector).all()
+                    and np.isfinite(pi).all()
+                    and (indices.size == 0 or (indices.min() >= 0 and indices.max() < n))
+                )
+                if not ok:
+                    raise ValueError(f"anchor {i} does not fit {n} items of dimension {d}")
+                graph = sp.csr_matrix((data, indices, indptr), shape=(n, n))
+                out[tuple(entry["anchor_key"])] = AnchorResult(
+                    vector=vector,
+                    pagerank=pi,
+                    graph=graph,
+                    iterations=int(entry["iterations"]),
+                    converged=bool(entry["converged"]),
+                )
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise PersistenceError(
+            f"damaged anchors of user {snapshot.user_id!r} in {path.parent.parent}: {exc}"
+        ) from exc
+    return out
