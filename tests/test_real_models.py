@@ -42,8 +42,9 @@ def test_plain_ranks_the_shared_options_alike_and_pbr_ranks_them_per_user(person
     maya = shared_ranking(personalizer, "maya", anchor_only)
     leo = shared_ranking(personalizer, "leo", anchor_only)
     assert maya != leo
-    assert maya.index("opt-salad") < maya.index("opt-hotpot")
-    assert leo.index("opt-hotpot") < leo.index("opt-salad")
+    # Each user's own style of dinner rises above where the other user's anchor puts it.
+    assert maya.index("opt-fish") < leo.index("opt-fish")  # steamed salmon, brown rice
+    assert leo.index("opt-tacos") < maya.index("opt-tacos")  # grasshopper tacos
 
 
 def test_the_embedded_llm_writes_parseable_pseudo_feedback(personalizer) -> None:
