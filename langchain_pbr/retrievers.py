@@ -37,7 +37,6 @@ from pbr_core import (
     Personalizer,
     PromptSet,
     SearchHit,
-    UnknownUserError,
 )
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
@@ -47,9 +46,7 @@ from pbr_core.adapters_support import (
     host_store_errors,
     model_id,
     require_items,
-    unpersonalized,
 )
-from pbr_core.vectors import aembed_query, embed_query
 
 __all__ = ["PBRRetriever"]
 
@@ -307,13 +304,9 @@ class PBRRetriever(BaseRetriever):
         uid, n = self._user(user_id), self._k(k)
         personalizer = self._personalizer()
         generator = self._generator(run_manager.get_child())
-        try:
-            pq = personalizer.personalize(uid, query, generator=generator)
-        except UnknownUserError as exc:
-            if self.strict:
-                raise
-            q = embed_query(personalizer.embedder, query, dim=self.history.dim)
-            pq = unpersonalized(uid, query, q, self.config, str(exc))
+        pq = personalizer.personalize(
+            uid, query, generator=generator, unknown_user="raise" if self.strict else "plain"
+        )
         start = time.perf_counter()
         if self.vectorstore is None:
             scored = self._history_search(uid, pq, n)
@@ -342,13 +335,9 @@ class PBRRetriever(BaseRetriever):
         uid, n = self._user(user_id), self._k(k)
         personalizer = self._personalizer()
         generator = self._generator(run_manager.get_child())
-        try:
-            pq = await personalizer.apersonalize(uid, query, generator=generator)
-        except UnknownUserError as exc:
-            if self.strict:
-                raise
-            q = await aembed_query(personalizer.embedder, query, dim=self.history.dim)
-            pq = unpersonalized(uid, query, q, self.config, str(exc))
+        pq = await personalizer.apersonalize(
+            uid, query, generator=generator, unknown_user="raise" if self.strict else "plain"
+        )
         start = time.perf_counter()
         if self.vectorstore is None:
             scored = self._history_search(uid, pq, n)  # in-process faiss: microseconds

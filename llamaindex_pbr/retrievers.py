@@ -52,7 +52,7 @@ from pbr_core import (
     PersonalizedQuery,
     Personalizer,
     PromptSet,
-    UnknownUserError,
+    UnknownUserPolicy,
 )
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
@@ -60,9 +60,8 @@ from pbr_core.adapters_support import (
     explanation_payload,
     host_store_errors,
     require_items,
-    unpersonalized,
 )
-from pbr_core.vectors import aembed_query, as_unit_rows, embed_query
+from pbr_core.vectors import as_unit_rows
 
 from ._bridge import (
     LlamaIndexEmbedder,
@@ -499,34 +498,34 @@ class PBRRetriever(BaseRetriever):
         # The pipeline's two LLM calls run in worker threads: bind them to this context so
         # their spans and callback events nest under this retrieval.
         generator = self._shared.generator.bound(contextvars.copy_context())
-        try:
-            pq = self._core.personalize(
-                user_id, query, config=self._config, generator=generator, strict=self._strict
-            )
-        except UnknownUserError:
-            if self._is_strict():
-                raise
-            q = embed_query(self._core.embedder, query, dim=self._core.store.dim)
-            pq = unpersonalized(user_id, query, q, self.config, _no_history(user_id))
+        pq = self._core.personalize(
+            user_id,
+            query,
+            config=self._config,
+            generator=generator,
+            strict=self._strict,
+            unknown_user=self._unknown_user(),
+        )
         self._report(pq)
         return pq
 
     @dispatcher.span
     async def _apersonalize(self, user_id: str, query: str) -> PersonalizedQuery:
-        try:
-            pq = await self._core.apersonalize(
-                user_id, query, config=self._config, strict=self._strict
-            )
-        except UnknownUserError:
-            if self._is_strict():
-                raise
-            q = await aembed_query(self._core.embedder, query, dim=self._core.store.dim)
-            pq = unpersonalized(user_id, query, q, self.config, _no_history(user_id))
+        pq = await self._core.apersonalize(
+            user_id,
+            query,
+            config=self._config,
+            strict=self._strict,
+            unknown_user=self._unknown_user(),
+        )
         self._report(pq)
         return pq
 
     def _is_strict(self) -> bool:
         return self._core.strict if self._strict is None else self._strict
+
+    def _unknown_user(self) -> UnknownUserPolicy:
+        return "raise" if self._is_strict() else "plain"
 
     def _report(self, pq: PersonalizedQuery) -> None:
         for name, data in explanation_events(pq.explanation):
@@ -1012,13 +1011,6 @@ def _default_embed_model(callback_manager: CallbackManager) -> BaseEmbedding:
     from .embeddings import LocalMiniLMEmbedding
 
     return LocalMiniLMEmbedding(callback_manager=callback_manager)
-
-
-def _no_history(user_id: str) -> str:
-    return (
-        f"user {user_id!r} has no history yet (add nodes with "
-        f"retriever.for_user({user_id!r}).add_nodes([...])); searched with the plain query"
-    )
 
 
 def _and_user(key: str, user_id: str, filters: MetadataFilters | None) -> MetadataFilters:

@@ -25,6 +25,7 @@ from .pipeline import (
     Personalizer,
     PseudoFeedback,
     SearchResult,
+    UnknownUserPolicy,
 )
 from .prf import CHAT_PROMPTS, COMPLETION_PROMPTS, PromptSet, parse_reasoning, parse_utterances
 from .protocols import (
@@ -64,6 +65,7 @@ __all__ = [
     "SearchResult",
     "TextGenerator",
     "UnknownUserError",
+    "UnknownUserPolicy",
     "UserHistory",
     "VectorSearch",
     "VectorStoreUnavailableError",

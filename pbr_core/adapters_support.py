@@ -13,13 +13,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
-from .config import PBRConfig
 from .errors import VectorStoreUnavailableError
-from .fusion import MODE_TERMS
+from .fusion import MODE_TERMS, TERMS
 from .history import HistoryStore
-from .pipeline import Explanation, PersonalizedQuery, _model_id
+from .pipeline import Explanation, _model_id
 
 __all__ = [
     "EXPLANATION_KEY",
@@ -31,11 +28,8 @@ __all__ = [
     "missing_terms",
     "model_id",
     "require_items",
-    "unpersonalized",
 ]
 
-#: The optional terms of ``q*``, in the order of :data:`pbr_core.fusion.MODE_TERMS`.
-TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")
 #: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
 SCORE_KEY = "score"
 #: Metadata key of the request's explanation (:func:`explanation_payload`).
@@ -102,27 +96,6 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
     if missing:
         events.append(("pbr.degraded", {**base, "missing": missing}))
     return events
-
-
-def unpersonalized(
-    user_id: str, query: str, q: np.ndarray, config: PBRConfig, reason: str
-) -> PersonalizedQuery:
-    """``q* = q``, for a request that cannot be personalized (e.g. a user with no history yet).
-
-    Args:
-        q: the unit query vector.
-        reason: why, recorded for every term the fusion mode wanted.
-    """
-    wanted = dict(zip(TERMS, MODE_TERMS[config.fusion]))
-    explanation = Explanation(
-        user_id=user_id,
-        query=query.strip(),
-        fusion=config.fusion,
-        used=("query",),
-        dropped={term: reason for term in TERMS if wanted[term]},
-    )
-    vector = np.asarray(q, dtype=np.float32)
-    return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
 
 
 def require_items(store: HistoryStore, user_id: str, ids: Iterable[str]) -> None:

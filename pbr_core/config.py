@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 FusionMode = Literal[
     "full",  # q + c_anchor + w1·f_avg + w2·r          (spec §2.4, the paper's PBR)
+    "paper",  # the same as "full", by the name issue #9 asks for (reproduces the paper)
     "no_anchor",  # q + w1·f_avg + w2·r with mid = q      (ablation "w/o P-Anchor")
     "no_prf",  # q + c_anchor                           (ablation "w/o P-PRF")
     "no_utterances",  # q + c_anchor + w2·r              (ablation: drop the pseudo utterances)
@@ -16,6 +17,7 @@ FusionMode = Literal[
 ]
 FUSION_MODES: tuple[FusionMode, ...] = (
     "full",
+    "paper",
     "no_anchor",
     "no_prf",
     "no_utterances",
@@ -41,7 +43,7 @@ class PBRConfig:
         pagerank_tol: stop when the L2 change of the PageRank vector falls below this.
         pagerank_max_iter: step cap of the power iteration.
         exact_knn_max_items: up to this many history items the kNN graph is exact (faiss flat
-            inner product); above it an IVF index approximates it (docs/performance.md).
+            inner product); above it an IVF index approximates it (README, "Speed and scale").
         fusion: which terms enter the personalized query (spec §2.4, §2.5).
         top_anchor_items: how many highest-PageRank items the explanation lists.
         trust_low: ``"safe"`` fusion: a pseudo-feedback term whose cosine with the query is at or

@@ -25,9 +25,12 @@ import numpy as np
 
 from .config import FusionMode
 
+#: The optional terms of ``q*``, in the order of :data:`MODE_TERMS`' flags.
+TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")
 #: Which terms each fusion mode uses: (anchor, utterances, reasoning).
 MODE_TERMS: dict[FusionMode, tuple[bool, bool, bool]] = {
     "full": (True, True, True),
+    "paper": (True, True, True),
     "no_anchor": (False, True, True),
     "no_prf": (True, False, False),
     "no_utterances": (True, False, True),

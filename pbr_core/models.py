@@ -482,6 +482,10 @@ class LocalGemmaGenerator:
     def __repr__(self) -> str:
         return f"LocalGemmaGenerator(model_id={self.model_id!r})"
 
+    def _load(self) -> tuple[Any, Any]:
+        """``(model, tokenizer)``; subclasses that host another local model override this."""
+        return load_causal_lm(self.dtype)
+
     def generate(self, prompt: str) -> str:
         """The continuation of ``prompt`` (prompt excluded), cut at its first stop string."""
         return self.generate_batch([prompt])[0]
@@ -498,13 +502,14 @@ class LocalGemmaGenerator:
         prompts = list(prompts)
         if not prompts:
             return []
-        model, tok = load_causal_lm(self.dtype)
+        model, tok = self._load()
         import torch
 
         eos = [tok.eos_token_id]
-        end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
-        if isinstance(end_of_turn, int) and end_of_turn != tok.unk_token_id:
-            eos.append(end_of_turn)  # a base model rarely emits it, but it ends a text if it does
+        for marker in ("<end_of_turn>", "<|im_end|>"):  # Gemma's / ChatML's end of a turn
+            end_of_turn = tok.convert_tokens_to_ids(marker)
+            if isinstance(end_of_turn, int) and end_of_turn not in (tok.unk_token_id, None):
+                eos.append(end_of_turn)  # a base model rarely emits it, but it ends a text
         with _GENERATE_LOCK, torch.inference_mode(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(prompts))
             enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")

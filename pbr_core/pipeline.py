@@ -17,14 +17,14 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from .cache import GenerationCache
 from .config import PBRConfig
-from .errors import EmbeddingError, GenerationError
-from .fusion import MODE_TERMS, FusionResult, fuse
+from .errors import EmbeddingError, GenerationError, UnknownUserError
+from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
 from .prf import (
     CHAT_PROMPTS,
@@ -38,6 +38,9 @@ from .prf import (
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch
 from .vectors import aembed_documents, aembed_query, embed_documents, embed_query
+
+#: What :meth:`Personalizer.personalize` does for a user with no history.
+UnknownUserPolicy = Literal["raise", "plain"]
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,7 @@ class Personalizer:
         feedback: PseudoFeedback | None = None,
         strict: bool | None = None,
         prompts: PromptSet | None = None,
+        unknown_user: UnknownUserPolicy = "raise",
     ) -> PersonalizedQuery:
         """The personalized query vector for ``user_id`` and ``query``.
 
@@ -356,8 +360,17 @@ class Personalizer:
             feedback: ready-made pseudo utterances / reasoning; no LLM call is made.
             strict: per-call override of :attr:`strict`.
             prompts: per-call prompt templates (default: :meth:`prompts_for` the generator).
+            unknown_user: ``"raise"`` :class:`UnknownUserError` for a user with no history, or
+                ``"plain"``: return ``q* = q`` with the reason in ``explanation.dropped``
+                (what a retriever wants for a brand-new user).
         """
-        req = self._start(user_id, query, config, prompts)
+        try:
+            req = self._start(user_id, query, config, prompts)
+        except UnknownUserError as exc:
+            if unknown_user == "raise":
+                raise
+            q = embed_query(self.embedder, query, dim=self.store.dim)
+            return _unpersonalized(user_id, query, q, config or self.config, str(exc))
         req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
@@ -386,9 +399,16 @@ class Personalizer:
         feedback: PseudoFeedback | None = None,
         strict: bool | None = None,
         prompts: PromptSet | None = None,
+        unknown_user: UnknownUserPolicy = "raise",
     ) -> PersonalizedQuery:
         """Async :meth:`personalize`: native async embedder/LLM calls when they exist."""
-        req = self._start(user_id, query, config, prompts)
+        try:
+            req = self._start(user_id, query, config, prompts)
+        except UnknownUserError as exc:
+            if unknown_user == "raise":
+                raise
+            q = await aembed_query(self.embedder, query, dim=self.store.dim)
+            return _unpersonalized(user_id, query, q, config or self.config, str(exc))
         req.q = await aembed_query(self.embedder, req.query, dim=self.store.dim)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
@@ -406,6 +426,28 @@ class Personalizer:
         vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
         req.watch.lap("embed_feedback")
         return self._finish(req, parsed, vecs)
+
+    def feedback_prompts(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        config: PBRConfig | None = None,
+        generator: TextGenerator | None = None,
+        prompts: PromptSet | None = None,
+    ) -> tuple[str, str] | None:
+        """The (utterance, reasoning) prompts :meth:`personalize` would send, or ``None`` when it
+        would make no LLM call (a mode without P-PRF, an empty related history).
+
+        Why: offline jobs (benchmarks, nightly re-indexing) can generate many queries' feedback in
+        large batches and fill the generation cache; ``personalize`` then only reads the cache.
+        """
+        req = self._start(user_id, query, config, prompts)
+        req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
+        self._related_and_anchor(req)
+        if not req.needs_llm:
+            return None
+        return self._prompt_pair(req, generator or self.generator)
 
     def search(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
         """Personalize, then search the user's corpus with ``q*`` (keyword args as
@@ -675,6 +717,25 @@ def _llm_executor() -> ThreadPoolExecutor:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _unpersonalized(
+    user_id: str, query: str, q: np.ndarray, config: PBRConfig, reason: str
+) -> PersonalizedQuery:
+    """``q* = q`` for a request that cannot be personalized, ``reason`` recorded per wanted term."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("query must be a non-empty string")
+    wanted = dict(zip(TERMS, MODE_TERMS[config.fusion], strict=True))
+    reason = f"{reason}; searched with the plain query"
+    explanation = Explanation(
+        user_id=user_id,
+        query=query.strip(),
+        fusion=config.fusion,
+        used=("query",),
+        dropped={term: reason for term in TERMS if wanted[term]},
+    )
+    vector = np.asarray(q, dtype=np.float32)
+    return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
+
+
 def _model_id(obj: object) -> str:
     for attr in ("model_id", "model_name", "model"):
         value = getattr(obj, attr, None)

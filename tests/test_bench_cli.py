@@ -44,7 +44,7 @@ def test_cli_smoke_run_writes_tables_plots_and_rankings(tmp_path, capsys) -> Non
         str(tmp_path),
     ]
     assert main(["run", *args, "--methods", "plain,bm25,pbr,pbr-safe"]) == 0
-    folder = tmp_path / "personabench-0.0"
+    folder = tmp_path / "personabench-0.0" / "n12-seed0"  # a subset never overwrites the full run
     assert (folder / "bars__authors-n12.png").stat().st_size > 0
     rows = (folder / "personabench-0.0__pbr__authors.rankings.jsonl").read_text().splitlines()
     assert len(rows) == 12 and len(json.loads(rows[0])["top"]) == 10

@@ -255,3 +255,36 @@ def test_safe_fusion_reports_its_trust_and_falls_back_on_off_topic_feedback() ->
     assert "not trusted" in expl.dropped["utterances"]
     assert expl.to_dict()["trust"] == expl.trust
     np.testing.assert_allclose(pq.vector, pq.query_vector, atol=1e-7)
+
+
+def test_an_unknown_user_can_get_the_plain_query_with_the_reason() -> None:
+    p = make()
+    pq = p.personalize("carol", "dinner?", unknown_user="plain")
+    np.testing.assert_allclose(pq.vector, unit(HashEmbedder().embed_query("dinner?")), atol=1e-6)
+    assert pq.explanation.used == ("query",)
+    assert set(pq.explanation.dropped) == {"anchor", "utterances", "reasoning"}
+    assert "has no history" in pq.explanation.dropped["anchor"]
+    assert "carol" not in p.store  # asking never creates a user
+    apq = asyncio.run(p.apersonalize("carol", "dinner?", unknown_user="plain"))
+    np.testing.assert_allclose(apq.vector, pq.vector, atol=1e-7)
+    with pytest.raises(UnknownUserError, match="carol"):
+        asyncio.run(p.apersonalize("carol", "dinner?"))
+
+
+def test_feedback_prompts_are_exactly_what_personalize_sends() -> None:
+    gen = ScriptedGenerator(UTTER, REASON)
+    p = make(gen)
+    prompts = p.feedback_prompts("alice", "what should I cook?")
+    assert prompts is not None and not gen.prompts  # building prompts calls no LLM
+    p.personalize("alice", "what should I cook?")
+    assert sorted(gen.prompts) == sorted(prompts)
+    assert p.feedback_prompts("alice", "dinner?", config=PBRConfig(fusion="no_prf")) is None
+
+
+def test_paper_mode_is_the_papers_fusion() -> None:
+    p = make()
+    full = p.personalize("alice", "dinner?", config=PBRConfig(fusion="full"))
+    paper = p.personalize("alice", "dinner?", config=PBRConfig(fusion="paper"))
+    np.testing.assert_allclose(paper.vector, full.vector, atol=1e-7)
+    assert paper.explanation.w1 == full.explanation.w1
+    assert paper.explanation.w2 == full.explanation.w2
