@@ -47,9 +47,11 @@ class PBRConfig:
         fusion: which terms enter the personalized query (spec §2.4, §2.5).
         top_anchor_items: how many highest-PageRank items the explanation lists.
         trust_low: ``"safe"`` fusion: a pseudo-feedback term whose cosine with the query is at or
-            below this gets no weight (and the anchor none unless another term is trusted).
-        trust_high: ``"safe"`` fusion: at or above this cosine a term gets the paper's full weight;
-            in between, a linear ramp.
+            below this has trust 0.
+        trust_high: ``"safe"`` fusion: at or above this cosine a term has trust 1; in between, a
+            linear ramp.
+        safe_min_shift: ``"safe"`` fusion: the share of the paper's shift applied at trust 0
+            (``q* = q + λ·(q*_paper − q)``, ``λ`` = this + (1 − this)·mean trust).
     """
 
     k1: int = 5
@@ -65,6 +67,7 @@ class PBRConfig:
     top_anchor_items: int = 3
     trust_low: float = 0.3
     trust_high: float = 0.45
+    safe_min_shift: float = 0.25
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -90,6 +93,8 @@ class PBRConfig:
             problems.append(
                 f"need -1 <= trust_low < trust_high <= 1, got {self.trust_low}, {self.trust_high}"
             )
+        if not 0.0 <= self.safe_min_shift <= 1.0:
+            problems.append(f"safe_min_shift must lie in [0, 1], got {self.safe_min_shift}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

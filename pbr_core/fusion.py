@@ -8,13 +8,16 @@
 A term that is missing (no history, an LLM answer that could not be used) or switched off by the
 fusion mode is simply left out; the caller records why.
 
-``"safe"`` mode (this library's addition, not in the paper) keeps the paper's formula but scales
-each pseudo-feedback term by a *trust* in [0, 1] read off at query time: its cosine with the plain
-query, ramped linearly from ``trust_low`` (no weight) to ``trust_high`` (the paper's weight).
-Feedback from a strong LLM is on-topic and keeps its full weight; generic or off-target text from
-a tiny model fades out, and with it the anchor (scaled by the largest trust), because the anchor
-alone pulls every query towards the centre of the user's corpus. With nothing trusted, ``q*``
-is the plain query: personalization can fall back, it cannot drag the query away.
+``"safe"`` mode (this library's addition, not in the paper) moves the query only part of the way
+to the paper's ``q*``: ``q_safe = q + λ·(q*_paper − q)``. The share ``λ`` is read off at query
+time from how well the pseudo feedback agrees with the query: each LLM term's cosine with ``q`` is
+ramped linearly from ``trust_low`` (trust 0) to ``trust_high`` (trust 1), and
+``λ = safe_min_shift + (1 − safe_min_shift)·mean trust``. On-topic feedback from a strong LLM
+keeps the paper's full shift; generic text from a tiny model moves the query a little, which the
+benchmarks show helps rather than hurts, where the full shift hurts. Without any LLM term, or
+with feedback pointing away from the query (every cosine ≤ 0), ``q_safe`` is the plain query:
+the anchor alone pulls every query towards the centre of the user's history and is never used
+by itself.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class FusionResult:
         w1: weight of the mean pseudo-utterance vector, ``None`` when that term is absent.
         w2: weight of the reasoning vector, ``None`` when absent.
         used: the names of the terms that entered ``q*`` (``"query"`` always does).
+        trust: ``"safe"`` mode only: each LLM term's trust in [0, 1] and ``"shift"``, the share
+            of the paper's shift that was applied.
     """
 
     vector: np.ndarray
@@ -83,6 +88,7 @@ def fuse(
     mode: FusionMode = "full",
     trust_low: float = 0.3,
     trust_high: float = 0.45,
+    safe_min_shift: float = 0.25,
 ) -> FusionResult:
     """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
 
@@ -92,36 +98,56 @@ def fuse(
         f_avg: mean of the unit pseudo-utterance vectors or ``None``.
         r: the unit reasoning vector or ``None``.
         mode: one of :data:`MODE_TERMS`.
-        trust_low, trust_high: the trust ramp of ``"safe"`` mode (ignored by the others).
+        trust_low, trust_high, safe_min_shift: ``"safe"`` mode's trust ramp and the smallest
+            share of the paper's shift it applies (ignored by the other modes).
     """
-    want_anchor, want_f, want_r = MODE_TERMS[mode]
     q = np.asarray(q, dtype=np.float64)
-    scale = {"anchor": 1.0, "utterances": 1.0, "reasoning": 1.0}
-    trusts: dict[str, float] = {}
     if mode == "safe":
-        for name, vec in (("utterances", f_avg), ("reasoning", r)):
-            if vec is not None:
-                trusts[name] = scale[name] = trust(q, np.asarray(vec), trust_low, trust_high)
-        trusts["anchor"] = scale["anchor"] = max(trusts.values(), default=0.0)
+        return _safe(q, anchor, f_avg, r, trust_low, trust_high, safe_min_shift)
+    want_anchor, want_f, want_r = MODE_TERMS[mode]
     used = ["query"]
     total = q.copy()
     mid = q
-    if want_anchor and anchor is not None and scale["anchor"] > 0:
+    if want_anchor and anchor is not None:
         a = np.asarray(anchor, dtype=np.float64)
-        total += scale["anchor"] * a
+        total += a
         mid = (q + a) / 2.0
         used.append("anchor")
     w1 = w2 = None
-    if want_f and f_avg is not None and scale["utterances"] > 0:
+    if want_f and f_avg is not None:
         f = np.asarray(f_avg, dtype=np.float64)
-        w1 = scale["utterances"] * (1.0 + cosine(mid, f))
+        w1 = 1.0 + cosine(mid, f)
         total += w1 * f
         used.append("utterances")
-    if want_r and r is not None and scale["reasoning"] > 0:
+    if want_r and r is not None:
         rr = np.asarray(r, dtype=np.float64)
-        w2 = scale["reasoning"] * (1.0 + cosine(mid, rr))
+        w2 = 1.0 + cosine(mid, rr)
         total += w2 * rr
         used.append("reasoning")
-    return FusionResult(
-        vector=total.astype(np.float32), w1=w1, w2=w2, used=tuple(used), trust=trusts
-    )
+    return FusionResult(vector=total.astype(np.float32), w1=w1, w2=w2, used=tuple(used))
+
+
+def _safe(
+    q: np.ndarray,
+    anchor: np.ndarray | None,
+    f_avg: np.ndarray | None,
+    r: np.ndarray | None,
+    low: float,
+    high: float,
+    min_shift: float,
+) -> FusionResult:
+    terms = {
+        name: np.asarray(v)
+        for name, v in (("utterances", f_avg), ("reasoning", r))
+        if v is not None
+    }
+    trusts = {name: trust(q, v, low, high) for name, v in terms.items()}
+    on_topic = any(cosine(q, v) > 0.0 for v in terms.values())
+    if not terms or not on_topic:
+        return FusionResult(q.astype(np.float32), None, None, ("query",), {**trusts, "shift": 0.0})
+    shift = min_shift + (1.0 - min_shift) * float(np.mean(list(trusts.values())))
+    paper = fuse(q, anchor=anchor, f_avg=f_avg, r=r, mode="full")
+    vector = q + shift * (paper.vector.astype(np.float64) - q)
+    w1 = None if paper.w1 is None else shift * paper.w1
+    w2 = None if paper.w2 is None else shift * paper.w2
+    return FusionResult(vector.astype(np.float32), w1, w2, paper.used, {**trusts, "shift": shift})

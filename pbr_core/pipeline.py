@@ -64,7 +64,8 @@ class Explanation:
         w1, w2: fusion weights (None for a dropped term).
         anchor_items: the most central history items (score = PageRank).
         dropped: term → reason it is not in ``q*``.
-        trust: ``"safe"`` fusion only: term → trust in [0, 1] that scaled its weight.
+        trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1] and ``"shift"``, the share
+            of the paper's shift from ``q`` that ``q*`` applies.
         timings_ms: milliseconds per stage.
     """
 
@@ -316,11 +317,17 @@ class Personalizer:
         self.store.save(path)
 
     @classmethod
-    def load(cls, path: str, embedder: Embedder | None = None, **kwargs: Any) -> Personalizer:
-        """A personalizer over a saved store; refuses an embedder of another model."""
+    def load(
+        cls, path: str, embedder: Embedder | None = None, *, lazy: bool = False, **kwargs: Any
+    ) -> Personalizer:
+        """A personalizer over a saved store; refuses an embedder of another model.
+
+        ``lazy=True`` reads each user's files on first use (see :meth:`HistoryStore.load`): a
+        restarted server with many users answers its first query in milliseconds.
+        """
         from .errors import PersistenceError
 
-        store = HistoryStore.load(path)
+        store = HistoryStore.load(path, lazy=lazy)
         if embedder is not None and store.embedding_model_id is not None:
             current = _model_id(embedder)
             if current != store.embedding_model_id:
@@ -658,16 +665,17 @@ class Personalizer:
             mode=cfg.fusion,
             trust_low=cfg.trust_low,
             trust_high=cfg.trust_high,
+            safe_min_shift=cfg.safe_min_shift,
         )
         expl = req.explanation
         expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
         expl.trust = dict(result.trust)
-        for term, value in result.trust.items():
-            if value == 0.0 and term not in expl.dropped:
-                expl.dropped[term] = (
-                    "not trusted: too far from the query (safe fusion)"
-                    if term != "anchor"
-                    else "not trusted: no pseudo-feedback term was (safe fusion)"
+        if result.trust.get("shift") == 0.0:
+            for term in TERMS:
+                expl.dropped.setdefault(
+                    term,
+                    "safe fusion: no usable pseudo feedback on the query's topic, so the plain "
+                    "query (the anchor is never used alone)",
                 )
         norm = float(np.linalg.norm(result.vector))
         if not np.isfinite(norm) or norm == 0.0:

@@ -70,24 +70,48 @@ def test_every_mode_is_covered() -> None:
         assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).used[0] == "query"
 
 
-def test_safe_fusion_keeps_on_topic_terms_at_the_papers_weight() -> None:
-    # cos(q, f) = 0.6 and cos(q, r) = 0.0: with the ramp 0.3 → 0.45, f is fully trusted, r not.
-    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", trust_low=0.3, trust_high=0.45)
-    assert got.trust == {"utterances": 1.0, "reasoning": 0.0, "anchor": 1.0}
-    assert got.used == ("query", "anchor", "utterances")
-    np.testing.assert_allclose(got.vector, Q + ANCHOR + W1 * F_AVG, rtol=1e-6)
+PAPER = Q + ANCHOR + W1 * F_AVG + W2 * R
 
 
-def test_safe_fusion_ramps_the_weight_between_the_thresholds() -> None:
+def test_safe_fusion_applies_the_papers_full_shift_when_every_term_is_trusted() -> None:
+    # cos(q, f) = 0.6 and cos(q, r) = 0.0: a ramp -0.1 -> 0.0 trusts both fully.
+    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", trust_low=-0.1, trust_high=0.0)
+    assert got.trust == {"utterances": 1.0, "reasoning": 1.0, "shift": 1.0}
+    assert got.used == ("query", "anchor", "utterances", "reasoning")
+    np.testing.assert_allclose(got.vector, PAPER, rtol=1e-6)
+
+
+def test_safe_fusion_shift_is_the_minimum_plus_the_mean_trust() -> None:
+    # ramp 0.3 -> 0.45: f is trusted (0.6 >= 0.45), r is not (0.0 <= 0.3); mean trust 0.5.
+    got = fuse(
+        Q,
+        anchor=ANCHOR,
+        f_avg=F_AVG,
+        r=R,
+        mode="safe",
+        trust_low=0.3,
+        trust_high=0.45,
+        safe_min_shift=0.2,
+    )
+    shift = 0.2 + 0.8 * 0.5
+    assert got.trust == {"utterances": 1.0, "reasoning": 0.0, "shift": pytest.approx(shift)}
+    np.testing.assert_allclose(got.vector, Q + shift * (PAPER - Q), rtol=1e-6)
+    assert got.w1 == pytest.approx(shift * W1) and got.w2 == pytest.approx(shift * W2)
+
+
+def test_safe_fusion_ramps_trust_between_the_thresholds() -> None:
     got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=None, mode="safe", trust_low=0.5, trust_high=0.7)
     t = (0.6 - 0.5) / (0.7 - 0.5)
     assert got.trust["utterances"] == pytest.approx(t)
-    assert got.trust["anchor"] == pytest.approx(t)
-    np.testing.assert_allclose(got.vector, Q + t * ANCHOR + t * W1 * F_AVG, rtol=1e-6)
+    shift = 0.25 + 0.75 * t  # the default minimum shift
+    paper = Q + ANCHOR + (1 + 0.7 / np.sqrt(0.5)) * F_AVG
+    np.testing.assert_allclose(got.vector, Q + shift * (paper - Q), rtol=1e-6)
 
 
-def test_safe_fusion_falls_back_to_the_plain_query_when_nothing_is_trusted() -> None:
-    got = fuse(Q, anchor=ANCHOR, f_avg=-F_AVG, r=R, mode="safe")
-    assert got.used == ("query",)
-    assert got.trust == {"utterances": 0.0, "reasoning": 0.0, "anchor": 0.0}
-    np.testing.assert_allclose(got.vector, Q)
+def test_safe_fusion_falls_back_to_the_plain_query_without_on_topic_feedback() -> None:
+    away = fuse(Q, anchor=ANCHOR, f_avg=-F_AVG, r=R, mode="safe")  # cosines -0.6 and 0.0
+    assert away.used == ("query",) and away.trust["shift"] == 0.0
+    np.testing.assert_allclose(away.vector, Q)
+    anchor_only = fuse(Q, anchor=ANCHOR, mode="safe")  # never the anchor alone
+    assert anchor_only.used == ("query",)
+    np.testing.assert_allclose(anchor_only.vector, Q)

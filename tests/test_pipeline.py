@@ -247,14 +247,46 @@ def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
         Personalizer.load(str(tmp_path / "s"), other)
 
 
-def test_safe_fusion_reports_its_trust_and_falls_back_on_off_topic_feedback() -> None:
-    # Hash vectors are near-orthogonal to the query: nothing is trusted, q* is the plain query.
-    pq = make().personalize("alice", "dinner?", config=PBRConfig(fusion="safe", trust_high=0.6))
-    expl = pq.explanation
-    assert expl.trust == {"utterances": 0.0, "reasoning": 0.0, "anchor": 0.0}
-    assert "not trusted" in expl.dropped["utterances"]
-    assert expl.to_dict()["trust"] == expl.trust
-    np.testing.assert_allclose(pq.vector, pq.query_vector, atol=1e-7)
+def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone() -> None:
+    table = {
+        "h1": [1, 0, 0],
+        "h2": [0.9, 0.1, 0],
+        "h3": [0, 1, 0],
+        "q": [0.5, 0.5, 0.1],
+        "u1": [1, 1, 0],
+        "u2": [0, 1, 1],
+        "reason": [0, 0, 1],
+    }
+    cfg = PBRConfig(theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9)
+    p = Personalizer(TableEmbedder(table), config=cfg)
+    p.add_texts("u", ["h1", "h2", "h3"])
+    got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
+
+    vecs = np.array([unit(table[h]) for h in ("h1", "h2", "h3")], dtype=np.float32)
+    anchor = compute_anchor(vecs, cfg).vector
+    f_avg = (unit(table["u1"]) + unit(table["u2"])) / 2
+    want = fuse(
+        unit(table["q"]),
+        anchor=anchor,
+        f_avg=f_avg,
+        r=unit(table["reason"]),
+        mode="safe",
+        trust_low=0.5,
+        trust_high=0.9,
+        safe_min_shift=0.25,
+    )
+    np.testing.assert_allclose(got.vector, unit(want.vector), atol=1e-6)
+    expl = got.explanation
+    assert expl.trust == pytest.approx(want.trust)
+    assert 0.25 < expl.trust["shift"] < 1.0  # cos(q, f) = 0.86 is trusted, cos(q, r) = 0.14 not
+    assert expl.to_dict()["trust"] == {k: round(v, 4) for k, v in expl.trust.items()}
+
+    # no usable pseudo feedback: the plain query, with the reason, not q + anchor
+    bare = Personalizer(TableEmbedder(table), ScriptedGenerator("no list", ""), config=cfg)
+    bare.add_texts("u", ["h1", "h2", "h3"])
+    plain = bare.personalize("u", "q")
+    np.testing.assert_allclose(plain.vector, plain.query_vector, atol=1e-7)
+    assert "anchor is never used alone" in plain.explanation.dropped["anchor"]
 
 
 def test_an_unknown_user_can_get_the_plain_query_with_the_reason() -> None:
@@ -288,3 +320,14 @@ def test_paper_mode_is_the_papers_fusion() -> None:
     np.testing.assert_allclose(paper.vector, full.vector, atol=1e-7)
     assert paper.explanation.w1 == full.explanation.w1
     assert paper.explanation.w2 == full.explanation.w2
+
+
+def test_a_lazily_loaded_personalizer_answers_like_the_saved_one(tmp_path) -> None:
+    p = make()
+    p.save(str(tmp_path / "s"))
+    lazy = Personalizer.load(str(tmp_path / "s"), HashEmbedder(), lazy=True, generator=p.generator)
+    np.testing.assert_allclose(
+        lazy.personalize("alice", "dinner?").vector,
+        p.personalize("alice", "dinner?").vector,
+        atol=1e-7,
+    )

@@ -1,0 +1,138 @@
+"""Plain vs the paper's fusion vs ``"safe"`` fusion, per LLM source and data set (issue #9).
+
+Uses the library's defaults (the ramp chosen by ``benchmarks/safe_sweep.py`` on PersonaBench)
+unchanged on every data set, and LLM answers from the generation cache only (a question whose
+answers are not cached is left out and counted). Per cell: R@5, N@5, and per-question R@5 wins /
+losses against the plain query with an exact sign test.
+
+    python benchmarks/safe_report.py
+
+Writes ``benchmarks/results/safe_report.{csv,json,png}``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from safe_sweep import CacheOnly  # noqa: E402
+
+from pbr_core.bench.compare import sign_test  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
+from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
+from pbr_core.bench.runner import Bench  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+MODES = {"plain": "plain", "paper": "pbr", "safe": "pbr-safe"}
+
+
+def local_ids() -> dict[str, str]:
+    from pbr_core.bench.llms import SmolLM2Generator
+    from pbr_core.models import LocalGemmaGenerator
+
+    return {
+        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
+        "smollm2-135m": SmolLM2Generator().model_id,
+    }
+
+
+def cached_bench(ds: Dataset, name: str, model_id: str, limit: int) -> Bench | None:
+    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=0)
+    cache = bench.generation_cache
+    assert cache is not None
+    bench.queries = [
+        q
+        for q in bench.queries
+        if all(
+            cache.get(model_id, p) is not None
+            for p in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
+        )
+    ]
+    return bench if bench.queries else None
+
+
+def cells(ds: Dataset, bench: Bench, source: str) -> list[dict[str, Any]]:
+    runs = {label: bench.run(method, progress=False) for label, method in MODES.items()}
+    plain = runs["plain"]
+    rows = []
+    for label, run in runs.items():
+        o = run.metrics["Overall"]
+        row: dict[str, Any] = {
+            "dataset": ds.name,
+            "llm": source,
+            "fusion": label,
+            "questions": len(bench.queries),
+            "R@5": round(o["R@5"], 4),
+            "N@5": round(o["N@5"], 4),
+        }
+        if label != "plain":
+            deltas = [
+                best_over_combinations(run.rankings[q.id], q.gold, 5)[0]
+                - best_over_combinations(plain.rankings[q.id], q.gold, 5)[0]
+                for q in bench.queries
+            ]
+            wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+            row.update(wins=wins, losses=losses, sign_p=float(f"{sign_test(wins, losses):.2g}"))
+        rows.append(row)
+    return rows
+
+
+def main() -> int:
+    ids = local_ids()
+    rows: list[dict[str, Any]] = []
+    for noise in ("0.0", "0.7"):
+        ds = load_personabench(noise)
+        rows += cells(ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)")
+        for name, model_id in ids.items():
+            bench = cached_bench(ds, name, model_id, limit=60)
+            if bench is not None:
+                rows += cells(ds, bench, name)
+    ds = load_locomo("turn")
+    for name, model_id in ids.items():
+        bench = cached_bench(ds, name, model_id, limit=30)
+        if bench is not None:
+            rows += cells(ds, bench, name)
+    OUT.mkdir(parents=True, exist_ok=True)
+    fields = ["dataset", "llm", "fusion", "questions", "R@5", "N@5", "wins", "losses", "sign_p"]
+    with (OUT / "safe_report.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    (OUT / "safe_report.json").write_text(json.dumps(rows, indent=1))
+    for r in rows:
+        print("  ".join(f"{k}={r.get(k, '')}" for k in fields))
+    plot(rows, OUT / "safe_report.png")
+    return 0
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = list(dict.fromkeys((r["dataset"], r["llm"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    x = np.arange(len(groups))
+    for i, fusion in enumerate(MODES):
+        r5 = {(r["dataset"], r["llm"]): r["R@5"] for r in rows if r["fusion"] == fusion}
+        vals = [r5.get(g, 0.0) for g in groups]
+        ax.bar(x + (i - 1) * 0.27, vals, 0.27, label=fusion)
+    ax.set_xticks(x, [f"{d}\n{llm}" for d, llm in groups], fontsize=7)
+    ax.set_ylabel("R@5")
+    ax.set_title("plain vs paper fusion vs safe fusion, by LLM source")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Choose ``"safe"`` fusion's trust ramp on PersonaBench, across LLM sources (issue #9).
+
+For each LLM source (the authors' gpt-4o-mini generations on all 230 scored questions; the
+embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their ``pbr bench run --limit`` runs
+generated), score plain, the paper's fusion and ``"safe"`` for every (trust ramp, minimum shift)
+on a grid. LLM answers
+come from the generation cache only: a missing one is an error, never a new generation.
+
+A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the plain query's, and
+with the authors' generations at least the paper's PBR (.4516 / .3855). Among admissible ramps
+the one with the largest worst-case R@5 gain over plain wins (ties: mean gain).
+
+    python benchmarks/safe_sweep.py --noise 0.0 --limit 60
+
+Writes ``benchmarks/results/safe_sweep.csv`` and prints the best ramps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pbr_core.bench.datasets import load_personabench  # noqa: E402
+from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_core.config import PBRConfig  # noqa: E402
+
+PAPER = {"R@5": 0.4516, "N@5": 0.3855}
+LOWS = [0.3, 0.4, 0.5, 0.6]
+WIDTHS = [0.1, 0.2, 0.3]
+MIN_SHIFTS = [0.0, 0.1, 0.2, 0.3, 0.5]
+
+
+class CacheOnly:
+    """Serves a local model's cached generations under its model id; a miss is an error."""
+
+    prompt_style = "completion"
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+
+    def generate(self, prompt: str) -> str:
+        raise LookupError(f"no cached {self.model_id} generation for this prompt; run pbr bench")
+
+
+def sources(noise: str, limit: int, seed: int) -> dict[str, Bench]:
+    from pbr_core.bench.llms import SmolLM2Generator
+    from pbr_core.models import LocalGemmaGenerator
+
+    ds = load_personabench(noise)
+    benches = {"authors": Bench(ds, llm_name="authors")}
+    for name, gen in (
+        ("gemma-270m", LocalGemmaGenerator(dtype="float32")),
+        ("smollm2-135m", SmolLM2Generator()),
+    ):
+        model_id = gen.model_id
+        bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
+        cache = bench.generation_cache
+        assert cache is not None
+        complete = [
+            q
+            for q in bench.queries
+            if all(
+                cache.get(model_id, prompt) is not None
+                for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
+            )
+        ]
+        print(f"{name}: {len(complete)} of {len(bench.queries)} questions have cached answers")
+        if complete:
+            bench.queries = complete  # score only what the LLM answered; never generate here
+            benches[name] = bench
+    return benches
+
+
+def score(bench: Bench, method: str, cfg: PBRConfig) -> dict[str, float]:
+    o = bench.run(method, config=cfg, progress=False).metrics["Overall"]
+    return {"R@5": o["R@5"], "N@5": o["N@5"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--noise", default="0.0")
+    p.add_argument("--limit", type=int, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    benches = sources(args.noise, args.limit, args.seed)
+    base = PBRConfig()
+    plain = {n: score(b, "plain", base) for n, b in benches.items()}
+    paper = {n: score(b, "pbr", base) for n, b in benches.items()}
+    rows: list[dict[str, Any]] = []
+    grid = [(lo, round(lo + w, 2), m) for lo in LOWS for w in WIDTHS for m in MIN_SHIFTS]
+    for low, high, min_shift in grid:
+        cfg = base.with_(trust_low=low, trust_high=high, safe_min_shift=min_shift)
+        row: dict[str, Any] = {"trust_low": low, "trust_high": high, "min_shift": min_shift}
+        gains = []
+        ok = True
+        for name, bench in benches.items():
+            s = score(bench, "pbr-safe", cfg)
+            row[f"{name} R@5"], row[f"{name} N@5"] = round(s["R@5"], 4), round(s["N@5"], 4)
+            gains.append(s["R@5"] - plain[name]["R@5"])
+            ok &= s["R@5"] >= plain[name]["R@5"] and s["N@5"] >= plain[name]["N@5"]
+            if name == "authors":
+                ok &= s["R@5"] >= PAPER["R@5"] and s["N@5"] >= PAPER["N@5"]
+        row["worst_gain"] = round(min(gains), 4)
+        row["mean_gain"] = round(sum(gains) / len(gains), 4)
+        row["admissible"] = ok
+        rows.append(row)
+    out = ROOT / "benchmarks" / "results" / f"personabench-{args.noise}" / "safe_sweep.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print("plain:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in plain.items()})
+    print("paper:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in paper.items()})
+    best = sorted(rows, key=lambda r: (r["admissible"], r["worst_gain"], r["mean_gain"]))[-8:]
+    for r in reversed(best):
+        print(r)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Per-stage latency of one PBR query with real models and no generation cache (issue #5).
+
+The embedded defaults exactly as ``Personalizer()`` builds them (MiniLM; Gemma 3 270M in bf16,
+both P-PRF prompts in one batched call) answer a few PersonaBench questions; the explanation's
+``timings_ms`` gives each stage: query embedding, related-history search, anchor (cached per
+user after its first build, so the first query of each user is reported separately), the LLM,
+parsing, embedding the feedback, fusion and the final search.
+
+    python benchmarks/stage_latency.py --queries 3
+
+Writes ``benchmarks/results/stage_latency.json`` / ``.csv``. Run it alone: on 2 cores any other
+model process slows torch several-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pbr_core import Personalizer  # noqa: E402
+from pbr_core.bench.datasets import load_personabench  # noqa: E402
+from pbr_core.pipeline import _model_id  # noqa: E402
+
+STAGES = (
+    "embed_query",
+    "related_history",
+    "anchor",
+    "llm",
+    "parse",
+    "embed_feedback",
+    "fusion",
+    "search",
+    "total",
+)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--queries", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    ds = load_personabench("0.0")
+    questions = random.Random(args.seed).sample(ds.scored_queries, args.queries)
+    pbr = Personalizer()  # the embedded defaults, no generation cache
+    for user in sorted({q.user_id for q in questions}):
+        pbr.add_texts(user, ds.corpora[user].texts, ids=ds.corpora[user].ids)
+    pbr.search(questions[0].user_id, "warm-up: load both models", k=5)
+    runs = []
+    for q in questions:
+        result = pbr.search(q.user_id, q.text, k=5)
+        t = result.personalized.explanation.timings_ms
+        runs.append({"question": q.id, **{s: round(t.get(s, 0.0), 1) for s in STAGES}})
+        print(runs[-1], flush=True)
+    median = {s: round(statistics.median(r[s] for r in runs), 1) for s in STAGES}
+    out = ROOT / "benchmarks" / "results"
+    payload = {
+        "questions": len(runs),
+        "models": {"embedder": _model_id(pbr.embedder), "llm": _model_id(pbr.generator)},
+        "load_average": os.getloadavg(),
+        "median_ms": median,
+        "runs": runs,
+    }
+    (out / "stage_latency.json").write_text(json.dumps(payload, indent=1))
+    with (out / "stage_latency.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["question", *STAGES])
+        w.writeheader()
+        w.writerows(runs)
+    print("median ms per stage:", median)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
