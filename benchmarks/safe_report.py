@@ -30,6 +30,9 @@ from pbr_core.bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 MODES = {"plain": "plain", "paper": "pbr", "safe": "pbr-safe"}
+#: The seeded subsets the local LLMs' `pbr bench run --limit` runs generated for.
+PB_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
+LOCOMO_LIMIT = 30
 
 
 def local_ids() -> dict[str, str]:
@@ -38,7 +41,7 @@ def local_ids() -> dict[str, str]:
 
     return {
         "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
-        "smollm2-135m": SmolLM2Generator().model_id,
+        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
     }
 
 
@@ -90,12 +93,12 @@ def main() -> int:
         ds = load_personabench(noise)
         rows += cells(ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)")
         for name, model_id in ids.items():
-            bench = cached_bench(ds, name, model_id, limit=60)
+            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[name])
             if bench is not None:
                 rows += cells(ds, bench, name)
     ds = load_locomo("turn")
     for name, model_id in ids.items():
-        bench = cached_bench(ds, name, model_id, limit=30)
+        bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)
         if bench is not None:
             rows += cells(ds, bench, name)
     OUT.mkdir(parents=True, exist_ok=True)

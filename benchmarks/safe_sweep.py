@@ -10,7 +10,7 @@ A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the
 with the authors' generations at least the paper's PBR (.4516 / .3855). Among admissible ramps
 the one with the largest worst-case R@5 gain over plain wins (ties: mean gain).
 
-    python benchmarks/safe_sweep.py --noise 0.0 --limit 60
+    python benchmarks/safe_sweep.py --noise 0.0 --gemma-limit 60 --smollm2-limit 40
 
 Writes ``benchmarks/results/safe_sweep.csv`` and prints the best ramps.
 """
@@ -48,7 +48,7 @@ class CacheOnly:
         raise LookupError(f"no cached {self.model_id} generation for this prompt; run pbr bench")
 
 
-def sources(noise: str, limit: int, seed: int) -> dict[str, Bench]:
+def sources(noise: str, limits: dict[str, int], seed: int) -> dict[str, Bench]:
     from pbr_core.bench.llms import SmolLM2Generator
     from pbr_core.models import LocalGemmaGenerator
 
@@ -56,10 +56,12 @@ def sources(noise: str, limit: int, seed: int) -> dict[str, Bench]:
     benches = {"authors": Bench(ds, llm_name="authors")}
     for name, gen in (
         ("gemma-270m", LocalGemmaGenerator(dtype="float32")),
-        ("smollm2-135m", SmolLM2Generator()),
+        ("smollm2-135m", SmolLM2Generator(dtype="float32")),
     ):
         model_id = gen.model_id
-        bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
+        bench = Bench(
+            ds, generator=CacheOnly(model_id), llm_name=name, limit=limits[name], seed=seed
+        )
         cache = bench.generation_cache
         assert cache is not None
         complete = [
@@ -85,10 +87,12 @@ def score(bench: Bench, method: str, cfg: PBRConfig) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--noise", default="0.0")
-    p.add_argument("--limit", type=int, default=60)
+    p.add_argument("--gemma-limit", type=int, default=60, help="its bench run's --limit")
+    p.add_argument("--smollm2-limit", type=int, default=40, help="its bench run's --limit")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    benches = sources(args.noise, args.limit, args.seed)
+    limits = {"gemma-270m": args.gemma_limit, "smollm2-135m": args.smollm2_limit}
+    benches = sources(args.noise, limits, args.seed)
     base = PBRConfig()
     plain = {n: score(b, "plain", base) for n, b in benches.items()}
     paper = {n: score(b, "pbr", base) for n, b in benches.items()}

@@ -63,11 +63,11 @@ class PBRConfig:
     pagerank_tol: float = 1e-6
     pagerank_max_iter: int = 50
     exact_knn_max_items: int = 10_000
-    fusion: FusionMode = "full"
+    fusion: FusionMode = "safe"
     top_anchor_items: int = 3
-    trust_low: float = 0.3
-    trust_high: float = 0.45
-    safe_min_shift: float = 0.25
+    trust_low: float = 0.5
+    trust_high: float = 0.8
+    safe_min_shift: float = 0.3
 
     def __post_init__(self) -> None:
         problems: list[str] = []

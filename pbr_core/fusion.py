@@ -86,9 +86,9 @@ def fuse(
     f_avg: np.ndarray | None = None,
     r: np.ndarray | None = None,
     mode: FusionMode = "full",
-    trust_low: float = 0.3,
-    trust_high: float = 0.45,
-    safe_min_shift: float = 0.25,
+    trust_low: float = 0.5,
+    trust_high: float = 0.8,
+    safe_min_shift: float = 0.3,
 ) -> FusionResult:
     """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
 

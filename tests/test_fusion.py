@@ -100,10 +100,19 @@ def test_safe_fusion_shift_is_the_minimum_plus_the_mean_trust() -> None:
 
 
 def test_safe_fusion_ramps_trust_between_the_thresholds() -> None:
-    got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=None, mode="safe", trust_low=0.5, trust_high=0.7)
+    got = fuse(
+        Q,
+        anchor=ANCHOR,
+        f_avg=F_AVG,
+        r=None,
+        mode="safe",
+        trust_low=0.5,
+        trust_high=0.7,
+        safe_min_shift=0.25,
+    )
     t = (0.6 - 0.5) / (0.7 - 0.5)
     assert got.trust["utterances"] == pytest.approx(t)
-    shift = 0.25 + 0.75 * t  # the default minimum shift
+    shift = 0.25 + 0.75 * t
     paper = Q + ANCHOR + (1 + 0.7 / np.sqrt(0.5)) * F_AVG
     np.testing.assert_allclose(got.vector, Q + shift * (paper - Q), rtol=1e-6)
 

@@ -150,7 +150,15 @@ def corpus() -> list[Document]:
 
 def make(store: bool = False, **kwargs: Any) -> PBRRetriever:
     """A retriever over both users' histories, searching the history or an InMemoryVectorStore."""
-    params: dict[str, Any] = {"llm": ScriptedChat(), "embeddings": EMB, "k": 3, **kwargs}
+    params: dict[str, Any] = {
+        "llm": ScriptedChat(),
+        "embeddings": EMB,
+        "k": 3,
+        # the paper's fusion: these tests check every term's plumbing; hash vectors are nearly
+        # orthogonal to the query, so the default "safe" fusion would (rightly) drop them all
+        "config": PBRConfig(fusion="paper"),
+        **kwargs,
+    }
     if store:
         params.setdefault("vectorstore", InMemoryVectorStore(EMB))
     return PBRRetriever.from_documents(corpus(), **params)
@@ -542,7 +550,9 @@ def test_save_and_load_round_trip(tmp_path: Any) -> None:
     r = make()
     before = r.invoke("dinner?", user_id="alice")
     r.save(tmp_path / "hist")
-    loaded = PBRRetriever.load(tmp_path / "hist", llm=ScriptedChat(), embeddings=EMB, k=3)
+    loaded = PBRRetriever.load(
+        tmp_path / "hist", llm=ScriptedChat(), embeddings=EMB, k=3, config=r.config
+    )
     after = loaded.invoke("dinner?", user_id="alice")
     assert [d.page_content for d in after] == [d.page_content for d in before]
     with pytest.raises(PersistenceError, match="DeterministicFakeEmbedding"):

@@ -77,6 +77,11 @@ def _owner(nws: NodeWithScore) -> str:
     return nws.node.node_id.split("-")[0]
 
 
+#: The paper's fusion: these tests check every term's plumbing; hash vectors are nearly orthogonal
+#: to the query, so the default "safe" fusion would (rightly) drop them all.
+PAPER = PBRConfig(fusion="paper")
+
+
 @pytest.fixture
 def embed_model() -> HashEmbedding:
     return HashEmbedding(dim=64)
@@ -86,7 +91,11 @@ def embed_model() -> HashEmbedding:
 def base(embed_model: HashEmbedding) -> PBRRetriever:
     """A base retriever (no user) over every user's nodes, echoing MockLLM."""
     return PBRRetriever.from_defaults(
-        nodes=_nodes(), llm=MockLLM(), embed_model=embed_model, similarity_top_k=3
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        similarity_top_k=3,
+        config=PAPER,
     )
 
 
@@ -511,6 +520,7 @@ def test_llm_failure_degrades_and_is_reported(
         nodes=_nodes(),
         llm=ScriptedLLM(error="quota exceeded"),
         embed_model=embed_model,
+        config=PAPER,
         user_id="u1",
     )
     got = retriever.retrieve(QUERY)
@@ -526,7 +536,11 @@ def test_llm_failure_degrades_and_is_reported(
 
 async def test_unparseable_llm_output_degrades_async(embed_model: HashEmbedding) -> None:
     retriever = PBRRetriever.from_defaults(
-        nodes=_nodes(), llm=ScriptedLLM(text="   "), embed_model=embed_model, user_id="u2"
+        nodes=_nodes(),
+        llm=ScriptedLLM(text="   "),
+        embed_model=embed_model,
+        user_id="u2",
+        config=PAPER,
     )
     got = await retriever.aretrieve(QUERY)
     assert got and {_owner(n) for n in got} == {"u2"}
@@ -541,7 +555,7 @@ async def test_unparseable_llm_output_degrades_async(embed_model: HashEmbedding)
 def test_the_two_llm_calls_run_concurrently(embed_model: HashEmbedding) -> None:
     llm = RendezvousLLM()
     retriever = PBRRetriever.from_defaults(
-        nodes=_nodes(), llm=llm, embed_model=embed_model, user_id="u1"
+        nodes=_nodes(), llm=llm, embed_model=embed_model, user_id="u1", config=PAPER
     )
     explanation = retriever.retrieve(QUERY)[0].node.metadata[EXPLANATION_KEY]
     assert not explanation["degraded"], explanation["dropped"]
@@ -550,7 +564,9 @@ def test_the_two_llm_calls_run_concurrently(embed_model: HashEmbedding) -> None:
 
 async def test_the_async_path_is_native(embed_model: HashEmbedding) -> None:
     llm, embed = RendezvousLLM(), AsyncOnlyEmbedding(dim=64)
-    retriever = PBRRetriever.from_defaults(nodes=_nodes(), llm=llm, embed_model=embed, user_id="u1")
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=llm, embed_model=embed, user_id="u1", config=PAPER
+    )
     embed.forbid_sync()
     got = await retriever.aretrieve(QUERY)
     assert not got[0].node.metadata[EXPLANATION_KEY]["degraded"]

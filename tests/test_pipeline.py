@@ -33,6 +33,9 @@ def unit(v) -> np.ndarray:
 
 
 def make(generator=None, **kwargs) -> Personalizer:
+    """Two users over hash vectors, with the paper's fusion: hash vectors are nearly orthogonal to
+    the query, so the default "safe" fusion would (rightly) drop every term these tests follow."""
+    kwargs.setdefault("config", PBRConfig(fusion="paper"))
     p = Personalizer(HashEmbedder(), generator or ScriptedGenerator(UTTER, REASON), **kwargs)
     p.add_texts(
         "alice",
@@ -55,7 +58,7 @@ def test_the_personalized_vector_is_the_spec_fusion_of_real_terms() -> None:
         "u2": [0, 1, 1],
         "reason": [0, 0, 1],
     }
-    cfg = PBRConfig(theta=0.0, k2=2, alpha=0.85)
+    cfg = PBRConfig(theta=0.0, k2=2, alpha=0.85, fusion="paper")
     p = Personalizer(TableEmbedder(table), config=cfg)
     p.add_texts("u", ["h1", "h2", "h3"])
     got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
@@ -237,7 +240,9 @@ def test_history_items_are_embedded_once() -> None:
 def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
     p = make()
     p.save(str(tmp_path / "s"))
-    loaded = Personalizer.load(str(tmp_path / "s"), HashEmbedder(), generator=p.generator)
+    loaded = Personalizer.load(
+        str(tmp_path / "s"), HashEmbedder(), generator=p.generator, config=p.config
+    )
     np.testing.assert_allclose(
         loaded.personalize("bob", "hot?").vector, p.personalize("bob", "hot?").vector, atol=1e-7
     )
@@ -257,7 +262,9 @@ def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone
         "u2": [0, 1, 1],
         "reason": [0, 0, 1],
     }
-    cfg = PBRConfig(theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9)
+    cfg = PBRConfig(
+        theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9, safe_min_shift=0.25
+    )
     p = Personalizer(TableEmbedder(table), config=cfg)
     p.add_texts("u", ["h1", "h2", "h3"])
     got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
@@ -325,7 +332,9 @@ def test_paper_mode_is_the_papers_fusion() -> None:
 def test_a_lazily_loaded_personalizer_answers_like_the_saved_one(tmp_path) -> None:
     p = make()
     p.save(str(tmp_path / "s"))
-    lazy = Personalizer.load(str(tmp_path / "s"), HashEmbedder(), lazy=True, generator=p.generator)
+    lazy = Personalizer.load(
+        str(tmp_path / "s"), HashEmbedder(), lazy=True, generator=p.generator, config=p.config
+    )
     np.testing.assert_allclose(
         lazy.personalize("alice", "dinner?").vector,
         p.personalize("alice", "dinner?").vector,

@@ -48,7 +48,7 @@ def test_plain_ranks_the_shared_options_alike_and_pbr_ranks_them_per_user(person
 
 
 def test_the_embedded_llm_writes_parseable_pseudo_feedback(personalizer) -> None:
-    pq = personalizer.personalize("maya", QUESTION)
+    pq = personalizer.personalize("maya", QUESTION, config=PBRConfig(fusion="paper"))
     expl = pq.explanation
     assert "utterances" not in expl.dropped, expl.dropped
     assert len(expl.pseudo_utterances) >= 2

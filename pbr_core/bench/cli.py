@@ -59,7 +59,7 @@ def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
     elif args.llm == "smollm2":
         from .llms import SmolLM2Generator
 
-        generator = SmolLM2Generator()
+        generator = SmolLM2Generator(dtype="float32")
     elif args.llm == "authors" and args.dataset != "personabench":
         raise SystemExit("the authors' generations exist for PersonaBench only")
     cfg = PBRConfig(theta=args.theta, k2=args.k2, alpha=args.alpha, k1=args.k1)
