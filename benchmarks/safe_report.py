@@ -21,7 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_sweep import CacheOnly  # noqa: E402
+from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 from pbr_core.bench.compare import sign_test  # noqa: E402
 from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
@@ -33,31 +33,6 @@ MODES = {"plain": "plain", "paper": "pbr", "safe": "pbr-safe"}
 #: The seeded subsets the local LLMs' `pbr bench run --limit` runs generated for.
 PB_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
 LOCOMO_LIMIT = 30
-
-
-def local_ids() -> dict[str, str]:
-    from pbr_core.bench.llms import SmolLM2Generator
-    from pbr_core.models import LocalGemmaGenerator
-
-    return {
-        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
-        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
-    }
-
-
-def cached_bench(ds: Dataset, name: str, model_id: str, limit: int) -> Bench | None:
-    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=0)
-    cache = bench.generation_cache
-    assert cache is not None
-    bench.queries = [
-        q
-        for q in bench.queries
-        if all(
-            cache.get(model_id, p) is not None
-            for p in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
-        )
-    ]
-    return bench if bench.queries else None
 
 
 def cells(ds: Dataset, bench: Bench, source: str) -> list[dict[str, Any]]:

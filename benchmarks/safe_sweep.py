@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_core.bench.datasets import load_personabench  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_personabench  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 from pbr_core.config import PBRConfig  # noqa: E402
 
@@ -48,33 +48,42 @@ class CacheOnly:
         raise LookupError(f"no cached {self.model_id} generation for this prompt; run pbr bench")
 
 
-def sources(noise: str, limits: dict[str, int], seed: int) -> dict[str, Bench]:
+def local_ids() -> dict[str, str]:
+    """The generation-cache model ids of the two local LLMs, as their bench runs created them."""
     from pbr_core.bench.llms import SmolLM2Generator
     from pbr_core.models import LocalGemmaGenerator
 
+    return {
+        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
+        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
+    }
+
+
+def cached_bench(ds: Dataset, name: str, model_id: str, limit: int, seed: int = 0) -> Bench | None:
+    """A bench over the questions whose every P-PRF answer of ``model_id`` is cached (``None``
+    when there are none): score only what the LLM answered; never generate here."""
+    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
+    cache = bench.generation_cache
+    assert cache is not None
+    total = len(bench.queries)
+    bench.queries = [
+        q
+        for q in bench.queries
+        if all(
+            cache.get(model_id, prompt) is not None
+            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
+        )
+    ]
+    print(f"{ds.name} {name}: {len(bench.queries)} of {total} questions have cached answers")
+    return bench if bench.queries else None
+
+
+def sources(noise: str, limits: dict[str, int], seed: int) -> dict[str, Bench]:
     ds = load_personabench(noise)
     benches = {"authors": Bench(ds, llm_name="authors")}
-    for name, gen in (
-        ("gemma-270m", LocalGemmaGenerator(dtype="float32")),
-        ("smollm2-135m", SmolLM2Generator(dtype="float32")),
-    ):
-        model_id = gen.model_id
-        bench = Bench(
-            ds, generator=CacheOnly(model_id), llm_name=name, limit=limits[name], seed=seed
-        )
-        cache = bench.generation_cache
-        assert cache is not None
-        complete = [
-            q
-            for q in bench.queries
-            if all(
-                cache.get(model_id, prompt) is not None
-                for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
-            )
-        ]
-        print(f"{name}: {len(complete)} of {len(bench.queries)} questions have cached answers")
-        if complete:
-            bench.queries = complete  # score only what the LLM answered; never generate here
+    for name, model_id in local_ids().items():
+        bench = cached_bench(ds, name, model_id, limits[name], seed)
+        if bench is not None:
             benches[name] = bench
     return benches
 

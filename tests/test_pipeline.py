@@ -32,6 +32,18 @@ def unit(v) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
+#: Hand-chosen 3-d vectors: three history items, a query, two utterances and a reasoning.
+TABLE = {
+    "h1": [1, 0, 0],
+    "h2": [0.9, 0.1, 0],
+    "h3": [0, 1, 0],
+    "q": [0.5, 0.5, 0.1],
+    "u1": [1, 1, 0],
+    "u2": [0, 1, 1],
+    "reason": [0, 0, 1],
+}
+
+
 def make(generator=None, **kwargs) -> Personalizer:
     """Two users over hash vectors, with the paper's fusion: hash vectors are nearly orthogonal to
     the query, so the default "safe" fusion would (rightly) drop every term these tests follow."""
@@ -49,15 +61,7 @@ def make(generator=None, **kwargs) -> Personalizer:
 
 
 def test_the_personalized_vector_is_the_spec_fusion_of_real_terms() -> None:
-    table = {
-        "h1": [1, 0, 0],
-        "h2": [0.9, 0.1, 0],
-        "h3": [0, 1, 0],
-        "q": [0.5, 0.5, 0.1],
-        "u1": [1, 1, 0],
-        "u2": [0, 1, 1],
-        "reason": [0, 0, 1],
-    }
+    table = TABLE
     cfg = PBRConfig(theta=0.0, k2=2, alpha=0.85, fusion="paper")
     p = Personalizer(TableEmbedder(table), config=cfg)
     p.add_texts("u", ["h1", "h2", "h3"])
@@ -253,15 +257,7 @@ def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
 
 
 def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone() -> None:
-    table = {
-        "h1": [1, 0, 0],
-        "h2": [0.9, 0.1, 0],
-        "h3": [0, 1, 0],
-        "q": [0.5, 0.5, 0.1],
-        "u1": [1, 1, 0],
-        "u2": [0, 1, 1],
-        "reason": [0, 0, 1],
-    }
+    table = TABLE
     cfg = PBRConfig(
         theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9, safe_min_shift=0.25
     )
