@@ -24,19 +24,30 @@ sys.path.insert(0, str(ROOT))
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 from pbr_core.bench.compare import sign_test  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
 from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
-MODES = {"plain": "plain", "paper": "pbr", "safe": "pbr-safe"}
+#: label -> (bench method, config changes): safe with and without its history gate.
+MODES: dict[str, tuple[str, dict[str, Any]]] = {
+    "plain": ("plain", {}),
+    "paper": ("pbr", {}),
+    "safe, no gate": ("pbr-safe", {"safe_history_gate": False}),
+    "safe": ("pbr-safe", {}),
+}
 #: The seeded subsets the local LLMs' `pbr bench run --limit` runs generated for.
 PB_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
 LOCOMO_LIMIT = 30
+#: Held-out cells generated after the history gate was designed: (dataset, limit, seed).
+HELD_OUT = [("locomo-turn", 30, 1), ("prefeval-explicit-n10", 30, 0)]
 
 
-def cells(ds: Dataset, bench: Bench, source: str) -> list[dict[str, Any]]:
-    runs = {label: bench.run(method, progress=False) for label, method in MODES.items()}
+def cells(ds: Dataset, bench: Bench, source: str, seed: int = 0) -> list[dict[str, Any]]:
+    runs = {
+        label: bench.run(method, config=bench.config.with_(**changes), progress=False)
+        for label, (method, changes) in MODES.items()
+    }
     plain = runs["plain"]
     rows = []
     for label, run in runs.items():
@@ -46,6 +57,7 @@ def cells(ds: Dataset, bench: Bench, source: str) -> list[dict[str, Any]]:
             "llm": source,
             "fusion": label,
             "questions": len(bench.queries),
+            "seed": seed,
             "R@5": round(o["R@5"], 4),
             "N@5": round(o["N@5"], 4),
         }
@@ -76,8 +88,17 @@ def main() -> int:
         bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)
         if bench is not None:
             rows += cells(ds, bench, name)
+    loaders = {"locomo-turn": lambda: load_locomo("turn"), "prefeval-explicit-n10": load_prefeval}
+    for name, limit, seed in HELD_OUT:
+        ds = loaders[name]()
+        for llm, model_id in ids.items():
+            bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
+            if bench is not None:
+                rows += cells(ds, bench, llm, seed)
     OUT.mkdir(parents=True, exist_ok=True)
-    fields = ["dataset", "llm", "fusion", "questions", "R@5", "N@5", "wins", "losses", "sign_p"]
+    fields = [
+        "dataset", "llm", "fusion", "questions", "seed", "R@5", "N@5", "wins", "losses", "sign_p"
+    ]  # fmt: skip
     with (OUT / "safe_report.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -96,14 +117,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    groups = list(dict.fromkeys((r["dataset"], r["llm"]) for r in rows))
+    groups = list(dict.fromkeys((r["dataset"], r["llm"], r["seed"]) for r in rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
     x = np.arange(len(groups))
     for i, fusion in enumerate(MODES):
-        r5 = {(r["dataset"], r["llm"]): r["R@5"] for r in rows if r["fusion"] == fusion}
+        r5 = {(r["dataset"], r["llm"], r["seed"]): r["R@5"] for r in rows if r["fusion"] == fusion}
         vals = [r5.get(g, 0.0) for g in groups]
-        ax.bar(x + (i - 1) * 0.27, vals, 0.27, label=fusion)
-    ax.set_xticks(x, [f"{d}\n{llm}" for d, llm in groups], fontsize=7)
+        ax.bar(x + (i - 1.5) * 0.2, vals, 0.2, label=fusion)
+    ax.set_xticks(x, [f"{d}\n{llm}" + (f" s{s}" if s else "") for d, llm, s in groups], fontsize=6)
     ax.set_ylabel("R@5")
     ax.set_title("plain vs paper fusion vs safe fusion, by LLM source")
     ax.legend()

@@ -1,5 +1,9 @@
 """Choose ``"safe"`` fusion's trust ramp on PersonaBench, across LLM sources (issue #9).
 
+The grid also switches the history gate (``safe_history_gate``) on and off, so the CSV shows what
+the gate costs on PersonaBench, where it was not needed (its queries rarely match a history item
+closely; the gate was added for LoCoMo's, see the README).
+
 For each LLM source (the authors' gpt-4o-mini generations on all 230 scored questions; the
 embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their ``pbr bench run --limit`` runs
 generated), score plain, the paper's fusion and ``"safe"`` for every (trust ramp, minimum shift)
@@ -34,6 +38,7 @@ PAPER = {"R@5": 0.4516, "N@5": 0.3855}
 LOWS = [0.3, 0.4, 0.5, 0.6]
 WIDTHS = [0.1, 0.2, 0.3]
 MIN_SHIFTS = [0.0, 0.1, 0.2, 0.3, 0.5]
+GATES = [True, False]  # safe_history_gate
 
 
 class CacheOnly:
@@ -106,10 +111,20 @@ def main() -> int:
     plain = {n: score(b, "plain", base) for n, b in benches.items()}
     paper = {n: score(b, "pbr", base) for n, b in benches.items()}
     rows: list[dict[str, Any]] = []
-    grid = [(lo, round(lo + w, 2), m) for lo in LOWS for w in WIDTHS for m in MIN_SHIFTS]
-    for low, high, min_shift in grid:
-        cfg = base.with_(trust_low=low, trust_high=high, safe_min_shift=min_shift)
-        row: dict[str, Any] = {"trust_low": low, "trust_high": high, "min_shift": min_shift}
+    grid = [
+        (lo, round(lo + w, 2), m, g)
+        for g in GATES
+        for lo in LOWS
+        for w in WIDTHS
+        for m in MIN_SHIFTS
+    ]
+    for low, high, min_shift, gate in grid:
+        cfg = base.with_(
+            trust_low=low, trust_high=high, safe_min_shift=min_shift, safe_history_gate=gate
+        )
+        row: dict[str, Any] = {
+            "trust_low": low, "trust_high": high, "min_shift": min_shift, "history_gate": gate
+        }  # fmt: skip
         gains = []
         ok = True
         for name, bench in benches.items():

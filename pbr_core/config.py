@@ -52,6 +52,9 @@ class PBRConfig:
             linear ramp.
         safe_min_shift: ``"safe"`` fusion: the share of the paper's shift applied at trust 0
             (``q* = q + λ·(q*_paper − q)``, ``λ`` = this + (1 − this)·mean trust).
+        safe_history_gate: ``"safe"`` fusion: keep the plain query when the user's closest
+            history item is closer to the query than every pseudo-feedback term (the query is
+            already clear for this user; see :mod:`pbr_core.fusion`).
     """
 
     k1: int = 5
@@ -68,6 +71,7 @@ class PBRConfig:
     trust_low: float = 0.5
     trust_high: float = 0.8
     safe_min_shift: float = 0.3
+    safe_history_gate: bool = True
 
     def __post_init__(self) -> None:
         problems: list[str] = []

@@ -17,7 +17,11 @@ keeps the paper's full shift; generic text from a tiny model moves the query a l
 benchmarks show helps rather than hurts, where the full shift hurts. Without any LLM term, or
 with feedback pointing away from the query (every cosine ≤ 0), ``q_safe`` is the plain query:
 the anchor alone pulls every query towards the centre of the user's history and is never used
-by itself.
+by itself. Nor when the user's history already holds an item closer to the query than every
+pseudo-feedback term (``history_gate``): pseudo-relevance feedback stands in for relevant items
+the query did not find, and a query that already matches one of the user's items well (a *clear*
+query, in query-performance-prediction terms) can only be moved away from it. The gate has no
+parameter; the benchmarks that motivated it are in the README ("Safe personalization").
 """
 
 from __future__ import annotations
@@ -62,8 +66,11 @@ class FusionResult:
         w1: weight of the mean pseudo-utterance vector, ``None`` when that term is absent.
         w2: weight of the reasoning vector, ``None`` when absent.
         used: the names of the terms that entered ``q*`` (``"query"`` always does).
-        trust: ``"safe"`` mode only: each LLM term's trust in [0, 1] and ``"shift"``, the share
+        trust: ``"safe"`` mode only: each LLM term's trust in [0, 1], ``"closest_feedback"``
+            (the largest cosine of an LLM term with the query), ``"closest_history"`` (the
+            query's cosine with its closest history item, when known) and ``"shift"``, the share
             of the paper's shift that was applied.
+        fallback: ``"safe"`` mode only: why it kept the plain query, ``None`` when it did not.
     """
 
     vector: np.ndarray
@@ -71,6 +78,7 @@ class FusionResult:
     w2: float | None
     used: tuple[str, ...]
     trust: dict[str, float] = field(default_factory=dict)
+    fallback: str | None = None
 
 
 def trust(q: np.ndarray, term: np.ndarray, low: float, high: float) -> float:
@@ -89,6 +97,8 @@ def fuse(
     trust_low: float = 0.5,
     trust_high: float = 0.8,
     safe_min_shift: float = 0.3,
+    best_history_cos: float | None = None,
+    history_gate: bool = True,
 ) -> FusionResult:
     """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
 
@@ -100,10 +110,15 @@ def fuse(
         mode: one of :data:`MODE_TERMS`.
         trust_low, trust_high, safe_min_shift: ``"safe"`` mode's trust ramp and the smallest
             share of the paper's shift it applies (ignored by the other modes).
+        best_history_cos: ``"safe"`` mode: the cosine of the query with its closest history
+            item (``None``: unknown, no gate).
+        history_gate: ``"safe"`` mode: keep the plain query when ``best_history_cos`` is above
+            every LLM term's cosine with the query.
     """
     q = np.asarray(q, dtype=np.float64)
     if mode == "safe":
-        return _safe(q, anchor, f_avg, r, trust_low, trust_high, safe_min_shift)
+        gate = best_history_cos if history_gate else None
+        return _safe(q, anchor, f_avg, r, trust_low, trust_high, safe_min_shift, gate)
     want_anchor, want_f, want_r = MODE_TERMS[mode]
     used = ["query"]
     total = q.copy()
@@ -135,6 +150,7 @@ def _safe(
     low: float,
     high: float,
     min_shift: float,
+    best_history_cos: float | None,
 ) -> FusionResult:
     terms = {
         name: np.asarray(v)
@@ -142,12 +158,24 @@ def _safe(
         if v is not None
     }
     trusts = {name: trust(q, v, low, high) for name, v in terms.items()}
-    on_topic = any(cosine(q, v) > 0.0 for v in terms.values())
-    if not terms or not on_topic:
-        return FusionResult(q.astype(np.float32), None, None, ("query",), {**trusts, "shift": 0.0})
+    closest = max((cosine(q, v) for v in terms.values()), default=0.0)
+    report = {**trusts, "closest_feedback": closest} if terms else {}
+    if best_history_cos is not None:
+        report["closest_history"] = best_history_cos
+    why = None
+    if not terms or closest <= 0.0:
+        why = "no usable pseudo feedback on the query's topic (the anchor is never used alone)"
+    elif best_history_cos is not None and best_history_cos > closest:
+        why = (
+            f"the user's closest history item (cosine {best_history_cos:.2f}) matches the query "
+            f"better than any pseudo feedback ({closest:.2f})"
+        )
+    if why is not None:
+        report["shift"] = 0.0
+        return FusionResult(q.astype(np.float32), None, None, ("query",), report, why)
     shift = min_shift + (1.0 - min_shift) * float(np.mean(list(trusts.values())))
     paper = fuse(q, anchor=anchor, f_avg=f_avg, r=r, mode="full")
     vector = q + shift * (paper.vector.astype(np.float64) - q)
     w1 = None if paper.w1 is None else shift * paper.w1
     w2 = None if paper.w2 is None else shift * paper.w2
-    return FusionResult(vector.astype(np.float32), w1, w2, paper.used, {**trusts, "shift": shift})
+    return FusionResult(vector.astype(np.float32), w1, w2, paper.used, {**report, "shift": shift})

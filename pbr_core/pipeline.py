@@ -64,7 +64,8 @@ class Explanation:
         w1, w2: fusion weights (None for a dropped term).
         anchor_items: the most central history items (score = PageRank).
         dropped: term → reason it is not in ``q*``.
-        trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1] and ``"shift"``, the share
+        trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1], the closest feedback and
+            history cosines (see :class:`~pbr_core.fusion.FusionResult`) and ``"shift"``, the share
             of the paper's shift from ``q`` that ``q*`` applies.
         timings_ms: milliseconds per stage.
     """
@@ -666,17 +667,16 @@ class Personalizer:
             trust_low=cfg.trust_low,
             trust_high=cfg.trust_high,
             safe_min_shift=cfg.safe_min_shift,
+            best_history_cos=req.explanation.related[0].score if req.explanation.related else None,
+            history_gate=cfg.safe_history_gate,
         )
         expl = req.explanation
         expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
         expl.trust = dict(result.trust)
-        if result.trust.get("shift") == 0.0:
+        if result.fallback is not None:
+            why = f"safe fusion kept the plain query: {result.fallback}"
             for term in TERMS:
-                expl.dropped.setdefault(
-                    term,
-                    "safe fusion: no usable pseudo feedback on the query's topic, so the plain "
-                    "query (the anchor is never used alone)",
-                )
+                expl.dropped.setdefault(term, why)
         norm = float(np.linalg.norm(result.vector))
         if not np.isfinite(norm) or norm == 0.0:
             raise EmbeddingError("the personalized query vector is zero or not finite")

@@ -76,7 +76,10 @@ PAPER = Q + ANCHOR + W1 * F_AVG + W2 * R
 def test_safe_fusion_applies_the_papers_full_shift_when_every_term_is_trusted() -> None:
     # cos(q, f) = 0.6 and cos(q, r) = 0.0: a ramp -0.1 -> 0.0 trusts both fully.
     got = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", trust_low=-0.1, trust_high=0.0)
-    assert got.trust == {"utterances": 1.0, "reasoning": 1.0, "shift": 1.0}
+    assert got.trust == pytest.approx(
+        {"utterances": 1.0, "reasoning": 1.0, "closest_feedback": 0.6, "shift": 1.0}
+    )
+    assert got.fallback is None
     assert got.used == ("query", "anchor", "utterances", "reasoning")
     np.testing.assert_allclose(got.vector, PAPER, rtol=1e-6)
 
@@ -94,7 +97,9 @@ def test_safe_fusion_shift_is_the_minimum_plus_the_mean_trust() -> None:
         safe_min_shift=0.2,
     )
     shift = 0.2 + 0.8 * 0.5
-    assert got.trust == {"utterances": 1.0, "reasoning": 0.0, "shift": pytest.approx(shift)}
+    assert got.trust == pytest.approx(
+        {"utterances": 1.0, "reasoning": 0.0, "closest_feedback": 0.6, "shift": shift}
+    )
     np.testing.assert_allclose(got.vector, Q + shift * (PAPER - Q), rtol=1e-6)
     assert got.w1 == pytest.approx(shift * W1) and got.w2 == pytest.approx(shift * W2)
 
@@ -121,6 +126,29 @@ def test_safe_fusion_falls_back_to_the_plain_query_without_on_topic_feedback() -
     away = fuse(Q, anchor=ANCHOR, f_avg=-F_AVG, r=R, mode="safe")  # cosines -0.6 and 0.0
     assert away.used == ("query",) and away.trust["shift"] == 0.0
     np.testing.assert_allclose(away.vector, Q)
+    assert away.fallback is not None and "no usable pseudo feedback" in away.fallback
     anchor_only = fuse(Q, anchor=ANCHOR, mode="safe")  # never the anchor alone
     assert anchor_only.used == ("query",)
     np.testing.assert_allclose(anchor_only.vector, Q)
+
+
+def test_safe_fusion_keeps_the_plain_query_when_a_history_item_beats_the_feedback() -> None:
+    # The closest feedback term is f (cos 0.6 with q): a history item at cos 0.7 means the query
+    # already matches this user's history better than the pseudo feedback does.
+    ramp = {"trust_low": -0.1, "trust_high": 0.0}  # both terms fully trusted
+    gated = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", best_history_cos=0.7, **ramp)
+    np.testing.assert_allclose(gated.vector, Q)
+    assert gated.used == ("query",) and gated.w1 is None and gated.w2 is None
+    assert gated.trust["shift"] == 0.0 and gated.trust["closest_history"] == 0.7
+    assert gated.fallback is not None and "0.70" in gated.fallback and "0.60" in gated.fallback
+
+    below = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", best_history_cos=0.5, **ramp)
+    np.testing.assert_allclose(below.vector, PAPER, rtol=1e-6)
+    off = fuse(
+        Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe", best_history_cos=0.7,
+        history_gate=False, **ramp,
+    )  # fmt: skip
+    np.testing.assert_allclose(off.vector, PAPER, rtol=1e-6)
+    # the paper's fusion has no gate
+    paper = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="paper", best_history_cos=0.99)
+    np.testing.assert_allclose(paper.vector, PAPER, rtol=1e-6)

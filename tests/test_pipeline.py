@@ -277,6 +277,7 @@ def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone
         trust_low=0.5,
         trust_high=0.9,
         safe_min_shift=0.25,
+        best_history_cos=float(np.max(vecs @ unit(table["q"]))),
     )
     np.testing.assert_allclose(got.vector, unit(want.vector), atol=1e-6)
     expl = got.explanation
@@ -290,6 +291,25 @@ def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone
     plain = bare.personalize("u", "q")
     np.testing.assert_allclose(plain.vector, plain.query_vector, atol=1e-7)
     assert "anchor is never used alone" in plain.explanation.dropped["anchor"]
+
+
+def test_safe_fusion_keeps_the_plain_query_when_the_history_already_matches_it() -> None:
+    # "h1" points exactly where the query does (cosine 1), closer than any pseudo feedback.
+    table = {**TABLE, "h1": TABLE["q"]}
+    p = Personalizer(TableEmbedder(table), config=PBRConfig(theta=0.0, k2=2))
+    p.add_texts("u", ["h1", "h2", "h3"])
+    got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
+    np.testing.assert_allclose(got.vector, got.query_vector, atol=1e-7)
+    assert got.explanation.used == ("query",)
+    assert got.explanation.trust["closest_history"] == pytest.approx(1.0)
+    assert "closest history item (cosine 1.00)" in got.explanation.dropped["utterances"]
+    # switched off, the same request moves the query
+    off = p.personalize(
+        "u", "q", config=p.config.with_(safe_history_gate=False),
+        feedback=PseudoFeedback(["u1", "u2"], "reason"),
+    )  # fmt: skip
+    assert off.explanation.used == ("query", "anchor", "utterances", "reasoning")
+    assert float(off.vector @ got.vector) < 0.999
 
 
 def test_an_unknown_user_can_get_the_plain_query_with_the_reason() -> None:
