@@ -1,0 +1,122 @@
+"""The LLM query-expansion baselines next to PBR, from cached generations only (issue #5).
+
+HyDE, Query2Term, CoT and ThinkQE (spec §4.4) with a local LLM cost one or two generations per
+question; on this 2-core machine a full ``pbr bench run --methods hyde,...`` did not always fit a
+session. This script scores every method on the questions whose baseline answers are all in the
+generation cache (a miss is never generated here: the question is left out and counted), so a
+partly finished run still gives a paired comparison on equal questions.
+
+    python benchmarks/llm_baselines.py --dataset personabench --llm gemma-270m --limit 60
+
+Prints the table and writes ``llm_baselines__<llm>.csv`` / ``.json`` into the subset's results
+folder (``benchmarks/results/<data set>/n<limit>-seed<seed>/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from safe_sweep import cached_bench, local_ids  # noqa: E402
+
+from pbr_core.bench.compare import sign_test  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
+from pbr_core.bench.metrics import best_over_combinations, evaluate  # noqa: E402
+from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
+
+METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
+
+
+def answered(bench: Bench) -> tuple[list[Any], dict[str, dict[str, list[str]]]]:
+    """Each method's rankings of the questions it could rank from the cache, restricted to the
+    questions every method with any cached answer could rank (so all rows compare equal sets).
+    A method with no cached answer at all is left out and named."""
+    rankings: dict[str, dict[str, list[str]]] = {m: {} for m in METHODS}
+    every = bench.queries
+    try:
+        for q in every:
+            bench.queries = [q]
+            for method in METHODS:
+                with contextlib.suppress(LookupError):  # a baseline answer not cached
+                    rankings[method][q.id] = bench.run(method, progress=False).rankings[q.id]
+    finally:
+        bench.queries = every
+    for method in [m for m, r in rankings.items() if not r]:
+        print(f"{method}: no cached answers, left out")
+        del rankings[method]
+    keep = [q for q in every if all(q.id in r for r in rankings.values())]
+    return keep, {m: {q.id: r[q.id] for q in keep} for m, r in rankings.items()}
+
+
+def table(
+    ds: Dataset, queries: list[Any], rankings: dict[str, dict[str, list[str]]]
+) -> list[dict[str, Any]]:
+    gold = {q.id: q.gold for q in queries}
+    rows = []
+    for method, ranks in rankings.items():
+        o = evaluate(ranks, gold, ks=(5,))["Overall"]
+        deltas = [
+            best_over_combinations(ranks[q.id], q.gold, 5)[0]
+            - best_over_combinations(rankings["plain"][q.id], q.gold, 5)[0]
+            for q in queries
+        ]
+        wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+        rows.append(
+            {
+                "dataset": ds.name,
+                "method": method,
+                "questions": len(queries),
+                "R@5": round(o["R@5"], 4),
+                "N@5": round(o["N@5"], 4),
+                "wins": wins if method != "plain" else "",
+                "losses": losses if method != "plain" else "",
+                "sign_p": float(f"{sign_test(wins, losses):.2g}") if method != "plain" else "",
+            }
+        )
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", choices=["personabench", "locomo"], default="personabench")
+    p.add_argument("--llm", choices=["gemma-270m", "smollm2-135m"], default="gemma-270m")
+    p.add_argument("--limit", type=int, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    ds = load_personabench("0.0") if args.dataset == "personabench" else load_locomo("turn")
+    model_id = local_ids()[args.llm]
+    # cached_bench keeps the questions whose PBR answers are cached (PBR would degrade, not
+    # fail, on a miss); answered() then drops those with a baseline answer missing.
+    bench = cached_bench(ds, args.llm, model_id, args.limit, args.seed)
+    if bench is None:
+        return 1
+    total = len(bench.queries)
+    queries, rankings = answered(bench)
+    print(f"{ds.name} {args.llm}: {len(queries)} of {total} questions have every answer cached")
+    if not queries:
+        return 1
+    rows = table(ds, queries, rankings)
+    out = ROOT / "benchmarks" / "results" / ds.name / f"n{args.limit}-seed{args.seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"llm_baselines__{args.llm}.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / f"llm_baselines__{args.llm}.json").write_text(
+        json.dumps({"questions": [q.id for q in queries], "rows": rows}, indent=1)
+    )
+    for r in rows:
+        print("  ".join(f"{k}={v}" for k, v in r.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
