@@ -20,7 +20,8 @@ the anchor alone pulls every query towards the centre of the user's history and 
 by itself. Nor when the user's history already holds an item closer to the query than every
 pseudo-feedback term (``history_gate``): pseudo-relevance feedback stands in for relevant items
 the query did not find, and a query that already matches one of the user's items well (a *clear*
-query, in query-performance-prediction terms) can only be moved away from it. The gate has no
+query, in query-performance-prediction terms) is more likely moved away from that item than
+towards a better one. The gate has no
 parameter; the benchmarks that motivated it are in the README ("Safe personalization").
 """
 
