@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
-from pbr_core.bench.compare import sign_test  # noqa: E402
+from pbr_core.bench.compare import paired  # noqa: E402
 from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations, evaluate  # noqa: E402
+from pbr_core.bench.metrics import evaluate  # noqa: E402
 from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
 
 METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
@@ -63,24 +63,20 @@ def table(
     rows = []
     for method, ranks in rankings.items():
         o = evaluate(ranks, gold, ks=(5,))["Overall"]
-        deltas = [
-            best_over_combinations(ranks[q.id], q.gold, 5)[0]
-            - best_over_combinations(rankings["plain"][q.id], q.gold, 5)[0]
-            for q in queries
-        ]
-        wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-        rows.append(
-            {
-                "dataset": ds.name,
-                "method": method,
-                "questions": len(queries),
-                "R@5": round(o["R@5"], 4),
-                "N@5": round(o["N@5"], 4),
-                "wins": wins if method != "plain" else "",
-                "losses": losses if method != "plain" else "",
-                "sign_p": float(f"{sign_test(wins, losses):.2g}") if method != "plain" else "",
-            }
-        )
+        row: dict[str, Any] = {
+            "dataset": ds.name,
+            "method": method,
+            "questions": len(queries),
+            "R@5": round(o["R@5"], 4),
+            "N@5": round(o["N@5"], 4),
+            "wins": "",
+            "losses": "",
+            "sign_p": "",
+        }
+        if method != "plain":
+            pair = paired(ds, rankings["plain"], ranks, method, k=5)
+            row.update(wins=pair.wins, losses=pair.losses, sign_p=float(f"{pair.p_value:.2g}"))
+        rows.append(row)
     return rows
 
 

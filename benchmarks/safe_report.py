@@ -23,9 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
-from pbr_core.bench.compare import sign_test  # noqa: E402
+from pbr_core.bench.compare import paired  # noqa: E402
 from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -62,13 +61,8 @@ def cells(ds: Dataset, bench: Bench, source: str, seed: int = 0) -> list[dict[st
             "N@5": round(o["N@5"], 4),
         }
         if label != "plain":
-            deltas = [
-                best_over_combinations(run.rankings[q.id], q.gold, 5)[0]
-                - best_over_combinations(plain.rankings[q.id], q.gold, 5)[0]
-                for q in bench.queries
-            ]
-            wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-            row.update(wins=wins, losses=losses, sign_p=float(f"{sign_test(wins, losses):.2g}"))
+            pair = paired(ds, plain.rankings, run.rankings, label, k=5)
+            row.update(wins=pair.wins, losses=pair.losses, sign_p=float(f"{pair.p_value:.2g}"))
         rows.append(row)
     return rows
 
