@@ -7,6 +7,8 @@ generation cache (a miss is never generated here: the question is left out and c
 partly finished run still gives a paired comparison on equal questions.
 
     python benchmarks/llm_baselines.py --dataset personabench --llm gemma-270m --limit 60
+    python benchmarks/llm_baselines.py --dataset locomo --limit 30      # LoCoMo turn level
+    python benchmarks/llm_baselines.py --dataset prefeval --limit 30    # PrefEval, N = 10
 
 Prints the table and writes ``llm_baselines__<llm>.csv`` / ``.json`` into the subset's results
 folder (``benchmarks/results/<data set>/n<limit>-seed<seed>/``).
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
 from pbr_core.bench.metrics import evaluate  # noqa: E402
 from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
 
@@ -82,12 +84,21 @@ def table(
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", choices=["personabench", "locomo"], default="personabench")
+    p.add_argument(
+        "--dataset", choices=["personabench", "locomo", "prefeval"], default="personabench"
+    )
+    p.add_argument("--noise", default="0.0", help="PersonaBench noise level")
+    p.add_argument("--n-filler", type=int, default=10, help="PrefEval filler messages")
     p.add_argument("--llm", choices=["gemma-270m", "smollm2-135m"], default="gemma-270m")
     p.add_argument("--limit", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    ds = load_personabench("0.0") if args.dataset == "personabench" else load_locomo("turn")
+    loaders = {
+        "personabench": lambda: load_personabench(args.noise),
+        "locomo": lambda: load_locomo("turn"),
+        "prefeval": lambda: load_prefeval(n_filler=args.n_filler),
+    }
+    ds = loaders[args.dataset]()
     model_id = local_ids()[args.llm]
     # cached_bench keeps the questions whose PBR answers are cached (PBR would degrade, not
     # fail, on a miss); answered() then drops those with a baseline answer missing.

@@ -88,3 +88,20 @@ def test_prefill_skips_methods_without_an_llm_and_authors_generations(tmp_path: 
     bench.llm_name = "authors"  # their generations are given, never generated
     assert bench.prefill(["pbr"]) == 0
     assert gen.batches == []
+
+
+def test_prefill_generates_thinkqe_second_calls_in_a_second_batched_round(tmp_path: Path) -> None:
+    # ThinkQE's second prompt holds the items its first expansion retrieved, so it can only be
+    # built once the first answers exist: prefill batches the first calls, then the second.
+    gen = BatchingGenerator()
+    bench = make_bench(tmp_path, gen)
+    generated = bench.prefill(["thinkqe"], batch_size=8)
+    assert generated == 6  # 3 questions x 2 calls
+    first, second = gen.batches
+    assert len(first) == len(second) == 3
+    assert all("Document: " not in p for p in first)
+    assert all("Document: " in p for p in second)  # the retrieved items are in the prompt
+    run = bench.run("thinkqe", progress=False)
+    assert set(run.rankings) == {"q0", "q1", "q2"}
+    assert gen.single_calls == 0
+    assert bench.prefill(["thinkqe"]) == 0

@@ -188,8 +188,10 @@ class Bench:
         """Generate every uncached P-PRF / baseline prompt of ``methods`` in batches.
 
         Why: a local model on CPU is memory-bound, so one batched ``generate`` of 8 prompts costs
-        little more than one of 2; the runs that follow read the generation cache. Generators
-        without ``generate_batch`` are left to :meth:`run`. Returns how many prompts it generated.
+        little more than one of 2; the runs that follow read the generation cache. ThinkQE's
+        second prompts hold what its first answers retrieved, so they are built and batched in a
+        second round. Generators without ``generate_batch`` are left to :meth:`run`. Returns how
+        many prompts it generated.
         """
         gen = self.generator
         batch = getattr(gen, "generate_batch", None)
@@ -214,7 +216,26 @@ class Bench:
                     wanted.update(dict.fromkeys(pair or ()))
                 elif method in LLM_BASELINES:  # thinkqe: its first, feedback-free call
                     wanted[_fill(baseline[method], q.text, "")] = None
-        todo = [p for p in wanted if cache.get(model_id, p) is None]
+        done = self._generate_missing(list(wanted), batch, model_id, cache, batch_size)
+        if "thinkqe" in methods:  # its second call needs the first's answer: a second round
+            template = baseline["thinkqe"]
+            second = {
+                self._thinkqe_second_prompt(q, first, template): None
+                for q in self.queries
+                if (first := cache.get(model_id, _fill(template, q.text, ""))) is not None
+            }
+            done += self._generate_missing(list(second), batch, model_id, cache, batch_size)
+        return done
+
+    def _generate_missing(
+        self,
+        prompts: list[str],
+        batch: Callable[[list[str]], list[str]],
+        model_id: str,
+        cache: GenerationCache,
+        batch_size: int,
+    ) -> int:
+        todo = [p for p in prompts if cache.get(model_id, p) is None]
         for start in tqdm(
             range(0, len(todo), batch_size), desc=f"{self.ds.name}: generating", unit="batch"
         ):
@@ -314,11 +335,7 @@ class Bench:
             qv = np.asarray(emb.embed_query(q.text))
             if method == "thinkqe":
                 first = self._generate(_fill(prompts["thinkqe"], q.text, ""))
-                v1 = np.asarray(emb.embed_query(f"{q.text} {first}"))
-                top = self._search(q.user_id, v1)[:3]
-                texts = [self.personalizer.store.get(q.user_id).item(i).text[:300] for i in top]
-                fb = "".join(f"Document: {t}\n" for t in texts)
-                second = self._generate(_fill(prompts["thinkqe"], q.text, fb))
+                second = self._generate(self._thinkqe_second_prompt(q, first, prompts["thinkqe"]))
                 vec = np.asarray(emb.embed_query(f"{q.text} {first} {second}"))
             else:
                 out = self._generate(_fill(prompts[method], q.text, ""))
@@ -330,6 +347,13 @@ class Bench:
             return self._search(q.user_id, vec)
 
         return run
+
+    def _thinkqe_second_prompt(self, q: Query, first: str, template: str) -> str:
+        """ThinkQE's second prompt: the query with the top 3 items the first expansion found."""
+        v1 = np.asarray(self.embedder.embed_query(f"{q.text} {first}"))
+        top = self._search(q.user_id, v1)[:3]
+        texts = [self.personalizer.store.get(q.user_id).item(i).text[:300] for i in top]
+        return _fill(template, q.text, "".join(f"Document: {t}\n" for t in texts))
 
 
 def _fill(template: str, query: str, feedback: str) -> str:
