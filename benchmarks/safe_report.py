@@ -39,7 +39,11 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
 PB_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
 LOCOMO_LIMIT = 30
 #: Held-out cells generated after the history gate was designed: (dataset, limit, seed).
-HELD_OUT = [("locomo-turn", 30, 1), ("prefeval-explicit-n10", 30, 0)]
+HELD_OUT = [
+    ("locomo-turn", 30, 1),
+    ("prefeval-explicit-n10", 30, 0),
+    ("prefeval-explicit-n50", 30, 0),
+]
 
 
 def cells(ds: Dataset, bench: Bench, source: str, seed: int = 0) -> list[dict[str, Any]]:
@@ -82,7 +86,11 @@ def main() -> int:
         bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)
         if bench is not None:
             rows += cells(ds, bench, name)
-    loaders = {"locomo-turn": lambda: load_locomo("turn"), "prefeval-explicit-n10": load_prefeval}
+    loaders = {
+        "locomo-turn": lambda: load_locomo("turn"),
+        "prefeval-explicit-n10": lambda: load_prefeval(n_filler=10),
+        "prefeval-explicit-n50": lambda: load_prefeval(n_filler=50),
+    }
     for name, limit, seed in HELD_OUT:
         ds = loaders[name]()
         for llm, model_id in ids.items():
