@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
+from pbr_core.bench.cli import load_dataset  # noqa: E402
 from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
+from pbr_core.bench.datasets import Dataset  # noqa: E402
 from pbr_core.bench.metrics import evaluate  # noqa: E402
 from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
 
@@ -92,13 +93,9 @@ def main() -> int:
     p.add_argument("--llm", choices=["gemma-270m", "smollm2-135m"], default="gemma-270m")
     p.add_argument("--limit", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(level="turn", data_dir=None, per_topic=None)  # what load_dataset also reads
     args = p.parse_args()
-    loaders = {
-        "personabench": lambda: load_personabench(args.noise),
-        "locomo": lambda: load_locomo("turn"),
-        "prefeval": lambda: load_prefeval(n_filler=args.n_filler),
-    }
-    ds = loaders[args.dataset]()
+    ds = load_dataset(args)
     model_id = local_ids()[args.llm]
     # cached_bench keeps the questions whose PBR answers are cached (PBR would degrade, not
     # fail, on a miss); answered() then drops those with a baseline answer missing.
