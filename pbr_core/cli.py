@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .config import FUSION_MODES
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pbr", description="Personalize Before Retrieve")
@@ -13,13 +15,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("-k", type=int, default=3, help="results per query (default 3)")
     demo.add_argument("--questions", type=int, default=None, help="ask only the first N")
     demo.add_argument("--cache", default=None, help="generation cache file (JSON Lines)")
+    demo.add_argument(
+        "--fusion",
+        choices=FUSION_MODES,
+        default=None,
+        help="fusion mode (default: safe; 'paper' applies the paper's full shift)",
+    )
     bench = sub.add_parser("bench", help="benchmarks; see `pbr bench --help`", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
 
-        run_demo(k=args.k, questions=args.questions, cache_path=args.cache)
+        run_demo(k=args.k, questions=args.questions, cache_path=args.cache, fusion=args.fusion)
         return 0
     from .bench.cli import main as bench_main
 

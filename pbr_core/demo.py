@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from .cache import GenerationCache
-from .config import PBRConfig
+from .config import FusionMode, PBRConfig
 from .pipeline import Personalizer, SearchResult
 from .protocols import SearchHit, TextGenerator
 
@@ -93,14 +93,19 @@ def run_demo(
     questions: int | None = None,
     generator: TextGenerator | None = None,
     cache_path: str | None = None,
+    fusion: FusionMode | None = None,
     stream: TextIO = sys.stdout,
 ) -> list[dict[str, Any]]:
-    """Run the demo and print it; returns the rows (for tests and notebooks)."""
+    """Run the demo and print it; returns the rows (for tests and notebooks).
+
+    ``fusion`` overrides the default (``"safe"``); ``"paper"`` shows the paper's full shift.
+    """
     from .models import cache_dir
 
     corpus = load_sample_corpus()
     path = cache_path or os.path.join(cache_dir(), "generations.jsonl")
-    p = build_personalizer(generator, cache=GenerationCache(path))
+    config = PBRConfig() if fusion is None else PBRConfig(fusion=fusion)
+    p = build_personalizer(generator, config=config, cache=GenerationCache(path))
     asked = corpus.questions[: questions or len(corpus.questions)]
     rows: list[dict[str, Any]] = []
     jobs = [(q, user) for q in asked for user in corpus.users]
@@ -120,10 +125,24 @@ def run_demo(
             bar.clear()
             print(render(user, question, plain, res), file=stream, flush=True)
             print(file=stream)
-    changed = sum(r["plain"] != r["personalized"] for r in rows)
-    print(
-        f"{changed} of {len(rows)} top-{k} rankings changed once personalized. The embedded "
-        "Gemma 3 270M is a tiny base model; bring your own LLM for stronger pseudo feedback.",
-        file=stream,
-    )
+    print(summary(rows, k, p.config.fusion), file=stream)
     return rows
+
+
+def summary(rows: list[dict[str, Any]], k: int, fusion: FusionMode) -> str:
+    """The demo's last words: how many rankings changed, and why the others did not."""
+    changed = sum(r["plain"] != r["personalized"] for r in rows)
+    kept = sum(r["explanation"]["trust"].get("shift") == 0.0 for r in rows)
+    lines = [
+        f"{changed} of {len(rows)} top-{k} rankings changed once personalized ({fusion} fusion)."
+    ]
+    if kept:
+        lines.append(
+            f"Safe fusion kept the plain query for {kept} of {len(rows)}, judging the pseudo "
+            "feedback not worth the move (each reason is under 'dropped' above). "
+            "`pbr demo --fusion paper` applies the paper's full shift regardless."
+        )
+    lines.append(
+        "The embedded Gemma 3 270M is a tiny model; bring your own LLM for stronger feedback."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""``pbr demo``: its fusion switch and its closing summary."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from conftest import ScriptedGenerator
+
+from pbr_core.cli import main
+from pbr_core.demo import run_demo, summary
+
+UTTER = "1. I batch-cook lentil soup on Sundays.\n2. Salmon and greens keep me light.\n"
+REASON = "The user cooks healthy, quick dinners and tracks what they eat."
+
+
+def row(plain: list[str], personalized: list[str], shift: float | None) -> dict[str, object]:
+    trust = {} if shift is None else {"shift": shift}
+    return {"plain": plain, "personalized": personalized, "explanation": {"trust": trust}}
+
+
+def test_summary_counts_changed_rankings_and_queries_safe_fusion_kept_plain() -> None:
+    rows = [
+        row(["a", "b"], ["b", "a"], 0.6),
+        row(["a", "b"], ["a", "b"], 0.0),
+        row(["c", "d"], ["c", "d"], 0.0),
+    ]
+    text = summary(rows, 2, "safe")
+    assert text.startswith("1 of 3 top-2 rankings changed once personalized (safe fusion).")
+    assert "kept the plain query for 2 of 3" in text
+    assert "--fusion paper" in text
+
+
+def test_summary_without_fallbacks_says_nothing_about_them() -> None:
+    text = summary([row(["a"], ["b"], None)], 1, "paper")
+    assert text.startswith("1 of 1 top-1 rankings changed once personalized (paper fusion).")
+    assert "kept the plain query" not in text
+
+
+def test_demo_runs_the_requested_fusion_mode(tmp_path) -> None:
+    out = io.StringIO()
+    rows = run_demo(
+        k=3,
+        questions=1,
+        generator=ScriptedGenerator(UTTER, REASON),
+        cache_path=str(tmp_path / "gen.jsonl"),
+        fusion="paper",
+        stream=out,
+    )
+    assert [r["explanation"]["used"] for r in rows] == [
+        ["query", "anchor", "utterances", "reasoning"]
+    ] * 2
+    assert "(paper fusion)" in out.getvalue()
+
+
+def test_the_cli_rejects_an_unknown_fusion_mode(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--fusion", "magic"])
+    assert "invalid choice" in capsys.readouterr().err
