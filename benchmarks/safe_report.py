@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_locomo, load_named, load_personabench  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -86,13 +86,8 @@ def main() -> int:
         bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)
         if bench is not None:
             rows += cells(ds, bench, name)
-    loaders = {
-        "locomo-turn": lambda: load_locomo("turn"),
-        "prefeval-explicit-n10": lambda: load_prefeval(n_filler=10),
-        "prefeval-explicit-n50": lambda: load_prefeval(n_filler=50),
-    }
     for name, limit, seed in HELD_OUT:
-        ds = loaders[name]()
+        ds = load_named(name)
         for llm, model_id in ids.items():
             bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
             if bench is not None:

@@ -41,7 +41,7 @@ from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 import pbr_core.pipeline as pipeline  # noqa: E402
 from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 from pbr_core.fusion import FusionResult, fuse  # noqa: E402
 from pbr_core.history import UserHistory  # noqa: E402
@@ -143,13 +143,8 @@ def cells() -> Iterator[tuple[Dataset, Bench, str, int]]:
             bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[name])
             if bench is not None:
                 yield ds, bench, name, 0
-    loaders = {
-        "locomo-turn": lambda: load_locomo("turn"),
-        "prefeval-explicit-n10": lambda: load_prefeval(n_filler=10),
-        "prefeval-explicit-n50": lambda: load_prefeval(n_filler=50),
-    }
     for name, limit, seed in [("locomo-turn", LOCOMO_LIMIT, 0), *HELD_OUT]:
-        ds = loaders[name]()
+        ds = load_named(name)
         for llm, model_id in ids.items():
             bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
             if bench is not None:

@@ -38,6 +38,7 @@ def test_public_api_is_pinned() -> None:
         "Query",
         "UserCorpus",
         "load_locomo",
+        "load_named",
         "load_pbr_generations",
         "load_personabench",
         "load_prefeval",
@@ -276,3 +277,20 @@ def test_prefeval_rejects_bad_arguments() -> None:
         load_prefeval(10, data_dir=DATA_DIR, topics=["cooking"])
     with pytest.raises(ValueError, match="form must be one of"):
         load_prefeval(10, data_dir=DATA_DIR, form="mcq")  # type: ignore[arg-type]
+
+
+@needs_data
+@pytest.mark.parametrize(
+    "name",
+    ["personabench-0.7", "locomo-session", "prefeval-explicit-n50", "prefeval-implicit_choice-n10"],
+)
+def test_a_data_set_reloads_from_its_name(name: str) -> None:
+    ds = datasets.load_named(name)
+    assert ds.name == name
+    assert ds.queries
+
+
+@pytest.mark.parametrize("name", ["personabench-0.9", "locomo", "prefeval-explicit", "lamp-1"])
+def test_an_unknown_data_set_name_is_refused_with_the_known_forms(name: str) -> None:
+    with pytest.raises(ValueError, match="expected personabench-<noise>"):
+        datasets.load_named(name)

@@ -44,6 +44,7 @@ __all__ = [
     "Query",
     "UserCorpus",
     "load_locomo",
+    "load_named",
     "load_pbr_generations",
     "load_personabench",
     "load_prefeval",
@@ -592,4 +593,23 @@ def load_prefeval(
         corpora=corpora,
         queries=queries,
         info={"form": form, "n_filler": n_filler, "seed": seed, "roles": roles},
+    )
+
+
+def load_named(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
+    """The data set whose :attr:`Dataset.name` is ``name`` (``"personabench-0.7"``,
+    ``"locomo-turn"``, ``"prefeval-explicit-n50"``), loaded with the other arguments' defaults:
+    result files are named by data set, so scripts that read them back can reload the data."""
+    levels = "|".join(re.escape(level) for level in PERSONABENCH_NOISE_LEVELS)
+    if m := re.fullmatch(rf"personabench-({levels})", name):
+        return load_personabench(m[1], data_dir=data_dir)
+    if m := re.fullmatch(r"locomo-(turn|session)", name):
+        return load_locomo("turn" if m[1] == "turn" else "session", data_dir=data_dir)
+    forms = "|".join(PREFEVAL_FORMS)
+    if m := re.fullmatch(rf"prefeval-({forms})-n(\d+)", name):
+        form: PrefEvalForm = m[1]  # type: ignore[assignment]
+        return load_prefeval(int(m[2]), data_dir=data_dir, form=form)
+    raise ValueError(
+        f"unknown data set name {name!r}; expected personabench-<noise>, locomo-turn, "
+        f"locomo-session or prefeval-<form>-n<fillers>"
     )
