@@ -12,6 +12,7 @@ Writes ``benchmarks/results/safe_report.{csv,json,png}``.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import sys
@@ -35,8 +36,16 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
     "safe, no gate": ("pbr-safe", {"safe_history_gate": False}),
     "safe": ("pbr-safe", {}),
 }
-#: The seeded subsets the local LLMs' `pbr bench run --limit` runs generated for.
-PB_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
+#: The questions the local LLMs' PersonaBench runs generated for, per (noise, LLM): a seeded
+#: subset (`pbr bench run --limit`) or ``None``, every scored question.
+PB_LIMITS: dict[tuple[str, str], int | None] = {
+    ("0.0", "gemma-270m"): None,
+    ("0.0", "smollm2-135m"): 40,
+    ("0.7", "gemma-270m"): 60,
+    ("0.7", "smollm2-135m"): 40,
+}
+#: The subsets `benchmarks/safe_sweep.py` chose the trust ramp on (PersonaBench 0.0, seed 0).
+SWEEP_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
 LOCOMO_LIMIT = 30
 #: Held-out cells generated after the history gate was designed: (dataset, limit, seed).
 HELD_OUT = [
@@ -71,6 +80,14 @@ def cells(ds: Dataset, bench: Bench, source: str, seed: int = 0) -> list[dict[st
     return rows
 
 
+def outside_sweep(ds: Dataset, bench: Bench, name: str) -> Bench:
+    """``bench`` restricted to the questions the trust ramp was not chosen on: held out."""
+    swept = {q.id for q in Bench(ds, llm_name=name, limit=SWEEP_LIMITS[name]).queries}
+    held_out = copy.copy(bench)  # shares the embeddings and the personalizer
+    held_out.queries = [q for q in bench.queries if q.id not in swept]
+    return held_out
+
+
 def main() -> int:
     ids = local_ids()
     rows: list[dict[str, Any]] = []
@@ -78,9 +95,12 @@ def main() -> int:
         ds = load_personabench(noise)
         rows += cells(ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)")
         for name, model_id in ids.items():
-            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[name])
-            if bench is not None:
-                rows += cells(ds, bench, name)
+            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[noise, name])
+            if bench is None:
+                continue
+            rows += cells(ds, bench, name)
+            if noise == "0.0" and len(bench.queries) > SWEEP_LIMITS[name]:
+                rows += cells(ds, outside_sweep(ds, bench, name), f"{name}, not in the sweep")
     ds = load_locomo("turn")
     for name, model_id in ids.items():
         bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)

@@ -140,7 +140,7 @@ def cells() -> Iterator[tuple[Dataset, Bench, str, int]]:
         ds = load_personabench(noise)
         yield ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)", 0
         for name, model_id in ids.items():
-            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[name])
+            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[noise, name])
             if bench is not None:
                 yield ds, bench, name, 0
     for name, limit, seed in [("locomo-turn", LOCOMO_LIMIT, 0), *HELD_OUT]:
