@@ -13,8 +13,6 @@ Writes ``benchmarks/results/anchor_geometry.{csv,json}``.
 
 from __future__ import annotations
 
-import csv
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -65,12 +64,7 @@ def main() -> int:
         lambda: load_prefeval(n_filler=10),
     ]
     rows = [geometry(load()) for load in loaders]
-    OUT.mkdir(parents=True, exist_ok=True)
-    with (OUT / "anchor_geometry.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (OUT / "anchor_geometry.json").write_text(json.dumps(rows, indent=1))
+    write_rows(rows, OUT / "anchor_geometry")
     for r in rows:
         print("  ".join(f"{k}={v}" for k, v in r.items()))
     return 0

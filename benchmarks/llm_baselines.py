@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from pbr_core.bench.cli import load_dataset  # noqa: E402
 from pbr_core.bench.compare import paired  # noqa: E402
 from pbr_core.bench.datasets import Dataset  # noqa: E402
 from pbr_core.bench.metrics import evaluate  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
 
 METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
@@ -109,14 +108,8 @@ def main() -> int:
         return 1
     rows = table(ds, queries, rankings)
     out = ROOT / "benchmarks" / "results" / ds.name / f"n{args.limit}-seed{args.seed}"
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / f"llm_baselines__{args.llm}.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (out / f"llm_baselines__{args.llm}.json").write_text(
-        json.dumps({"questions": [q.id for q in queries], "rows": rows}, indent=1)
-    )
+    payload = {"questions": [q.id for q in queries], "rows": rows}
+    write_rows(rows, out / f"llm_baselines__{args.llm}", payload=payload)
     for r in rows:
         print("  ".join(f"{k}={v}" for k, v in r.items()))
     return 0

@@ -13,9 +13,8 @@ Writes ``benchmarks/results/safe_report.{csv,json,png}``.
 from __future__ import annotations
 
 import copy
-import csv
-import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,9 @@ sys.path.insert(0, str(ROOT))
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
 from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_locomo, load_named, load_personabench  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_core.bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
+from pbr_core.bench.runner import Bench, MethodRun  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 #: label -> (bench method, config changes): safe with and without its history gate.
@@ -54,30 +54,63 @@ HELD_OUT = [
     ("prefeval-explicit-n50", 30, 0),
 ]
 
+#: The columns of the result table (the plain row has no wins / losses).
+FIELDS = ["dataset", "llm", "fusion", "questions", "seed", "R@5", "N@5", "wins", "losses", "sign_p"]
 
-def cells(ds: Dataset, bench: Bench, source: str, seed: int = 0) -> list[dict[str, Any]]:
+
+def benches(*, sweep_split: bool = False) -> Iterator[tuple[Dataset, Bench, str, int]]:
+    """Every cell this report scores, as ``(data set, bench, LLM label, seed)``.
+
+    PersonaBench 0.0 / 0.7 with the authors' and each local LLM's cached generations, LoCoMo turn
+    level, then ``HELD_OUT``; a cell whose generations are not cached is skipped.
+    ``sweep_split`` adds, after a local LLM's PersonaBench 0.0 cell, the same cell restricted to
+    the questions the trust ramp was not chosen on.
+    """
+    ids = local_ids()
+    for noise in ("0.0", "0.7"):
+        ds = load_personabench(noise)
+        yield ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)", 0
+        for name, model_id in ids.items():
+            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[noise, name])
+            if bench is None:
+                continue
+            yield ds, bench, name, 0
+            if sweep_split and noise == "0.0" and len(bench.queries) > SWEEP_LIMITS[name]:
+                yield ds, outside_sweep(ds, bench, name), f"{name}, not in the sweep", 0
+    for name, limit, seed in [("locomo-turn", LOCOMO_LIMIT, 0), *HELD_OUT]:
+        ds = load_named(name)
+        for llm, model_id in ids.items():
+            bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
+            if bench is not None:
+                yield ds, bench, llm, seed
+
+
+def score(
+    ds: Dataset, bench: Bench, llm: str, seed: int, fusion: str, run: MethodRun, plain: MethodRun
+) -> dict[str, Any]:
+    """One table row: ``run``'s Overall R@5 / N@5, and its R@5 wins / losses against ``plain``."""
+    o = run.metrics["Overall"]
+    row: dict[str, Any] = {
+        "dataset": ds.name,
+        "llm": llm,
+        "fusion": fusion,
+        "questions": len(bench.queries),
+        "seed": seed,
+        "R@5": round(o["R@5"], 4),
+        "N@5": round(o["N@5"], 4),
+    }
+    if run is not plain:
+        pair = paired(ds, plain.rankings, run.rankings, fusion, k=5)
+        row.update(wins=pair.wins, losses=pair.losses, sign_p=float(f"{pair.p_value:.2g}"))
+    return row
+
+
+def cells(ds: Dataset, bench: Bench, llm: str, seed: int = 0) -> list[dict[str, Any]]:
     runs = {
         label: bench.run(method, config=bench.config.with_(**changes), progress=False)
         for label, (method, changes) in MODES.items()
     }
-    plain = runs["plain"]
-    rows = []
-    for label, run in runs.items():
-        o = run.metrics["Overall"]
-        row: dict[str, Any] = {
-            "dataset": ds.name,
-            "llm": source,
-            "fusion": label,
-            "questions": len(bench.queries),
-            "seed": seed,
-            "R@5": round(o["R@5"], 4),
-            "N@5": round(o["N@5"], 4),
-        }
-        if label != "plain":
-            pair = paired(ds, plain.rankings, run.rankings, label, k=5)
-            row.update(wins=pair.wins, losses=pair.losses, sign_p=float(f"{pair.p_value:.2g}"))
-        rows.append(row)
-    return rows
+    return [score(ds, bench, llm, seed, label, run, runs["plain"]) for label, run in runs.items()]
 
 
 def outside_sweep(ds: Dataset, bench: Bench, name: str) -> Bench:
@@ -89,40 +122,12 @@ def outside_sweep(ds: Dataset, bench: Bench, name: str) -> Bench:
 
 
 def main() -> int:
-    ids = local_ids()
     rows: list[dict[str, Any]] = []
-    for noise in ("0.0", "0.7"):
-        ds = load_personabench(noise)
-        rows += cells(ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)")
-        for name, model_id in ids.items():
-            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[noise, name])
-            if bench is None:
-                continue
-            rows += cells(ds, bench, name)
-            if noise == "0.0" and len(bench.queries) > SWEEP_LIMITS[name]:
-                rows += cells(ds, outside_sweep(ds, bench, name), f"{name}, not in the sweep")
-    ds = load_locomo("turn")
-    for name, model_id in ids.items():
-        bench = cached_bench(ds, name, model_id, limit=LOCOMO_LIMIT)
-        if bench is not None:
-            rows += cells(ds, bench, name)
-    for name, limit, seed in HELD_OUT:
-        ds = load_named(name)
-        for llm, model_id in ids.items():
-            bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
-            if bench is not None:
-                rows += cells(ds, bench, llm, seed)
-    OUT.mkdir(parents=True, exist_ok=True)
-    fields = [
-        "dataset", "llm", "fusion", "questions", "seed", "R@5", "N@5", "wins", "losses", "sign_p"
-    ]  # fmt: skip
-    with (OUT / "safe_report.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    (OUT / "safe_report.json").write_text(json.dumps(rows, indent=1))
+    for ds, bench, llm, seed in benches(sweep_split=True):
+        rows += cells(ds, bench, llm, seed)
+    write_rows(rows, OUT / "safe_report", fields=FIELDS)
     for r in rows:
-        print("  ".join(f"{k}={r.get(k, '')}" for k in fields))
+        print("  ".join(f"{k}={r.get(k, '')}" for k in FIELDS))
     plot(rows, OUT / "safe_report.png")
     return 0
 

@@ -23,8 +23,6 @@ Writes ``benchmarks/results/safe_variants.{csv,json}`` and prints the table.
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,17 +34,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_report import HELD_OUT, LOCOMO_LIMIT, PB_LIMITS  # noqa: E402
-from safe_sweep import cached_bench, local_ids  # noqa: E402
+from safe_report import FIELDS, OUT, benches, score  # noqa: E402
 
 import pbr_core.pipeline as pipeline  # noqa: E402
-from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.fusion import FusionResult, fuse  # noqa: E402
 from pbr_core.history import UserHistory  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results"
 Rule = Callable[..., FusionResult]
 
 
@@ -134,53 +128,16 @@ def variant(rule: Rule | None) -> Iterator[None]:
         yield
 
 
-def cells() -> Iterator[tuple[Dataset, Bench, str, int]]:
-    ids = local_ids()
-    for noise in ("0.0", "0.7"):
-        ds = load_personabench(noise)
-        yield ds, Bench(ds, llm_name="authors"), "authors (gpt-4o-mini)", 0
-        for name, model_id in ids.items():
-            bench = cached_bench(ds, name, model_id, limit=PB_LIMITS[noise, name])
-            if bench is not None:
-                yield ds, bench, name, 0
-    for name, limit, seed in [("locomo-turn", LOCOMO_LIMIT, 0), *HELD_OUT]:
-        ds = load_named(name)
-        for llm, model_id in ids.items():
-            bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
-            if bench is not None:
-                yield ds, bench, llm, seed
-
-
 def main() -> int:
     rows: list[dict[str, Any]] = []
-    for ds, bench, llm, seed in cells():
+    for ds, bench, llm, seed in benches():
         plain = bench.run("plain", progress=False)
         runs = {"plain": plain, "paper": bench.run("pbr", progress=False)}
         for label, rule in VARIANTS.items():
             with variant(rule):
                 runs[label] = bench.run("pbr-safe", progress=False)
-        for label, run in runs.items():
-            o = run.metrics["Overall"]
-            pair = paired(ds, plain.rankings, run.rankings, label, k=5)
-            rows.append(
-                {
-                    "dataset": ds.name,
-                    "llm": llm,
-                    "seed": seed,
-                    "questions": len(bench.queries),
-                    "fusion": label,
-                    "R@5": round(o["R@5"], 4),
-                    "N@5": round(o["N@5"], 4),
-                    "wins": pair.wins,
-                    "losses": pair.losses,
-                }
-            )
-    OUT.mkdir(parents=True, exist_ok=True)
-    with (OUT / "safe_variants.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (OUT / "safe_variants.json").write_text(json.dumps(rows, indent=1))
+        rows += [score(ds, bench, llm, seed, label, run, plain) for label, run in runs.items()]
+    write_rows(rows, OUT / "safe_variants", fields=FIELDS)
     labels = ["plain", "paper", *VARIANTS]
     print(f"{'cell':44}" + "".join(f"{label:>13}" for label in labels))
     cell_keys = dict.fromkeys((r["dataset"], r["llm"], r["seed"]) for r in rows)
@@ -189,7 +146,8 @@ def main() -> int:
         print(
             f"{' '.join(map(str, key)):44}"
             + "".join(
-                f"{got[label]['R@5']:>7.4f} {got[label]['wins']:>2}/{got[label]['losses']:<2}"
+                f"{got[label]['R@5']:>7.4f} "
+                + f"{got[label].get('wins', ''):>2}/{got[label].get('losses', ''):<2}"
                 for label in labels
             )
         )

@@ -24,8 +24,6 @@ Writes ``benchmarks/results/salience_<dataset>.json`` / ``.csv`` and a PNG of th
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import random
 import sys
 import time
@@ -47,6 +45,7 @@ from pbr_core.bench.datasets import (  # noqa: E402
     resolve_data_dir,
 )
 from pbr_core.bench.metrics import evaluate  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 from pbr_core.salience import default_scorer, oracle_salience, rerank, salience  # noqa: E402
 
@@ -198,13 +197,8 @@ def main() -> int:
         "gate_scores": gate_rows,
         "adversarial_scores": adv,
     }
-    OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"salience_{ds.name}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    with stem.with_suffix(".csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    write_rows(table, stem, payload=result)
     _plot(curve, ds.name, stem.with_suffix(".png"))
     print(f"\n{ds.name}: {len(bench.queries)} questions, top-{args.n} candidates")
     for row in table:

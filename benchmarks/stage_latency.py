@@ -15,8 +15,6 @@ model process slows torch several-fold.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import random
 import statistics
@@ -28,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from pbr_core import Personalizer  # noqa: E402
 from pbr_core.bench.datasets import load_personabench  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.pipeline import _model_id  # noqa: E402
 
 STAGES = (
@@ -69,11 +68,7 @@ def main() -> int:
         "median_ms": median,
         "runs": runs,
     }
-    (out / "stage_latency.json").write_text(json.dumps(payload, indent=1))
-    with (out / "stage_latency.csv").open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["question", *STAGES])
-        w.writeheader()
-        w.writerows(runs)
+    write_rows(runs, out / "stage_latency", fields=["question", *STAGES], payload=payload)
     print("median ms per stage:", median)
     return 0
 

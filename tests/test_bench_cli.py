@@ -48,5 +48,10 @@ def test_cli_smoke_run_writes_tables_plots_and_rankings(tmp_path, capsys) -> Non
     assert (folder / "bars__authors-n12.png").stat().st_size > 0
     rows = (folder / "personabench-0.0__pbr__authors.rankings.jsonl").read_text().splitlines()
     assert len(rows) == 12 and len(json.loads(rows[0])["top"]) == 10
+    summary = json.loads((folder / "summary__authors-n12.json").read_text())
+    assert [r["method"] for r in summary] == ["plain", "bm25", "pbr", "pbr-safe"]
+    assert (folder / "summary__authors-n12.csv").read_text().count("\n") == 1 + len(summary)
     assert main(["compare", *args]) == 0
     assert "pbr__authors" in capsys.readouterr().out
+    paired = json.loads((folder / "paired_vs_plain__none.json").read_text())
+    assert {r["method"] for r in paired} >= {"bm25__none", "pbr__authors"}

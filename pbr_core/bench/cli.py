@@ -9,8 +9,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +20,7 @@ from tqdm import tqdm
 from ..config import PBRConfig
 from .datasets import Dataset, load_locomo, load_personabench, load_prefeval
 from .plots import category_bars, sweep_heatmap
+from .report import write_rows
 from .runner import ALL_METHODS, LLM_BASELINES, PBR_METHODS, REPO, Bench, metric_table, save_run
 
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -82,14 +81,6 @@ def _print_table(rows: list[dict[str, Any]], stream: Any = None) -> None:
         print("  ".join(str(r[c]).ljust(widths[c]) for c in cols), file=stream)
 
 
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     ds = load_dataset(args)
     bench = make_bench(args, ds)
@@ -104,8 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cols = ["R@1", "R@5", "N@5", "R@10", "N@10", "MRR"]
     rows = metric_table(runs, cols)
     tag = f"{args.llm}" + (f"-n{args.limit}" if args.limit else "")
-    _write_csv(rows, out / f"summary__{tag}.csv")
-    (out / f"summary__{tag}.json").write_text(json.dumps(rows, indent=1))
+    write_rows(rows, out / f"summary__{tag}")
     category_bars(runs, "R@5", f"{ds.name}: R@5 by category ({tag})", out / f"bars__{tag}.png")
     print(f"\n{ds.name} ({len(bench.queries)} questions, LLM: {args.llm})")
     _print_table(rows)
@@ -140,8 +130,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             }
         )
     tag = f"{args.method}__{args.llm}"
-    _write_csv(rows, out / f"sweep__{tag}.csv")
-    (out / f"sweep__{tag}.json").write_text(json.dumps(rows, indent=1))
+    write_rows(rows, out / f"sweep__{tag}")
     for alpha in ALPHAS:
         g = np.array(
             [[r["R@5"] for r in rows if r["alpha"] == alpha and r["theta"] == t] for t in THETAS]
@@ -181,7 +170,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "sign_p": float(f"{p.p_value:.2g}"),
             }
         )
-    _write_csv(rows, folder / f"paired_vs_{args.baseline}.csv")
+    write_rows(rows, folder / f"paired_vs_{args.baseline}")
     print(f"{ds.name}: R@5 per question against {args.baseline}")
     _print_table(rows)
     return 0

@@ -1,0 +1,32 @@
+"""Result files: every benchmark table is written once as CSV and once as JSON, side by side."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def write_rows(
+    rows: Sequence[dict[str, Any]],
+    stem: Path,
+    *,
+    fields: Sequence[str] | None = None,
+    payload: Any = None,
+) -> None:
+    """Write ``rows`` to ``<stem>.csv`` and ``payload`` (default: the rows) to ``<stem>.json``.
+
+    ``fields`` fixes the CSV columns when rows differ in keys (a missing key is an empty cell);
+    by default the first row's keys are the columns. The JSON may carry more than the table
+    (``payload``), e.g. the question ids the table was scored on.
+    """
+    if not rows:
+        raise ValueError(f"no rows to write to {stem}")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with Path(f"{stem}.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(fields or rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    Path(f"{stem}.json").write_text(json.dumps(rows if payload is None else payload, indent=1))

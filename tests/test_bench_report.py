@@ -1,0 +1,51 @@
+"""Result files: one table, written as CSV and JSON side by side."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from pbr_core.bench.report import write_rows
+
+
+def _csv(path):
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_rows_become_a_csv_and_a_json_file_next_to_each_other(tmp_path) -> None:
+    rows = [{"method": "plain", "R@5": 0.3783}, {"method": "pbr", "R@5": 0.4516}]
+    write_rows(rows, tmp_path / "deep" / "summary__authors")
+    assert _csv(tmp_path / "deep" / "summary__authors.csv") == [
+        {"method": "plain", "R@5": "0.3783"},
+        {"method": "pbr", "R@5": "0.4516"},
+    ]
+    assert json.loads((tmp_path / "deep" / "summary__authors.json").read_text()) == rows
+
+
+def test_fixed_columns_leave_a_missing_key_empty(tmp_path) -> None:
+    rows = [{"fusion": "plain", "R@5": 0.5}, {"fusion": "safe", "R@5": 0.6, "wins": 3}]
+    write_rows(rows, tmp_path / "t", fields=["fusion", "R@5", "wins"])
+    got = _csv(tmp_path / "t.csv")
+    assert [r["wins"] for r in got] == ["", "3"]
+
+
+def test_a_dotted_stem_keeps_its_name(tmp_path) -> None:
+    write_rows([{"a": 1}], tmp_path / "sweep__gemma-0.7")
+    assert (tmp_path / "sweep__gemma-0.7.csv").exists()
+    assert (tmp_path / "sweep__gemma-0.7.json").exists()
+
+
+def test_the_json_may_carry_more_than_the_table(tmp_path) -> None:
+    rows = [{"method": "hyde", "R@5": 0.9}]
+    write_rows(rows, tmp_path / "b", payload={"questions": ["q1"], "rows": rows})
+    assert json.loads((tmp_path / "b.json").read_text())["questions"] == ["q1"]
+    assert _csv(tmp_path / "b.csv")[0]["method"] == "hyde"
+
+
+def test_no_rows_is_refused_and_writes_nothing(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no rows"):
+        write_rows([], tmp_path / "empty")
+    assert list(tmp_path.iterdir()) == []
