@@ -16,13 +16,13 @@ the one with the largest worst-case R@5 gain over plain wins (ties: mean gain).
 
     python benchmarks/safe_sweep.py --noise 0.0 --gemma-limit 60 --smollm2-limit 40
 
-Writes ``benchmarks/results/safe_sweep.csv`` and prints the best ramps.
+Writes ``benchmarks/results/personabench-<noise>/safe_sweep.{csv,json}`` (or ``--out``) and prints
+the best ramps.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pbr_core.bench.datasets import Dataset, load_personabench  # noqa: E402
+from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 from pbr_core.config import PBRConfig  # noqa: E402
 
@@ -64,7 +65,9 @@ def local_ids() -> dict[str, str]:
     }
 
 
-def cached_bench(ds: Dataset, name: str, model_id: str, limit: int, seed: int = 0) -> Bench | None:
+def cached_bench(
+    ds: Dataset, name: str, model_id: str, limit: int | None, seed: int = 0
+) -> Bench | None:
     """A bench over the questions whose every P-PRF answer of ``model_id`` is cached (``None``
     when there are none): score only what the LLM answered; never generate here."""
     bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
@@ -83,7 +86,7 @@ def cached_bench(ds: Dataset, name: str, model_id: str, limit: int, seed: int = 
     return bench if bench.queries else None
 
 
-def sources(noise: str, limits: dict[str, int], seed: int) -> dict[str, Bench]:
+def sources(noise: str, limits: dict[str, int | None], seed: int) -> dict[str, Bench]:
     ds = load_personabench(noise)
     benches = {"authors": Bench(ds, llm_name="authors")}
     for name, model_id in local_ids().items():
@@ -101,11 +104,12 @@ def score(bench: Bench, method: str, cfg: PBRConfig) -> dict[str, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--noise", default="0.0")
-    p.add_argument("--gemma-limit", type=int, default=60, help="its bench run's --limit")
-    p.add_argument("--smollm2-limit", type=int, default=40, help="its bench run's --limit")
+    p.add_argument("--gemma-limit", type=int, default=60, help="its bench run's --limit (0: all)")
+    p.add_argument("--smollm2-limit", type=int, default=40, help="its bench run's --limit (0: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="result stem (default: the data set's safe_sweep)")
     args = p.parse_args()
-    limits = {"gemma-270m": args.gemma_limit, "smollm2-135m": args.smollm2_limit}
+    limits = {"gemma-270m": args.gemma_limit or None, "smollm2-135m": args.smollm2_limit or None}
     benches = sources(args.noise, limits, args.seed)
     base = PBRConfig()
     plain = {n: score(b, "plain", base) for n, b in benches.items()}
@@ -138,12 +142,8 @@ def main() -> int:
         row["mean_gain"] = round(sum(gains) / len(gains), 4)
         row["admissible"] = ok
         rows.append(row)
-    out = ROOT / "benchmarks" / "results" / f"personabench-{args.noise}" / "safe_sweep.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    results = ROOT / "benchmarks" / "results" / f"personabench-{args.noise}"
+    write_rows(rows, args.out or results / "safe_sweep")
     print("plain:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in plain.items()})
     print("paper:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in paper.items()})
     best = sorted(rows, key=lambda r: (r["admissible"], r["worst_gain"], r["mean_gain"]))[-8:]
