@@ -41,8 +41,8 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
 PB_LIMITS: dict[tuple[str, str], int | None] = {
     ("0.0", "gemma-270m"): None,
     ("0.0", "smollm2-135m"): None,
-    ("0.7", "gemma-270m"): 60,
-    ("0.7", "smollm2-135m"): 40,
+    ("0.7", "gemma-270m"): None,
+    ("0.7", "smollm2-135m"): None,
 }
 #: The subsets `benchmarks/safe_sweep.py` chose the trust ramp on (PersonaBench 0.0, seed 0).
 SWEEP_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
