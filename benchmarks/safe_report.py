@@ -12,7 +12,6 @@ Writes ``benchmarks/results/safe_report.{csv,json,png}``.
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,8 +35,6 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
     "safe, no gate": ("pbr-safe", {"safe_history_gate": False}),
     "safe": ("pbr-safe", {}),
 }
-#: The subsets `benchmarks/safe_sweep.py` chose the trust ramp on (PersonaBench 0.0, seed 0).
-SWEEP_LIMITS = {"gemma-270m": 60, "smollm2-135m": 40}
 LOCOMO_LIMIT = 30
 #: Held-out cells generated after the history gate was designed: (dataset, limit, seed).
 HELD_OUT = [
@@ -50,13 +47,11 @@ HELD_OUT = [
 FIELDS = ["dataset", "llm", "fusion", "questions", "seed", "R@5", "N@5", "wins", "losses", "sign_p"]
 
 
-def benches(*, sweep_split: bool = False) -> Iterator[tuple[Dataset, Bench, str, int]]:
+def benches() -> Iterator[tuple[Dataset, Bench, str, int]]:
     """Every cell this report scores, as ``(data set, bench, LLM label, seed)``.
 
     PersonaBench 0.0 / 0.7 with the authors' and each local LLM's cached generations, LoCoMo turn
     level, then ``HELD_OUT``; a cell whose generations are not cached is skipped.
-    ``sweep_split`` adds, after a local LLM's PersonaBench 0.0 cell, the same cell restricted to
-    the questions the trust ramp was not chosen on.
     """
     ids = local_ids()
     for noise in ("0.0", "0.7"):
@@ -69,8 +64,6 @@ def benches(*, sweep_split: bool = False) -> Iterator[tuple[Dataset, Bench, str,
             if bench is None:
                 continue
             yield ds, bench, name, 0
-            if sweep_split and noise == "0.0" and len(bench.queries) > SWEEP_LIMITS[name]:
-                yield ds, outside_sweep(ds, bench, name), f"{name}, not in the sweep", 0
     for name, limit, seed in [("locomo-turn", LOCOMO_LIMIT, 0), *HELD_OUT]:
         ds = load_named(name)
         for llm, model_id in ids.items():
@@ -107,17 +100,9 @@ def cells(ds: Dataset, bench: Bench, llm: str, seed: int = 0) -> list[dict[str, 
     return [score(ds, bench, llm, seed, label, run, runs["plain"]) for label, run in runs.items()]
 
 
-def outside_sweep(ds: Dataset, bench: Bench, name: str) -> Bench:
-    """``bench`` restricted to the questions the trust ramp was not chosen on: held out."""
-    swept = {q.id for q in Bench(ds, llm_name=name, limit=SWEEP_LIMITS[name]).queries}
-    held_out = copy.copy(bench)  # shares the embeddings and the personalizer
-    held_out.queries = [q for q in bench.queries if q.id not in swept]
-    return held_out
-
-
 def main() -> int:
     rows: list[dict[str, Any]] = []
-    for ds, bench, llm, seed in benches(sweep_split=True):
+    for ds, bench, llm, seed in benches():
         rows += cells(ds, bench, llm, seed)
     write_rows(rows, OUT / "safe_report", fields=FIELDS)
     for r in rows:

@@ -6,15 +6,18 @@ closely; the gate was added for LoCoMo's, see the README).
 
 For each LLM source (the authors' gpt-4o-mini generations on all 230 scored questions; the
 embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their ``pbr bench run --limit`` runs
-generated), score plain, the paper's fusion and ``"safe"`` for every (trust ramp, minimum shift)
-on a grid. LLM answers
-come from the generation cache only: a missing one is an error, never a new generation.
+generated, or on every question with ``--gemma-limit 0 --smollm2-limit 0``), score plain, the
+paper's fusion and ``"safe"`` for every (trust ramp, minimum shift) on a grid. LLM answers come
+from the generation cache only: a missing one is an error, never a new generation.
 
-A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the plain query's, and
-with the authors' generations at least the paper's PBR (.4516 / .3855). Among admissible ramps
-the one with the largest worst-case R@5 gain over plain wins (ties: mean gain).
+A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the plain query's,
+and at noise 0.0 (the only level the paper reports) with the authors' generations at least the
+paper's PBR (.4516 / .3855). Among admissible ramps the one with the largest worst-case R@5 gain
+over plain wins (ties: mean gain). The library's defaults are the winner with the history gate on
+over all 230 questions of noise 0.0 (README, "How the parameters were chosen"):
 
-    python benchmarks/safe_sweep.py --noise 0.0 --gemma-limit 60 --smollm2-limit 40
+    python benchmarks/safe_sweep.py --noise 0.0 --gemma-limit 0 --smollm2-limit 0 \
+        --out benchmarks/results/personabench-0.0/safe_sweep__all
 
 Writes ``benchmarks/results/personabench-<noise>/safe_sweep.{csv,json}`` (or ``--out``) and prints
 the best ramps.
@@ -35,6 +38,7 @@ from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.bench.runner import Bench  # noqa: E402
 from pbr_core.config import PBRConfig  # noqa: E402
 
+#: The paper's PBR with gpt-4o-mini on PersonaBench noise 0.0 (its only reported level).
 PAPER = {"R@5": 0.4516, "N@5": 0.3855}
 LOWS = [0.3, 0.4, 0.5, 0.6]
 WIDTHS = [0.1, 0.2, 0.3]
@@ -136,7 +140,7 @@ def main() -> int:
             row[f"{name} R@5"], row[f"{name} N@5"] = round(s["R@5"], 4), round(s["N@5"], 4)
             gains.append(s["R@5"] - plain[name]["R@5"])
             ok &= s["R@5"] >= plain[name]["R@5"] and s["N@5"] >= plain[name]["N@5"]
-            if name == "authors":
+            if name == "authors" and args.noise == "0.0":
                 ok &= s["R@5"] >= PAPER["R@5"] and s["N@5"] >= PAPER["N@5"]
         row["worst_gain"] = round(min(gains), 4)
         row["mean_gain"] = round(sum(gains) / len(gains), 4)

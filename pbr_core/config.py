@@ -69,8 +69,8 @@ class PBRConfig:
     fusion: FusionMode = "safe"
     top_anchor_items: int = 3
     trust_low: float = 0.5
-    trust_high: float = 0.8
-    safe_min_shift: float = 0.3
+    trust_high: float = 0.7
+    safe_min_shift: float = 0.2
     safe_history_gate: bool = True
 
     def __post_init__(self) -> None:

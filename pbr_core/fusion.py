@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import FusionMode
+from .config import FusionMode, PBRConfig
 
 #: The optional terms of ``q*``, in the order of :data:`MODE_TERMS`' flags.
 TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")
@@ -95,9 +95,9 @@ def fuse(
     f_avg: np.ndarray | None = None,
     r: np.ndarray | None = None,
     mode: FusionMode = "full",
-    trust_low: float = 0.5,
-    trust_high: float = 0.8,
-    safe_min_shift: float = 0.3,
+    trust_low: float = PBRConfig.trust_low,
+    trust_high: float = PBRConfig.trust_high,
+    safe_min_shift: float = PBRConfig.safe_min_shift,
     best_history_cos: float | None = None,
     history_gate: bool = True,
 ) -> FusionResult:
@@ -110,7 +110,8 @@ def fuse(
         r: the unit reasoning vector or ``None``.
         mode: one of :data:`MODE_TERMS`.
         trust_low, trust_high, safe_min_shift: ``"safe"`` mode's trust ramp and the smallest
-            share of the paper's shift it applies (ignored by the other modes).
+            share of the paper's shift it applies (ignored by the other modes); the defaults
+            are :class:`~pbr_core.config.PBRConfig`'s.
         best_history_cos: ``"safe"`` mode: the cosine of the query with its closest history
             item (``None``: unknown, no gate).
         history_gate: ``"safe"`` mode: keep the plain query when ``best_history_cos`` is above
