@@ -39,6 +39,7 @@ LOCOMO_LIMIT = 30
 #: Held-out cells generated after the history gate was designed: (dataset, limit, seed).
 HELD_OUT = [
     ("locomo-turn", 30, 1),
+    ("locomo-turn", 200, 2),  # generated after the ramp was chosen on all of PersonaBench 0.0
     ("prefeval-explicit-n10", 30, 0),
     ("prefeval-explicit-n50", 30, 0),
 ]
