@@ -99,7 +99,7 @@ def fuse(
     trust_high: float = PBRConfig.trust_high,
     safe_min_shift: float = PBRConfig.safe_min_shift,
     best_history_cos: float | None = None,
-    history_gate: bool = True,
+    history_gate: bool = PBRConfig.safe_history_gate,
 ) -> FusionResult:
     """Combine the query with whichever of anchor, utterances and reasoning the mode allows.
 
@@ -115,7 +115,7 @@ def fuse(
         best_history_cos: ``"safe"`` mode: the cosine of the query with its closest history
             item (``None``: unknown, no gate).
         history_gate: ``"safe"`` mode: keep the plain query when ``best_history_cos`` is above
-            every LLM term's cosine with the query.
+            every LLM term's cosine with the query (default: ``PBRConfig.safe_history_gate``).
     """
     q = np.asarray(q, dtype=np.float64)
     if mode == "safe":
