@@ -15,16 +15,26 @@ Variants (``VARIANTS``):
 - ``anchor gap``: scale the anchor by ``1 − cos(q, â) / mean_i cos(h_i, â)`` (clipped to [0, 1]):
   less anchor for a query already as close to the centre of the history as its items are.
 
+Rank-level variants (``RANK_VARIANTS``, the issue's "rank-level fusion of the plain and
+personalized rankings"), applied to the plain and the ``"safe"`` rankings (depth ``DEPTH``):
+- ``rrf c, plain w``: reciprocal rank fusion, ``w / (c + rank_plain) + 1 / (c + rank_safe)``;
+  ``RANK_GRID`` crosses ``c`` in (0, 1, 2, 5, 10, 20, 60) with ``w`` in (.25, .5, .75, .9, 1).
+- ``keep plain top j``: the ``safe`` ranking, except that the plain query's ``j`` best items
+  are kept in the top 5 (``j`` in 1, 2, 3).
+The table shows three of them; every grid setting, with its verdict by the adoption rule and the
+number of cells where it falls below plain, goes to ``safe_variants_rank.{csv,json}``.
+
     python benchmarks/safe_variants.py
 
-Writes ``benchmarks/results/safe_variants.{csv,json}`` and prints the table.
+Writes ``benchmarks/results/safe_variants.{csv,json}`` and ``safe_variants_rank.{csv,json}``
+and prints both tables.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -35,13 +45,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from safe_report import FIELDS, OUT, benches, score  # noqa: E402
+from safe_sweep import PAPER  # noqa: E402
 
 import pbr_core.pipeline as pipeline  # noqa: E402
+from pbr_core.bench.metrics import evaluate  # noqa: E402
 from pbr_core.bench.report import write_rows  # noqa: E402
+from pbr_core.bench.runner import MethodRun  # noqa: E402
 from pbr_core.fusion import FusionResult, fuse  # noqa: E402
 from pbr_core.history import UserHistory  # noqa: E402
 
 Rule = Callable[..., FusionResult]
+#: ``(plain ranking, safe ranking) -> ranking``
+RankRule = Callable[[Sequence[str], Sequence[str]], list[str]]
+#: Ranking depth for the rank-level variants (R@5 / N@5 of the other variants do not depend on it).
+DEPTH = 50
 
 
 def _unit(v: Any) -> np.ndarray:
@@ -88,6 +105,41 @@ def anchor_gap(q, anchor, f_avg, r, related, history, **kw):  # type: ignore[no-
     return fuse(q, anchor=anchor, f_avg=f_avg, r=r, **kw)
 
 
+def rrf(c: int, plain_weight: float = 1.0) -> RankRule:
+    def rule(plain: Sequence[str], safe: Sequence[str]) -> list[str]:
+        score: dict[str, float] = {}
+        for rank, doc in enumerate(plain, 1):
+            score[doc] = score.get(doc, 0.0) + plain_weight / (c + rank)
+        for rank, doc in enumerate(safe, 1):
+            score[doc] = score.get(doc, 0.0) + 1.0 / (c + rank)
+        order = {doc: i for i, doc in enumerate(safe)}  # ties go to the safe ranking's order
+        return sorted(score, key=lambda d: (-score[d], order.get(d, len(order))))
+
+    return rule
+
+
+def keep_plain_top(j: int, k: int = 5) -> RankRule:
+    def rule(plain: Sequence[str], safe: Sequence[str]) -> list[str]:
+        kept = list(plain[:j])
+        chosen = set(kept) | set([d for d in safe if d not in kept][: k - len(kept)])
+        head = [d for d in safe if d in chosen]
+        head += [d for d in kept if d not in head]  # a kept item the safe search did not reach
+        return head + [d for d in safe if d not in chosen]
+
+    return rule
+
+
+RANK_GRID: dict[str, RankRule] = {
+    **{
+        f"rrf {c}, plain {w:g}": rrf(c, w)
+        for c in (0, 1, 2, 5, 10, 20, 60)
+        for w in (0.25, 0.5, 0.75, 0.9, 1.0)
+    },
+    **{f"keep plain top {j}": keep_plain_top(j) for j in (1, 2, 3)},
+}
+#: Shown in the main table: classic RRF, the grid's best by the adoption rule, and keep-top-2.
+RANK_VARIANTS = ["rrf 60, plain 1", "rrf 5, plain 0.25", "keep plain top 2"]
+
 VARIANTS: dict[str, Rule | None] = {
     "safe": None,
     "agree 0": agree(0.0),
@@ -128,18 +180,61 @@ def variant(rule: Rule | None) -> Iterator[None]:
         yield
 
 
+def ranked(bench: Any, plain: MethodRun, safe: MethodRun, rule: RankRule) -> MethodRun:
+    """``rule`` applied per question to the plain and safe rankings, scored like a bench run."""
+    rankings = {q: rule(plain.rankings[q], safe.rankings[q]) for q in safe.rankings}
+    gold = {q.id: q.gold for q in bench.queries}
+    metrics = evaluate(rankings, gold, ks=(5,))
+    return MethodRun(method="pbr-safe", llm=safe.llm, rankings=rankings, metrics=metrics, seconds=0)
+
+
+def adoption(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """The sweep's rule for one variant: admissible on PersonaBench 0.0 (every source at least
+    plain, the authors' at least the paper), its worst-case and mean R@5 gain there, and how
+    many cells anywhere fall below plain on R@5 or N@5."""
+    mine = {(r["dataset"], r["llm"], r["seed"]): r for r in rows if r["fusion"] == label}
+    plain = {(r["dataset"], r["llm"], r["seed"]): r for r in rows if r["fusion"] == "plain"}
+    pb = [key for key in mine if key[0] == "personabench-0.0"]
+    gains = [mine[key]["R@5"] - plain[key]["R@5"] for key in pb]
+    admissible = all(
+        mine[key]["R@5"] >= plain[key]["R@5"] and mine[key]["N@5"] >= plain[key]["N@5"]
+        for key in pb
+    ) and all(mine[key][m] >= PAPER[m] for key in pb if key[1].startswith("authors") for m in PAPER)
+    below = [
+        key
+        for key in mine
+        if mine[key]["R@5"] < plain[key]["R@5"] or mine[key]["N@5"] < plain[key]["N@5"]
+    ]
+    return {
+        "variant": label,
+        "admissible": admissible,
+        "worst_gain": round(min(gains), 4),
+        "mean_gain": round(sum(gains) / len(gains), 4),
+        "cells_below_plain": len(below),
+        "cells": len(mine),
+    }
+
+
 def main() -> int:
     rows: list[dict[str, Any]] = []
+    grid_rows: list[dict[str, Any]] = []
     for ds, bench, llm, seed in benches():
+        bench.k = DEPTH
         plain = bench.run("plain", progress=False)
         runs = {"plain": plain, "paper": bench.run("pbr", progress=False)}
         for label, rule in VARIANTS.items():
             with variant(rule):
                 runs[label] = bench.run("pbr-safe", progress=False)
+        grid = {label: ranked(bench, plain, runs["safe"], r) for label, r in RANK_GRID.items()}
+        runs.update({label: grid[label] for label in RANK_VARIANTS})
         rows += [score(ds, bench, llm, seed, label, run, plain) for label, run in runs.items()]
+        grid_rows += [
+            score(ds, bench, llm, seed, label, run, plain)
+            for label, run in {"plain": plain, "safe": runs["safe"], **grid}.items()
+        ]
     write_rows(rows, OUT / "safe_variants", fields=FIELDS)
-    labels = ["plain", "paper", *VARIANTS]
-    print(f"{'cell':44}" + "".join(f"{label:>13}" for label in labels))
+    labels = ["plain", "paper", *VARIANTS, *RANK_VARIANTS]
+    print(f"{'cell':44}" + "".join(f"{label[:12]:>13}" for label in labels))
     cell_keys = dict.fromkeys((r["dataset"], r["llm"], r["seed"]) for r in rows)
     for key in cell_keys:
         got = {r["fusion"]: r for r in rows if (r["dataset"], r["llm"], r["seed"]) == key}
@@ -151,6 +246,14 @@ def main() -> int:
                 for label in labels
             )
         )
+    verdicts = sorted(
+        (adoption(grid_rows, label) for label in ["safe", *RANK_GRID]),
+        key=lambda v: (not v["admissible"], -v["worst_gain"], -v["mean_gain"]),
+    )
+    write_rows(verdicts, OUT / "safe_variants_rank", fields=list(verdicts[0]))
+    print("\nrank-level grid by the adoption rule (PersonaBench 0.0), best first:")
+    for v in verdicts:
+        print("  ".join(f"{k}={v[k]}" for k in v))
     return 0
 
 
