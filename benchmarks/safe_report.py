@@ -40,19 +40,26 @@ LOCOMO_LIMIT = 30
 HELD_OUT = [
     ("locomo-turn", 30, 1),
     ("locomo-turn", 200, 2),  # generated after the ramp was chosen on all of PersonaBench 0.0
+    ("locomo-turn", 200, 3),  # generated after rank-level fusion was tried (safe_variants.py)
     ("prefeval-explicit-n10", 30, 0),
     ("prefeval-explicit-n50", 30, 0),
 ]
+
+#: Data sets also scored on every question an LLM has answered (the union of the seeded subsets
+#: above, each question once): LoCoMo's verdict, as no single subset is large enough alone.
+POOLED = ["locomo-turn"]
+ALL_ANSWERED = "all"
 
 #: The columns of the result table (the plain row has no wins / losses).
 FIELDS = ["dataset", "llm", "fusion", "questions", "seed", "R@5", "N@5", "wins", "losses", "sign_p"]
 
 
-def benches() -> Iterator[tuple[Dataset, Bench, str, int]]:
+def benches() -> Iterator[tuple[Dataset, Bench, str, int | str]]:
     """Every cell this report scores, as ``(data set, bench, LLM label, seed)``.
 
     PersonaBench 0.0 / 0.7 with the authors' and each local LLM's cached generations, LoCoMo turn
-    level, then ``HELD_OUT``; a cell whose generations are not cached is skipped.
+    level, then ``HELD_OUT``, then ``POOLED`` (seed ``"all"``); a cell whose generations are not
+    cached is skipped.
     """
     ids = local_ids()
     for noise in ("0.0", "0.7"):
@@ -71,10 +78,22 @@ def benches() -> Iterator[tuple[Dataset, Bench, str, int]]:
             bench = cached_bench(ds, llm, model_id, limit=limit, seed=seed)
             if bench is not None:
                 yield ds, bench, llm, seed
+    for name in POOLED:
+        ds = load_named(name)
+        for llm, model_id in ids.items():
+            bench = cached_bench(ds, llm, model_id, limit=None)
+            if bench is not None:
+                yield ds, bench, llm, ALL_ANSWERED
 
 
 def score(
-    ds: Dataset, bench: Bench, llm: str, seed: int, fusion: str, run: MethodRun, plain: MethodRun
+    ds: Dataset,
+    bench: Bench,
+    llm: str,
+    seed: int | str,
+    fusion: str,
+    run: MethodRun,
+    plain: MethodRun,
 ) -> dict[str, Any]:
     """One table row: ``run``'s Overall R@5 / N@5, and its R@5 wins / losses against ``plain``."""
     o = run.metrics["Overall"]
@@ -93,7 +112,7 @@ def score(
     return row
 
 
-def cells(ds: Dataset, bench: Bench, llm: str, seed: int = 0) -> list[dict[str, Any]]:
+def cells(ds: Dataset, bench: Bench, llm: str, seed: int | str = 0) -> list[dict[str, Any]]:
     runs = {
         label: bench.run(method, config=bench.config.with_(**changes), progress=False)
         for label, (method, changes) in MODES.items()
@@ -112,6 +131,10 @@ def main() -> int:
     return 0
 
 
+def _seed_label(seed: int | str) -> str:
+    return f" {seed}" if isinstance(seed, str) else f" s{seed}" if seed else ""
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -126,7 +149,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         r5 = {(r["dataset"], r["llm"], r["seed"]): r["R@5"] for r in rows if r["fusion"] == fusion}
         vals = [r5.get(g, 0.0) for g in groups]
         ax.bar(x + (i - 1.5) * 0.2, vals, 0.2, label=fusion)
-    ax.set_xticks(x, [f"{d}\n{llm}" + (f" s{s}" if s else "") for d, llm, s in groups], fontsize=6)
+    ax.set_xticks(x, [f"{d}\n{llm}" + _seed_label(s) for d, llm, s in groups], fontsize=6)
     ax.set_ylabel("R@5")
     ax.set_title("plain vs paper fusion vs safe fusion, by LLM source")
     ax.legend()

@@ -12,6 +12,11 @@ Variants (``VARIANTS``):
   (mean cosine with the ``k1`` items shown to the LLM) as the query is, less a margin ``m``;
   the issue's "agreement with the user's related history".
 - ``region t``: shrink the move so that the personalized query keeps cosine ≥ ``t`` with ``q``.
+- ``restated u``: drop an LLM term whose cosine with ``q`` is at least ``u``: a term that
+  restates the question is on topic without being personal (the LoCoMo seed-2 and PrefEval
+  losses).
+- ``gate + m``: a stricter history gate, kept plain unless the closest LLM term beats the
+  closest history item by ``m`` in cosine with ``q``.
 - ``anchor gap``: scale the anchor by ``1 − cos(q, â) / mean_i cos(h_i, â)`` (clipped to [0, 1]):
   less anchor for a query already as close to the centre of the history as its items are.
 
@@ -21,6 +26,8 @@ personalized rankings"), applied to the plain and the ``"safe"`` rankings (depth
   ``RANK_GRID`` crosses ``c`` in (0, 1, 2, 5, 10, 20, 60) with ``w`` in (.25, .5, .75, .9, 1).
 - ``keep plain top j``: the ``safe`` ranking, except that the plain query's ``j`` best items
   are kept in the top 5 (``j`` in 1, 2, 3).
+- ``top-5 overlap ≥ t``: the ``safe`` ranking when its top 5 shares at least ``t`` items with the
+  plain top 5, else the plain ranking (the issue's "how far the shifted query moves the top-k").
 The table shows three of them; every grid setting, with its verdict by the adoption rule and the
 number of cells where it falls below plain, goes to ``safe_variants_rank.{csv,json}``.
 
@@ -96,6 +103,24 @@ def region(tau: float) -> Rule:
     return rule
 
 
+def restated(u: float) -> Rule:
+    def rule(q, anchor, f_avg, r, related, history, **kw):  # type: ignore[no-untyped-def]
+        def keep(v: Any) -> Any:
+            return v if v is None or float(_unit(v) @ _unit(q)) < u else None
+
+        return fuse(q, anchor=anchor, f_avg=keep(f_avg), r=keep(r), **kw)
+
+    return rule
+
+
+def gate_margin(m: float) -> Rule:
+    def rule(q, anchor, f_avg, r, related, history, best_history_cos=None, **kw):  # type: ignore[no-untyped-def]
+        gate = None if best_history_cos is None else best_history_cos + m
+        return fuse(q, anchor=anchor, f_avg=f_avg, r=r, best_history_cos=gate, **kw)
+
+    return rule
+
+
 def anchor_gap(q, anchor, f_avg, r, related, history, **kw):  # type: ignore[no-untyped-def]
     if anchor is not None:
         a = _unit(anchor)
@@ -118,6 +143,13 @@ def rrf(c: int, plain_weight: float = 1.0) -> RankRule:
     return rule
 
 
+def overlap_at_least(t: int, k: int = 5) -> RankRule:
+    def rule(plain: Sequence[str], safe: Sequence[str]) -> list[str]:
+        return list(safe if len(set(plain[:k]) & set(safe[:k])) >= t else plain)
+
+    return rule
+
+
 def keep_plain_top(j: int, k: int = 5) -> RankRule:
     def rule(plain: Sequence[str], safe: Sequence[str]) -> list[str]:
         kept = list(plain[:j])
@@ -136,6 +168,7 @@ RANK_GRID: dict[str, RankRule] = {
         for w in (0.25, 0.5, 0.75, 0.9, 1.0)
     },
     **{f"keep plain top {j}": keep_plain_top(j) for j in (1, 2, 3)},
+    **{f"top-5 overlap ≥ {t}": overlap_at_least(t) for t in (1, 2, 3, 4)},
 }
 #: Shown in the main table: classic RRF, the grid's best by the adoption rule, and keep-top-2.
 RANK_VARIANTS = ["rrf 60, plain 1", "rrf 5, plain 0.25", "keep plain top 2"]
@@ -147,6 +180,9 @@ VARIANTS: dict[str, Rule | None] = {
     "agree 0.1": agree(0.1),
     "region 0.9": region(0.9),
     "region 0.95": region(0.95),
+    "restated .85": restated(0.85),
+    "gate + .05": gate_margin(0.05),
+    "gate + .1": gate_margin(0.1),
     "anchor gap": anchor_gap,
 }
 
