@@ -100,6 +100,18 @@ def sources(noise: str, limits: dict[str, int | None], seed: int) -> dict[str, B
     return benches
 
 
+def admissible(
+    safe: dict[str, dict[str, float]], plain: dict[str, dict[str, float]], paper_check: bool
+) -> bool:
+    """The adoption rule's bar, per LLM source: R@5 and N@5 at least the plain query's, and with
+    ``paper_check`` the authors' generations (sources named ``authors...``) at least the paper's."""
+    ok = all(safe[n][m] >= plain[n][m] for n in safe for m in PAPER)
+    if paper_check:
+        authors = [n for n in safe if n.startswith("authors")]
+        ok = ok and all(safe[n][m] >= PAPER[m] for n in authors for m in PAPER)
+    return ok
+
+
 def score(bench: Bench, method: str, cfg: PBRConfig) -> dict[str, float]:
     o = bench.run(method, config=cfg, progress=False).metrics["Overall"]
     return {"R@5": o["R@5"], "N@5": o["N@5"]}
@@ -133,18 +145,13 @@ def main() -> int:
         row: dict[str, Any] = {
             "trust_low": low, "trust_high": high, "min_shift": min_shift, "history_gate": gate
         }  # fmt: skip
-        gains = []
-        ok = True
-        for name, bench in benches.items():
-            s = score(bench, "pbr-safe", cfg)
+        safe = {name: score(bench, "pbr-safe", cfg) for name, bench in benches.items()}
+        for name, s in safe.items():
             row[f"{name} R@5"], row[f"{name} N@5"] = round(s["R@5"], 4), round(s["N@5"], 4)
-            gains.append(s["R@5"] - plain[name]["R@5"])
-            ok &= s["R@5"] >= plain[name]["R@5"] and s["N@5"] >= plain[name]["N@5"]
-            if name == "authors" and args.noise == "0.0":
-                ok &= s["R@5"] >= PAPER["R@5"] and s["N@5"] >= PAPER["N@5"]
+        gains = [s["R@5"] - plain[name]["R@5"] for name, s in safe.items()]
         row["worst_gain"] = round(min(gains), 4)
         row["mean_gain"] = round(sum(gains) / len(gains), 4)
-        row["admissible"] = ok
+        row["admissible"] = admissible(safe, plain, paper_check=args.noise == "0.0")
         rows.append(row)
     results = ROOT / "benchmarks" / "results" / f"personabench-{args.noise}"
     write_rows(rows, args.out or results / "safe_sweep")

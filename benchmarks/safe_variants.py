@@ -52,12 +52,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from safe_report import FIELDS, OUT, benches, score  # noqa: E402
-from safe_sweep import PAPER  # noqa: E402
+from safe_sweep import admissible  # noqa: E402
 
 import pbr_core.pipeline as pipeline  # noqa: E402
 from pbr_core.bench.metrics import evaluate  # noqa: E402
 from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import MethodRun  # noqa: E402
+from pbr_core.bench.runner import Bench, MethodRun  # noqa: E402
 from pbr_core.fusion import FusionResult, fuse  # noqa: E402
 from pbr_core.history import UserHistory  # noqa: E402
 
@@ -216,7 +216,7 @@ def variant(rule: Rule | None) -> Iterator[None]:
         yield
 
 
-def ranked(bench: Any, plain: MethodRun, safe: MethodRun, rule: RankRule) -> MethodRun:
+def ranked(bench: Bench, plain: MethodRun, safe: MethodRun, rule: RankRule) -> MethodRun:
     """``rule`` applied per question to the plain and safe rankings, scored like a bench run."""
     rankings = {q: rule(plain.rankings[q], safe.rankings[q]) for q in safe.rankings}
     gold = {q.id: q.gold for q in bench.queries}
@@ -232,18 +232,12 @@ def adoption(rows: list[dict[str, Any]], label: str) -> dict[str, Any]:
     plain = {(r["dataset"], r["llm"], r["seed"]): r for r in rows if r["fusion"] == "plain"}
     pb = [key for key in mine if key[0] == "personabench-0.0"]
     gains = [mine[key]["R@5"] - plain[key]["R@5"] for key in pb]
-    admissible = all(
-        mine[key]["R@5"] >= plain[key]["R@5"] and mine[key]["N@5"] >= plain[key]["N@5"]
-        for key in pb
-    ) and all(mine[key][m] >= PAPER[m] for key in pb if key[1].startswith("authors") for m in PAPER)
-    below = [
-        key
-        for key in mine
-        if mine[key]["R@5"] < plain[key]["R@5"] or mine[key]["N@5"] < plain[key]["N@5"]
-    ]
+    below = [k for k in mine if not admissible({"cell": mine[k]}, {"cell": plain[k]}, False)]
     return {
         "variant": label,
-        "admissible": admissible,
+        "admissible": admissible(
+            {key[1]: mine[key] for key in pb}, {key[1]: plain[key] for key in pb}, True
+        ),
         "worst_gain": round(min(gains), 4),
         "mean_gain": round(sum(gains) / len(gains), 4),
         "cells_below_plain": len(below),
@@ -262,12 +256,12 @@ def main() -> int:
             with variant(rule):
                 runs[label] = bench.run("pbr-safe", progress=False)
         grid = {label: ranked(bench, plain, runs["safe"], r) for label, r in RANK_GRID.items()}
-        runs.update({label: grid[label] for label in RANK_VARIANTS})
-        rows += [score(ds, bench, llm, seed, label, run, plain) for label, run in runs.items()]
-        grid_rows += [
-            score(ds, bench, llm, seed, label, run, plain)
-            for label, run in {"plain": plain, "safe": runs["safe"], **grid}.items()
-        ]
+        scored = {
+            label: score(ds, bench, llm, seed, label, run, plain)
+            for label, run in {**runs, **grid}.items()
+        }
+        rows += [scored[label] for label in [*runs, *RANK_VARIANTS]]
+        grid_rows += [scored[label] for label in ["plain", "safe", *RANK_GRID]]
     write_rows(rows, OUT / "safe_variants", fields=FIELDS)
     labels = ["plain", "paper", *VARIANTS, *RANK_VARIANTS]
     print(f"{'cell':44}" + "".join(f"{label[:12]:>13}" for label in labels))
