@@ -22,7 +22,7 @@ from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pbr_core import (
     CHAT_PROMPTS,
@@ -31,12 +31,10 @@ from pbr_core import (
     GenerationCache,
     HistoryItem,
     HistoryStore,
-    HistoryVectorSearch,
     PBRConfig,
     PersonalizedQuery,
     Personalizer,
     PromptSet,
-    SearchHit,
 )
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
@@ -45,8 +43,10 @@ from pbr_core.adapters_support import (
     explanation_payload,
     host_store_errors,
     model_id,
-    require_items,
 )
+from pbr_core.corpus import ITEM_ID_KEY, RAW_SCORE_KEY, Corpus, ScoredRecord
+
+from .stores import host_records
 
 __all__ = ["PBRRetriever"]
 
@@ -203,6 +203,15 @@ class PBRRetriever(BaseRetriever):
     configured copies of this retriever."""
     cache: GenerationCache | None = None
     """Optional cache of LLM answers keyed by (model, prompt)."""
+    corpus: Corpus | None = None
+    """Owner of every user's items (:class:`pbr_core.corpus.Corpus`): built from
+    ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies."""
+
+    @model_validator(mode="after")
+    def _own_corpus(self) -> PBRRetriever:
+        if self.corpus is None:
+            self.corpus = _build_corpus(self)
+        return self
 
     @field_validator("utterances_prompt", "reasoning_prompt")
     @classmethod
@@ -249,7 +258,7 @@ class PBRRetriever(BaseRetriever):
         # strictness, so nothing per request is written to a shared object.
         return Personalizer(
             self._embedder(),
-            store=self.history,
+            store=self._corpus().cache,
             config=self.config,
             prompts=self._prompts(),
             cache=self.cache,
@@ -270,7 +279,9 @@ class PBRRetriever(BaseRetriever):
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         return k
 
-    def _search_kwargs(self, store: VectorStore, user_id: str) -> dict[str, Any]:
+    def _search_kwargs(self, user_id: str) -> dict[str, Any]:
+        store = self.vectorstore
+        assert store is not None
         if self.filter_builder is not None:
             owned = self.filter_builder(user_id)
         else:
@@ -302,25 +313,28 @@ class PBRRetriever(BaseRetriever):
     ) -> list[Document]:
         self._check_kwargs(kwargs)
         uid, n = self._user(user_id), self._k(k)
-        personalizer = self._personalizer()
-        generator = self._generator(run_manager.get_child())
-        pq = personalizer.personalize(
-            uid, query, generator=generator, unknown_user="raise" if self.strict else "plain"
+        with host_store_errors(self.vectorstore, "search"):
+            history = self._corpus().history(uid)  # checked against the host store
+        pq = self._personalizer().personalize(
+            uid,
+            query,
+            generator=self._generator(run_manager.get_child()),
+            unknown_user="raise" if self.strict else "plain",
         )
         start = time.perf_counter()
-        if self.vectorstore is None:
-            scored = self._history_search(uid, pq, n)
+        if self.vectorstore is None or history is None:
+            found = _own_search(history, pq, n)
         else:
-            store = self.vectorstore
-            with host_store_errors(store, "search"):
-                scored = _store_search(
-                    store, pq.vector.tolist(), n, self._search_kwargs(store, uid)
+            with host_store_errors(self.vectorstore, "search"):
+                found = _store_search(
+                    self.vectorstore, pq.vector.tolist(), n, self._search_kwargs(uid)
                 )
+        scored = self._corpus().scored(uid, history, pq.vector, found)
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return _with_explanation(scored, pq)
+        return _documents(scored, pq)
 
     async def _aget_relevant_documents(
         self,
@@ -333,33 +347,35 @@ class PBRRetriever(BaseRetriever):
     ) -> list[Document]:
         self._check_kwargs(kwargs)
         uid, n = self._user(user_id), self._k(k)
-        personalizer = self._personalizer()
-        generator = self._generator(run_manager.get_child())
-        pq = await personalizer.apersonalize(
-            uid, query, generator=generator, unknown_user="raise" if self.strict else "plain"
+        with host_store_errors(self.vectorstore, "search"):
+            history = await self._corpus().ahistory(uid)
+        pq = await self._personalizer().apersonalize(
+            uid,
+            query,
+            generator=self._generator(run_manager.get_child()),
+            unknown_user="raise" if self.strict else "plain",
         )
         start = time.perf_counter()
-        if self.vectorstore is None:
-            scored = self._history_search(uid, pq, n)  # in-process faiss: microseconds
+        if self.vectorstore is None or history is None:
+            found = _own_search(history, pq, n)  # in-process: microseconds
         else:
-            store = self.vectorstore
-            with host_store_errors(store, "search"):
-                scored = await _astore_search(
-                    store, pq.vector.tolist(), n, self._search_kwargs(store, uid)
+            with host_store_errors(self.vectorstore, "search"):
+                found = await _astore_search(
+                    self.vectorstore, pq.vector.tolist(), n, self._search_kwargs(uid)
                 )
+        scored = self._corpus().scored(uid, history, pq.vector, found)
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return _with_explanation(scored, pq)
+        return _documents(scored, pq)
 
-    def _history_search(self, user_id: str, pq: PersonalizedQuery, k: int) -> ScoredDocs:
-        if user_id not in self.history:
-            return []
-        hits = HistoryVectorSearch(self.history).search(user_id, pq.vector.tolist(), k)
-        return [(_hit_document(hit), hit.score) for hit in hits]
+    # -- the user's corpus (pbr_core.corpus owns every rule; this only translates) -------------
+    def _corpus(self) -> Corpus:
+        if self.corpus is None:  # set by the validator; a copy made without it builds its own
+            self.corpus = _build_corpus(self)
+        return self.corpus
 
-    # -- history -------------------------------------------------------------------------------
     def add_documents(
         self,
         documents: Sequence[Document],
@@ -368,32 +384,31 @@ class PBRRetriever(BaseRetriever):
         ids: Sequence[str] | None = None,
         add_to_vectorstore: bool = True,
     ) -> list[str]:
-        """Add documents to a user's history (and to the vector store, tagged with the user).
+        """Add documents to a user's corpus (in the vector store, tagged with the user).
 
         Args:
             documents: the user's items; ``metadata["timestamp"]`` (POSIX seconds), when
                 present, orders them in time.
-            user_id: whose history they join.
-            ids: one id per document; default ``Document.id``, else a new uuid4 hex. An id
-                already in the user's history replaces that item.
-            add_to_vectorstore: False when the store already holds these documents (an
-                existing store plus its users' histories).
+            user_id: whose corpus they join.
+            ids: one id per document; default ``Document.id``, else a new uuid4 hex. Ids are
+                the user's own: another user's item with the same id is a different item. An
+                id the user already has replaces that item.
+            add_to_vectorstore: False only for a store that cannot list its records (see
+                :mod:`langchain_pbr.stores`) and already holds these documents: pbr then only
+                records them.
 
         Returns:
             The ids, which :meth:`delete` takes.
 
         Raises:
-            VectorStoreUnavailableError: the store's server did not answer; the history is
-                unchanged (the store is written first, the history only once that succeeded).
+            ValueError / EmbeddingError: an invalid document; nothing was written.
+            VectorStoreUnavailableError: the store's server did not answer; retrying the same
+                call is safe (writes are idempotent upserts by a key derived from user and id).
         """
-        items, store_docs = self._prepare(documents, user_id, ids)
-        personalizer = self._personalizer()
-        vectors = personalizer.item_vectors(user_id, items)  # embedded and checked, not stored
-        if self.vectorstore is not None and add_to_vectorstore:
-            with host_store_errors(self.vectorstore, "add"):
-                self.vectorstore.add_documents(store_docs, ids=[item.id for item in items])
-        personalizer.add_items(user_id, items, vectors=vectors)
-        return [item.id for item in items]
+        uid = self._user(user_id)
+        items = _items(documents, uid, ids, self.user_key)
+        with host_store_errors(self.vectorstore, "add"):
+            return self._corpus().add_many({uid: items}, write_host=add_to_vectorstore)[uid]
 
     async def aadd_documents(
         self,
@@ -403,75 +418,27 @@ class PBRRetriever(BaseRetriever):
         ids: Sequence[str] | None = None,
         add_to_vectorstore: bool = True,
     ) -> list[str]:
-        """Async :meth:`add_documents` (native async embeddings and store when they exist)."""
-        items, store_docs = self._prepare(documents, user_id, ids)
-        personalizer = self._personalizer()
-        vectors = await personalizer.aitem_vectors(user_id, items)
-        if self.vectorstore is not None and add_to_vectorstore:
-            with host_store_errors(self.vectorstore, "add"):
-                await self.vectorstore.aadd_documents(store_docs, ids=[item.id for item in items])
-        personalizer.add_items(user_id, items, vectors=vectors)
-        return [item.id for item in items]
+        """Async :meth:`add_documents` (native async embeddings when they exist)."""
+        uid = self._user(user_id)
+        items = _items(documents, uid, ids, self.user_key)
+        with host_store_errors(self.vectorstore, "add"):
+            added = await self._corpus().aadd_many({uid: items}, write_host=add_to_vectorstore)
+        return added[uid]
 
-    def delete(
-        self, ids: Sequence[str], *, user_id: str, delete_from_vectorstore: bool = True
-    ) -> None:
-        """Remove documents from a user's history (and from the vector store).
+    def delete(self, ids: Sequence[str], *, user_id: str) -> None:
+        """Remove the user's documents (from the vector store and pbr's cache).
 
         Raises:
-            KeyError: an id is not in the user's history; nothing is removed.
-            VectorStoreUnavailableError: the store's server did not answer; the history is
-                unchanged.
+            KeyError: an id is not one of this user's documents; nothing is removed.
+            VectorStoreUnavailableError: the store's server did not answer.
         """
-        uid, ids = self._user(user_id), list(ids)
-        require_items(self.history, uid, ids)  # never another user's documents
-        if self.vectorstore is not None and delete_from_vectorstore:
-            with host_store_errors(self.vectorstore, "delete"):
-                self.vectorstore.delete(ids)
-        self.history.delete(uid, ids)
+        with host_store_errors(self.vectorstore, "delete"):
+            self._corpus().delete(self._user(user_id), list(ids))
 
-    async def adelete(
-        self, ids: Sequence[str], *, user_id: str, delete_from_vectorstore: bool = True
-    ) -> None:
+    async def adelete(self, ids: Sequence[str], *, user_id: str) -> None:
         """Async :meth:`delete`."""
-        uid, ids = self._user(user_id), list(ids)
-        require_items(self.history, uid, ids)
-        if self.vectorstore is not None and delete_from_vectorstore:
-            with host_store_errors(self.vectorstore, "delete"):
-                await self.vectorstore.adelete(ids)
-        self.history.delete(uid, ids)
-
-    def _prepare(
-        self, documents: Sequence[Document], user_id: str, ids: Sequence[str] | None
-    ) -> tuple[list[HistoryItem], list[Document]]:
-        uid = self._user(user_id)
-        documents = list(documents)
-        if ids is not None and len(ids) != len(documents):
-            raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
-        items: list[HistoryItem] = []
-        store_docs: list[Document] = []
-        for i, doc in enumerate(documents):
-            owner = doc.metadata.get(self.user_key)
-            if owner is not None and owner != uid:
-                raise ValueError(
-                    f"document {i} has metadata[{self.user_key!r}] = {owner!r} but is being "
-                    f"added for user {uid!r}"
-                )
-            item_id = str(ids[i]) if ids is not None else (doc.id or uuid.uuid4().hex)
-            metadata = {**doc.metadata, self.user_key: uid}
-            stamp = doc.metadata.get("timestamp")
-            items.append(
-                HistoryItem(
-                    id=item_id,
-                    text=doc.page_content,
-                    metadata=metadata,
-                    timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
-                )
-            )
-            store_docs.append(
-                Document(id=item_id, page_content=doc.page_content, metadata=dict(metadata))
-            )
-        return items, store_docs
+        with host_store_errors(self.vectorstore, "delete"):
+            await self._corpus().adelete(self._user(user_id), list(ids))
 
     @classmethod
     def from_documents(
@@ -482,19 +449,19 @@ class PBRRetriever(BaseRetriever):
         add_to_vectorstore: bool = True,
         **kwargs: Any,
     ) -> PBRRetriever:
-        """A retriever holding these documents as its users' histories.
+        """A retriever holding these documents as its users' corpora, added as one batch.
 
         Args:
-            documents: the histories; each document's user is ``user_id``, else its
-                ``metadata[user_key]``.
+            documents: each document's user is ``user_id``, else its ``metadata[user_key]``.
             user_id: the one user all documents belong to; it also becomes the retriever's
                 default user.
             add_to_vectorstore: see :meth:`add_documents`.
             **kwargs: the retriever's fields (``llm``, ``embeddings``, ``vectorstore``, ...).
         """
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        for uid, docs in retriever._by_user(documents, user_id).items():
-            retriever.add_documents(docs, user_id=uid, add_to_vectorstore=add_to_vectorstore)
+        groups = retriever._groups(documents, user_id)
+        with host_store_errors(retriever.vectorstore, "add"):
+            retriever._corpus().add_many(groups, write_host=add_to_vectorstore)
         return retriever
 
     @classmethod
@@ -508,14 +475,15 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """Async :meth:`from_documents`."""
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        for uid, docs in retriever._by_user(documents, user_id).items():
-            await retriever.aadd_documents(docs, user_id=uid, add_to_vectorstore=add_to_vectorstore)
+        groups = retriever._groups(documents, user_id)
+        with host_store_errors(retriever.vectorstore, "add"):
+            await retriever._corpus().aadd_many(groups, write_host=add_to_vectorstore)
         return retriever
 
-    def _by_user(
+    def _groups(
         self, documents: Sequence[Document], user_id: str | None
-    ) -> dict[str, list[Document]]:
-        groups: dict[str, list[Document]] = {}
+    ) -> dict[str, list[HistoryItem]]:
+        by_user: dict[str, list[Document]] = {}
         for i, doc in enumerate(documents):
             uid = user_id if user_id is not None else doc.metadata.get(self.user_key)
             if not isinstance(uid, str) or not uid:
@@ -523,8 +491,8 @@ class PBRRetriever(BaseRetriever):
                     f"document {i} has no user: pass user_id=... or set "
                     f"metadata[{self.user_key!r}] on every document"
                 )
-            groups.setdefault(uid, []).append(doc)
-        return groups
+            by_user.setdefault(uid, []).append(doc)
+        return {uid: _items(docs, uid, None, self.user_key) for uid, docs in by_user.items()}
 
     # -- persistence and introspection ---------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -640,48 +608,85 @@ def _core_template(prompt: PromptTemplate | None) -> str | None:
     return text
 
 
-def _store_search(
-    store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
-) -> ScoredDocs:
-    """Scored search by vector, through whichever method the store has."""
+Found = list[tuple[str, dict[str, Any], float | None]]
+
+
+def _build_corpus(retriever: PBRRetriever) -> Corpus:
+    store = retriever.vectorstore
+    host = host_records(store, retriever.user_key) if store is not None else None
+    return Corpus(
+        host, embedder=retriever._embedder(), cache=retriever.history, user_key=retriever.user_key
+    )
+
+
+def _items(
+    documents: Sequence[Document], user_id: str, ids: Sequence[str] | None, user_key: str
+) -> list[HistoryItem]:
+    documents = list(documents)
+    if ids is not None and len(ids) != len(documents):
+        raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
+    items = []
+    for i, doc in enumerate(documents):
+        stamp = doc.metadata.get("timestamp")
+        items.append(
+            HistoryItem(
+                id=str(ids[i]) if ids is not None else (doc.id or uuid.uuid4().hex),
+                text=doc.page_content,
+                metadata={**doc.metadata, user_key: doc.metadata.get(user_key, user_id)},
+                timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
+            )
+        )
+    return items
+
+
+def _own_search(history: Any, pq: PersonalizedQuery, k: int) -> Found:
+    """pbr's own exact search over the user's (verified) vectors."""
+    if history is None:
+        return []
+    found: Found = []
+    for pos, score in history.search(pq.vector, k):
+        item = history.items[pos]
+        found.append((item.id, {ITEM_ID_KEY: item.id, **item.metadata}, score))
+    return found
+
+
+def _store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
+    """Search by vector through whichever scored method the store has."""
     scored = getattr(store, "similarity_search_with_score_by_vector", None)
     if scored is None:  # Chroma's name for it
         scored = getattr(store, "similarity_search_by_vector_with_relevance_scores", None)
+    pairs: list[tuple[Document, float | None]]
     if scored is not None:
-        return [(doc, float(score)) for doc, score in scored(vector, k=k, **kwargs)]
-    return [(doc, None) for doc in store.similarity_search_by_vector(vector, k=k, **kwargs)]
+        pairs = [(doc, float(score)) for doc, score in scored(vector, k=k, **kwargs)]
+    else:
+        pairs = [(doc, None) for doc in store.similarity_search_by_vector(vector, k=k, **kwargs)]
+    return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
 
 
 async def _astore_search(
     store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
-) -> ScoredDocs:
+) -> Found:
     """Async :func:`_store_search`: native when the store has it, else in a worker thread."""
     native = getattr(store, "asimilarity_search_with_score_by_vector", None)
     if native is not None:
-        return [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
-    if hasattr(store, "similarity_search_with_score_by_vector") or hasattr(
-        store, "similarity_search_by_vector_with_relevance_scores"
-    ):
-        return await asyncio.to_thread(_store_search, store, vector, k, kwargs)
-    docs = await store.asimilarity_search_by_vector(vector, k=k, **kwargs)
-    return [(doc, None) for doc in docs]
+        pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
+        return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
+    return await asyncio.to_thread(_store_search, store, vector, k, kwargs)
 
 
-def _hit_document(hit: SearchHit) -> Document:
-    return Document(id=hit.id, page_content=hit.text, metadata=dict(hit.metadata))
-
-
-def _with_explanation(scored: ScoredDocs, pq: PersonalizedQuery) -> list[Document]:
-    """Copies of the found documents with ``metadata["score"]`` and ``metadata["pbr"]``."""
+def _documents(scored: list[ScoredRecord], pq: PersonalizedQuery) -> list[Document]:
+    """The found items as documents with the user's id, ``score`` (cosine) and ``pbr``."""
+    payload = explanation_payload(pq.explanation)
     return [
         Document(
-            id=doc.id,
-            page_content=doc.page_content,
+            id=s.hit.id,
+            page_content=s.hit.text,
             metadata={
-                **doc.metadata,
-                SCORE_KEY: score,
-                EXPLANATION_KEY: explanation_payload(pq.explanation),
+                **s.hit.metadata,
+                SCORE_KEY: s.hit.score,
+                RAW_SCORE_KEY: s.raw_score,
+                EXPLANATION_KEY: payload,
             },
         )
-        for doc, score in scored
+        for s in scored
     ]

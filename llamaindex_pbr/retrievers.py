@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import copy
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
-import numpy as np
 from llama_index.core import Settings, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -40,7 +40,6 @@ from llama_index.core.vector_stores import (
     MetadataFilter,
     MetadataFilters,
 )
-from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import (
@@ -59,19 +58,20 @@ from pbr_core.adapters_support import (
     explanation_events,
     explanation_payload,
     host_store_errors,
-    require_items,
 )
-from pbr_core.vectors import as_unit_rows
+from pbr_core.corpus import RAW_SCORE_KEY, Corpus
+from pbr_core.history import UserHistory
+from pbr_core.persist import current_snapshot, write_atomically
 
 from ._bridge import (
     LlamaIndexEmbedder,
     LlamaIndexGenerator,
     PromptStyle,
-    embed_model_id,
     settings_embed_model,
     settings_llm,
 )
 from .events import event_for
+from .stores import IndexRecords, PartitionRecords, user_node
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
@@ -110,6 +110,7 @@ class _Shared:
     """
 
     personalizer: Personalizer
+    corpus: Corpus
     llm: LLM
     embed_model: BaseEmbedding
     generator: LlamaIndexGenerator
@@ -279,6 +280,7 @@ class PBRRetriever(BaseRetriever):
                 f"model is {embedder.model_id!r}; pass embed_model= the model that built them"
             )
         self._shared = _Shared(
+            corpus=Corpus(None, embedder=embedder, cache=store, user_key=user_id_key),
             personalizer=Personalizer(
                 embedder,
                 generator,
@@ -305,8 +307,16 @@ class PBRRetriever(BaseRetriever):
         self._config: PBRConfig | None = None
         self._strict: bool | None = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
-        if history is None:
-            self._load_history_from_indexes()
+        corpus = self._shared.corpus
+        corpus.host = (
+            IndexRecords(single, user_id_key)
+            if single is not None
+            else PartitionRecords(
+                per_user if per_user is not None else {}, self._index_for, user_id_key
+            )
+        )
+        if history is None and not corpus.verified:
+            self._record_unlisted()
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -458,28 +468,32 @@ class PBRRetriever(BaseRetriever):
     # -- retrieval -------------------------------------------------------------------------------
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         user_id, query = self._request(query_bundle)
+        with self._store_errors(user_id):
+            history = self._shared.corpus.history(user_id)  # checked against the index
         pq = self._personalize(user_id, query)
-        inner = self._inner_retriever(user_id)
+        inner = self._inner_retriever(user_id) if history is not None else None
         nodes: list[NodeWithScore] = []
         if inner is not None:
             start = time.perf_counter()
             with self._store_errors(user_id):
                 nodes = inner.retrieve(_bundle(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return self._annotate(nodes, pq)
+        return self._annotate(user_id, history, nodes, pq)
 
     @dispatcher.span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         user_id, query = self._request(query_bundle)
+        with self._store_errors(user_id):
+            history = await self._shared.corpus.ahistory(user_id)
         pq = await self._apersonalize(user_id, query)
-        inner = self._inner_retriever(user_id)
+        inner = self._inner_retriever(user_id) if history is not None else None
         nodes: list[NodeWithScore] = []
         if inner is not None:
             start = time.perf_counter()
             with self._store_errors(user_id):
                 nodes = await inner.aretrieve(_bundle(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return self._annotate(nodes, pq)
+        return self._annotate(user_id, history, nodes, pq)
 
     def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
         """The request's user and query, validated; nothing of it is stored on ``self``."""
@@ -577,24 +591,37 @@ class PBRRetriever(BaseRetriever):
                 f"the vector store cannot apply the metadata filter ({exc}); {advice}"
             ) from exc
 
-    def _annotate(self, nodes: list[NodeWithScore], pq: PersonalizedQuery) -> list[NodeWithScore]:
-        """Copies of the nodes with the explanation in their metadata (hidden from the LLM)."""
+    def _annotate(
+        self,
+        user_id: str,
+        history: UserHistory | None,
+        nodes: list[NodeWithScore],
+        pq: PersonalizedQuery,
+    ) -> list[NodeWithScore]:
+        """The user's nodes (their own ids), cosine scores, the explanation (hidden from the
+        LLM)."""
         payload = explanation_payload(pq.explanation)
+        by_key = {nws.node.node_id: nws.node for nws in nodes}
+        found = [(nws.node.node_id, nws.node.metadata, nws.score) for nws in nodes]
         out = []
-        for nws in nodes:
-            node = nws.node
+        for scored in self._shared.corpus.scored(user_id, history, pq.vector, found):
+            node = user_node(by_key[scored.key], scored.hit.id)
             copied = node.model_copy(
                 update={
-                    "metadata": {**node.metadata, EXPLANATION_KEY: payload},
+                    "metadata": {
+                        **node.metadata,
+                        RAW_SCORE_KEY: scored.raw_score,
+                        EXPLANATION_KEY: payload,
+                    },
                     "excluded_llm_metadata_keys": _with(
-                        node.excluded_llm_metadata_keys, EXPLANATION_KEY
+                        node.excluded_llm_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
                     ),
                     "excluded_embed_metadata_keys": _with(
-                        node.excluded_embed_metadata_keys, EXPLANATION_KEY
+                        node.excluded_embed_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
                     ),
                 }
             )
-            out.append(NodeWithScore(node=copied, score=nws.score))
+            out.append(NodeWithScore(node=copied, score=scored.hit.score))
         return out
 
     # -- history -------------------------------------------------------------------------------
@@ -618,14 +645,7 @@ class PBRRetriever(BaseRetriever):
             texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
             for node, vector in zip(todo, self._shared.embed_model.get_text_embedding_batch(texts)):
                 node.embedding = vector
-        for user, group in _grouped(copies, users).items():
-            vectors = self._checked_vectors(group)
-            if insert:  # the index first: if it fails, the history is left as it was
-                index = self._index_for(user)
-                with host_store_errors(index.vector_store, "add"):
-                    index.insert_nodes(group)
-            self._record(user, group, vectors)
-        return [n.node_id for n in copies]
+        return self._write(copies, users, insert)
 
     async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
         """Async :meth:`add_nodes`."""
@@ -636,13 +656,25 @@ class PBRRetriever(BaseRetriever):
             vectors = await self._shared.embed_model.aget_text_embedding_batch(texts)
             for node, vector in zip(todo, vectors):
                 node.embedding = vector
-        for user, group in _grouped(copies, users).items():
-            checked = self._checked_vectors(group)
-            if insert:
-                index = self._index_for(user)
-                with host_store_errors(index.vector_store, "add"):
-                    await index.ainsert_nodes(group)
-            self._record(user, group, checked)
+        return await asyncio.to_thread(self._write, copies, users, insert)
+
+    def _write(self, copies: list[BaseNode], users: list[str], insert: bool) -> list[str]:
+        """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules)."""
+        groups: dict[str, list[HistoryItem]] = {}
+        vectors: dict[str, list[list[float]]] = {}
+        extras: dict[str, list[BaseNode]] = {}
+        for node, user in zip(copies, users):
+            groups.setdefault(user, []).append(
+                HistoryItem(
+                    id=node.node_id,
+                    text=node.get_content(metadata_mode=MetadataMode.NONE),
+                    metadata=node.metadata,
+                )
+            )
+            vectors.setdefault(user, []).append(node.get_embedding())
+            extras.setdefault(user, []).append(node)
+        with host_store_errors(self._any_store(), "add"):
+            self._shared.corpus.add_many(groups, vectors=vectors, extras=extras, write_host=insert)
         return [n.node_id for n in copies]
 
     def add_documents(
@@ -666,12 +698,18 @@ class PBRRetriever(BaseRetriever):
                 unchanged.
         """
         user_id = self._require_user("delete nodes")
-        ids = list(node_ids)
-        require_items(self._core.store, user_id, ids)
-        index = self._index_for(user_id)
-        with host_store_errors(index.vector_store, "delete"):
-            index.delete_nodes(ids, delete_from_docstore=True)
-        self._core.delete(user_id, ids)
+        with host_store_errors(self._any_store(), "delete"):
+            self._shared.corpus.delete(user_id, list(node_ids))
+
+    async def adelete_nodes(self, node_ids: Sequence[str]) -> None:
+        """Async :meth:`delete_nodes`."""
+        await asyncio.to_thread(self.delete_nodes, list(node_ids))
+
+    def _any_store(self) -> object:
+        """A vector store of this retriever, to name in connection errors."""
+        shared = self._shared
+        index = shared.index or next(iter((shared.user_indexes or {}).values()), None)
+        return index.vector_store if index is not None else None
 
     def _require_user(self, what: str) -> str:
         if self._user_id is None:
@@ -715,30 +753,6 @@ class PBRRetriever(BaseRetriever):
             users.append(user)
         return copies, users
 
-    def _checked_vectors(self, nodes: Sequence[BaseNode]) -> np.ndarray:
-        """The nodes' vectors as unit rows, checked before anything is written anywhere."""
-        if not nodes:
-            return np.zeros((0, self._core.store.dim or 0), dtype=np.float32)
-        return as_unit_rows(
-            [n.embedding for n in nodes], dim=self._core.store.dim, what="node embeddings"
-        )
-
-    def _record(self, user_id: str, nodes: Sequence[BaseNode], vectors: np.ndarray) -> None:
-        """Add nodes with their (index) vectors to the user's history: no second embedding."""
-        keep = [
-            i for i, n in enumerate(nodes) if n.get_content(metadata_mode=MetadataMode.NONE).strip()
-        ]  # an empty node (an image, a table stub) tells the LLM nothing about the user
-        if not keep:
-            return
-        items = [
-            HistoryItem(id=nodes[i].node_id, text=nodes[i].get_content(MetadataMode.NONE))
-            for i in keep
-        ]
-        store = self._core.store
-        store.upsert(user_id, items, vectors[keep])
-        if store.embedding_model_id is None:
-            store.embedding_model_id = embed_model_id(self._shared.embed_model)
-
     def _index_for(self, user_id: str) -> VectorStoreIndex:
         shared = self._shared
         if shared.user_indexes is None:
@@ -763,43 +777,33 @@ class PBRRetriever(BaseRetriever):
                 shared.user_indexes[user_id] = index
             return index
 
-    def _load_history_from_indexes(self) -> None:
-        """Record the nodes the indexes' docstores hold, reusing stored vectors where readable."""
+    def _record_unlisted(self) -> None:
+        """For an index pbr cannot list: record the nodes its docstore holds (no re-adding)."""
         shared = self._shared
-        sources: list[tuple[str | None, VectorStoreIndex]] = (
+        sources = (
             list(shared.user_indexes.items())
             if shared.user_indexes is not None
-            else [(None, shared.index)]  # type: ignore[list-item]
+            else [(None, shared.index)]
         )
-        untagged = 0
+        copies: list[BaseNode] = []
+        users: list[str] = []
         for owner, index in sources:
+            assert index is not None
             ids = list(index.index_struct.nodes_dict.values())
-            nodes = index.docstore.get_nodes(ids, raise_error=False) if ids else []
-            by_user: dict[str, list[BaseNode]] = {}
-            for node in nodes:
+            for node in index.docstore.get_nodes(ids, raise_error=False) if ids else []:
                 user = owner if owner is not None else node.metadata.get(shared.user_id_key)
-                if not isinstance(user, str) or not user:
-                    untagged += 1
-                    continue
-                by_user.setdefault(user, []).append(node)
-            for user, group in by_user.items():
-                with_vectors = [
-                    n.model_copy(update={"embedding": _stored_vector(index, n)}) for n in group
-                ]
-                todo = [n for n in with_vectors if n.embedding is None]
-                if todo:
-                    texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
-                    embedded = shared.embed_model.get_text_embedding_batch(texts)
-                    for node, vector in zip(todo, embedded):
-                        node.embedding = vector
-                self._record(user, with_vectors, self._checked_vectors(with_vectors))
-        if untagged:
-            logger.warning(
-                "%d node(s) of the index have no %r metadata: no user's retrieval can return "
-                "them; tag them, or add them with PBRRetriever.add_nodes",
-                untagged,
-                shared.user_id_key,
-            )
+                if isinstance(user, str) and user and node.get_content(MetadataMode.NONE).strip():
+                    copies.append(node)
+                    users.append(user)
+        todo = [n for n in copies if n.embedding is None]
+        if todo:
+            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
+            embedded = shared.embed_model.get_text_embedding_batch(texts)
+            todo = [n.model_copy(update={"embedding": v}) for n, v in zip(todo, embedded)]
+            done = {n.node_id: n for n in todo}
+            copies = [done.get(n.node_id, n) for n in copies]
+        if copies:
+            self._write(copies, users, insert=False)
 
     # -- prompts (PromptMixin) ---------------------------------------------------------------------
     def _get_prompts(self) -> PromptDictType:
@@ -847,7 +851,6 @@ class PBRRetriever(BaseRetriever):
         """
         shared = self._shared
         root = Path(persist_dir)
-        root.mkdir(parents=True, exist_ok=True)
         try:
             kwargs_json = json.loads(json.dumps(shared.retriever_kwargs))
         except TypeError as exc:
@@ -855,16 +858,11 @@ class PBRRetriever(BaseRetriever):
                 f"retriever_kwargs must be JSON-serialisable to persist ({exc}); leave them "
                 "out and pass them again to from_persist_dir"
             ) from exc
-        self._core.store.save(root / "history")
-        indexes: dict[str, str] | None = None
-        if shared.user_indexes is not None:
-            indexes = {}
-            for user, index in shared.user_indexes.items():
-                indexes[user] = _user_dir(user)
-                index.storage_context.persist(persist_dir=str(root / "indexes" / indexes[user]))
-        else:
-            assert shared.index is not None
-            shared.index.storage_context.persist(persist_dir=str(root / "index"))
+        indexes = (
+            {user: _user_dir(user) for user in shared.user_indexes}
+            if shared.user_indexes is not None
+            else None
+        )
         prompts = self._core.prompts
         manifest = {
             "format": _FORMAT,
@@ -888,7 +886,21 @@ class PBRRetriever(BaseRetriever):
             "retriever_kwargs": kwargs_json,
             "indexes": indexes,
         }
-        (root / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+        def write(folder: Path) -> None:
+            self._core.store.save(folder / "history")
+            if shared.user_indexes is not None:
+                for user, index in shared.user_indexes.items():
+                    index.storage_context.persist(
+                        persist_dir=str(folder / "indexes" / _user_dir(user))
+                    )
+            else:
+                assert shared.index is not None
+                shared.index.storage_context.persist(persist_dir=str(folder / "index"))
+            (folder / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+        # A new snapshot folder made current in one atomic step: a crash leaves the old state.
+        write_atomically(root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"))
 
     @classmethod
     def from_persist_dir(
@@ -912,7 +924,7 @@ class PBRRetriever(BaseRetriever):
                 (e.g. ``FaissVectorStore.from_persist_dir``); default: ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """
-        root = Path(persist_dir)
+        root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
         manifest = _read_manifest(root)
         callback_manager = callback_manager or Settings.callback_manager
         embed_model = (
@@ -924,12 +936,15 @@ class PBRRetriever(BaseRetriever):
             if not folder.is_dir():
                 raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
             vector_store = vector_store_loader(str(folder)) if vector_store_loader else None
-            storage = StorageContext.from_defaults(
-                persist_dir=str(folder), vector_store=vector_store
-            )
-            index = load_index_from_storage(
-                storage, embed_model=embed_model, callback_manager=callback_manager
-            )
+            try:
+                storage = StorageContext.from_defaults(
+                    persist_dir=str(folder), vector_store=vector_store
+                )
+                index = load_index_from_storage(
+                    storage, embed_model=embed_model, callback_manager=callback_manager
+                )
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise PersistenceError(f"damaged index in {folder}: {exc!r}") from exc
             if not isinstance(index, VectorStoreIndex):
                 raise PersistenceError(
                     f"{folder} holds a {type(index).__name__}, not a vector index"
@@ -1031,26 +1046,8 @@ def _bundle(query: str, pq: PersonalizedQuery) -> QueryBundle:
     return QueryBundle(query_str=query, embedding=[float(x) for x in pq.vector])
 
 
-def _with(keys: Sequence[str], key: str) -> list[str]:
-    return list(keys) if key in keys else [*keys, key]
-
-
-def _grouped(nodes: Sequence[BaseNode], users: Sequence[str]) -> dict[str, list[BaseNode]]:
-    groups: dict[str, list[BaseNode]] = {}
-    for node, user in zip(nodes, users):
-        groups.setdefault(user, []).append(node)
-    return groups
-
-
-def _stored_vector(index: VectorStoreIndex, node: BaseNode) -> list[float] | None:
-    """The vector the index stored for ``node``, where the store can give it back."""
-    store = index.vector_store
-    if isinstance(store, SimpleVectorStore):
-        try:
-            return store.get(node.node_id)
-        except KeyError:
-            return None
-    return None
+def _with(keys: Sequence[str], *extra: str) -> list[str]:
+    return [*keys, *(k for k in extra if k not in keys)]
 
 
 def _user_dir(user_id: str) -> str:

@@ -164,7 +164,11 @@ def host_store_errors(store: object, action: str) -> Iterator[None]:
             raise
         url = _server_url(cause)
         where = f"at {url}" if url else f"({type(store).__name__})"
-        unchanged = "; PBR's history is unchanged" if action in ("add", "delete") else ""
+        unchanged = (
+            "; PBR's history is unchanged and retrying the same call is safe"
+            if action in ("add", "delete")
+            else ""
+        )
         raise VectorStoreUnavailableError(
             f"{action} failed: the vector store {where} is not reachable "
             f"({type(cause).__name__}: {cause}){unchanged}. Check that the server is running "

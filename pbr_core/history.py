@@ -10,15 +10,19 @@ one's anchors and where each of its rows was, so that its own anchor is derived 
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import threading
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,6 +30,7 @@ import scipy.sparse as sp
 from .anchor import AnchorResult, compute_anchor, update_anchor
 from .config import PBRConfig
 from .errors import EmbeddingError, PersistenceError, UnknownUserError
+from .persist import current_snapshot, write_atomically
 from .vectors import as_unit_rows
 
 FORMAT_NAME = "pbr-history"
@@ -33,6 +38,10 @@ FORMAT_NAME = "pbr-history"
 #: anchors) are still read.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
+#: The files of one save (inside the snapshot folder that ``CURRENT`` names, see
+#: :mod:`pbr_core.persist`; directly in the save folder for folders saved by older versions).
+MANIFEST_NAME = "manifest.json"
+USERS_DIR = "users"
 
 #: A re-upserted vector within this distance (max abs difference) of the stored one is the same
 #: vector: the stored bits are kept, so re-adding unchanged items (re-normalised on the way in)
@@ -168,6 +177,149 @@ class UserHistory:
                 self._parents[key] = (result, chained)
 
 
+def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
+    """Raise ``ValueError`` unless ``user_id`` and every item can be saved exactly as given.
+
+    A save writes one folder for all users, so a single unsaveable value (a lone surrogate from
+    bytes decoded with ``errors="surrogateescape"``, a ``datetime`` in metadata, a NaN
+    timestamp) would make every later :meth:`HistoryStore.save` fail, for everyone. This check
+    runs in :meth:`HistoryStore.upsert` before anything changes; an adapter calls it too before
+    it writes the items to its host vector store, so a rejected batch is written nowhere.
+
+    Rules: the user id, item ids and texts are strings encodable as UTF-8; metadata is a mapping
+    whose keys and values JSON can hold (str, int, float, bool, None, lists and dicts of them),
+    UTF-8 encodable; a timestamp is a finite ``int``/``float`` (POSIX seconds) or None.
+
+    Raises:
+        ValueError: naming the user, the item and the field, and saying how to fix it.
+    """
+    _check_utf8(user_id, f"user id {user_id!r}")
+    for n, item in enumerate(items):
+        if not isinstance(item, HistoryItem):
+            raise ValueError(
+                f"item {n} for user {user_id!r} is a {type(item).__name__}, not a HistoryItem"
+            )
+        if not isinstance(item.id, str):
+            raise ValueError(
+                f"item {n} for user {user_id!r} has a {type(item.id).__name__} id {item.id!r}; "
+                "ids are strings: pass str(id)"
+            )
+        where = f"item {item.id!r} of user {user_id!r}"
+        if not isinstance(item.text, str):
+            raise ValueError(
+                f"{where} has a {type(item.text).__name__} text; the text must be a string"
+            )
+        _check_timestamp(item.timestamp, where)
+        if not isinstance(item.metadata, Mapping):
+            raise ValueError(
+                f"{where} has metadata of type {type(item.metadata).__name__}; pass a dict"
+            )
+        try:  # the fast path: the whole item, exactly as save() will write it
+            _check_encoder.encode(item.to_dict()).encode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            _explain_unserialisable(item, where)
+
+
+class _Unserialisable(TypeError):
+    def __init__(self, value: object) -> None:
+        self.value = value
+        super().__init__(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _refuse(value: object) -> Any:
+    raise _Unserialisable(value)
+
+
+# Like the encoder of save(), plus circular-reference detection and a hook naming the culprit.
+_check_encoder = json.JSONEncoder(ensure_ascii=False, check_circular=True, default=_refuse)
+
+
+def _check_utf8(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start] if isinstance(exc.object, str) else "?"
+        raise ValueError(
+            f"{what} is not valid Unicode: it holds the lone surrogate {bad!r} at position "
+            f"{exc.start} (typically bytes decoded with errors='surrogateescape'), which cannot "
+            "be saved as UTF-8; decode the source bytes with the right encoding, or clean the "
+            "string with s.encode('utf-8', 'replace').decode('utf-8')"
+        ) from None
+
+
+def _check_timestamp(timestamp: object, where: str) -> None:
+    if timestamp is None:
+        return
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
+        raise ValueError(
+            f"{where} has a timestamp of type {type(timestamp).__name__} ({timestamp!r}); pass "
+            "POSIX seconds as a float (e.g. float(value), or value.timestamp() for a datetime) "
+            "or None"
+        )
+    try:
+        finite = math.isfinite(timestamp)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ValueError(
+            f"{where} has the timestamp {timestamp!r}; pass finite POSIX seconds or None"
+        )
+
+
+def _explain_unserialisable(item: HistoryItem, where: str) -> NoReturn:
+    """Raise a ValueError naming what in ``item`` :func:`check_serialisable` refused."""
+    _check_utf8(item.id, f"the id of {where}")
+    _check_utf8(item.text, f"the text of {where}")
+    for key, value in item.metadata.items():
+        field_name = f"metadata[{key!r}] of {where}"
+        try:
+            _check_encoder.encode({key: value}).encode("utf-8")
+        except _Unserialisable as exc:
+            culprit = exc.value
+            if isinstance(culprit, (_dt.datetime, _dt.date, _dt.time)):
+                advice = (
+                    "convert it to an ISO string (value.isoformat()) or POSIX seconds "
+                    "(value.timestamp())"
+                )
+            elif type(culprit).__module__ == "numpy":
+                advice = "convert it to a Python value (value.item() or value.tolist())"
+            else:
+                advice = "convert it to str, int, float, bool, None, or a list or dict of them"
+            what = "is" if culprit is value else "holds"
+            raise ValueError(
+                f"{field_name} {what} a {type(culprit).__module__}.{type(culprit).__qualname__}"
+                f" ({culprit!r}), which JSON cannot hold; {advice}"
+            ) from None
+        except UnicodeEncodeError:
+            _check_utf8(str(key), f"the key of {field_name}")
+            _find_surrogate(value, field_name)
+        except ValueError as exc:  # "Circular reference detected"
+            raise ValueError(
+                f"{field_name} cannot be saved as JSON ({exc}); pass a plain copy without "
+                "references to itself"
+            ) from None
+        except (TypeError, RecursionError) as exc:  # keys JSON cannot hold, too deep nesting
+            raise ValueError(
+                f"{field_name} cannot be saved as JSON ({exc}); use string keys and plain "
+                "values (str, int, float, bool, None, lists and dicts of them)"
+            ) from None
+    raise ValueError(f"{where} cannot be saved as JSON; pass plain strings and a plain dict")
+
+
+def _find_surrogate(value: object, where: str) -> None:
+    """Raise the lone-surrogate ValueError for the first string in ``value`` that holds one."""
+    if isinstance(value, str):
+        _check_utf8(value, where)
+    elif isinstance(value, Mapping):
+        for key, inner in value.items():
+            _check_utf8(str(key), f"a key in {where}")
+            _find_surrogate(inner, f"{where}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, inner in enumerate(value):
+            _find_surrogate(inner, f"{where}[{i}]")
+    _check_utf8(_check_encoder.encode(value), where)
+
+
 def _user_key(user_id: str) -> str:
     """A file-name-safe stable key for any user id (quotes, slashes, operators included)."""
     return hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:24]
@@ -235,11 +387,17 @@ class HistoryStore:
         """Add items (replacing those with the same id) and return the new snapshot.
 
         Everything is validated before anything changes: duplicate ids in the batch, a count
-        mismatch, NaN/inf or zero vectors, or a wrong dimension raise and leave the store as it was.
+        mismatch, NaN/inf or zero vectors, a wrong dimension, or a value that could not be saved
+        (see :func:`check_serialisable`) raise and leave the store as it was.
+
+        An empty batch changes nothing: it returns the user's snapshot, or, for a user with no
+        history, an empty snapshot that is *not* stored (the user stays unknown, and its first
+        real batch fixes the dimension as usual).
         """
         if not isinstance(user_id, str) or not user_id:
             raise ValueError("user_id must be a non-empty string")
         items = list(items)
+        check_serialisable(user_id, items)
         ids = [item.id for item in items]
         if len(set(ids)) != len(ids):
             dupes = sorted({i for i in ids if ids.count(i) > 1})
@@ -249,7 +407,11 @@ class HistoryStore:
                 raise ValueError(f"item {item.id!r} has empty text")
         with self._lock:
             if not items:
-                return self._current(user_id) or self._replace(user_id, [], None)
+                current = self._current(user_id)
+                if current is not None:
+                    return current
+                empty = np.zeros((0, self.dim or 0), dtype=np.float32)
+                return UserHistory(user_id, [], empty, version=0)
             rows = as_unit_rows(vectors, dim=self.dim, what=f"vectors for user {user_id!r}")
             if rows.shape[0] != len(items):
                 raise EmbeddingError(f"{len(items)} items but {rows.shape[0]} vectors")
@@ -306,12 +468,10 @@ class HistoryStore:
         self,
         user_id: str,
         items: Sequence[HistoryItem],
-        vectors: np.ndarray | None,
+        vectors: np.ndarray,
         old_positions: np.ndarray | None = None,
     ) -> UserHistory:
         old = self._current(user_id)
-        if vectors is None:
-            vectors = np.zeros((0, self.dim or 0), dtype=np.float32)
         snapshot = UserHistory(user_id, items, vectors, version=(old.version + 1) if old else 1)
         if old is not None and old_positions is not None:
             snapshot._inherit_anchors(old, old_positions)
@@ -320,96 +480,104 @@ class HistoryStore:
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write every user to ``path`` (a folder), atomically replacing an earlier save.
+        """Write every user to the folder ``path``, atomically replacing an earlier save.
+
+        The save fills a new snapshot subfolder of ``path`` and becomes current in one atomic
+        step (see :mod:`pbr_core.persist`): an error or a crash at any point leaves the previous
+        save loadable, and a process loading ``path`` meanwhile reads the old state or the new
+        one, never a mix. The previous snapshot is kept until the next save, so a lazy loader
+        that opened it can go on reading; older ones are removed. A folder saved by an older
+        version (files directly in it) is converted.
 
         Each user's items (JSON lines), vectors (``.npy``) and the anchors computed so far
         (``.anchors.npz``: graph, PageRank and anchor per parameter set), so that a restarted
         process answers its first query without rebuilding any anchor. Users of a lazily loaded
-        folder that were never read are copied file by file.
+        folder that were never read are copied file by file, and are read from the new snapshot
+        afterwards (the one they were loaded from may be pruned by a later save).
+
+        Returns:
+            ``path`` as a :class:`~pathlib.Path`: what :meth:`load` takes.
+
+        Raises:
+            PersistenceError: a user could not be written (the message names it) or the folder
+                cannot be written to; ``path`` still holds the previous save, unchanged.
         """
         target = Path(path)
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        users = tmp / "users"
-        users.mkdir(parents=True)
         with self._lock:
-            snapshots = list(self._users.values())
-            manifest: dict[str, Any] = {
+            users_now = list(self._users.items())
+            header: dict[str, Any] = {
                 "format": FORMAT_NAME,
                 "format_version": FORMAT_VERSION,
                 "dim": self.dim,
                 "embedding_model_id": self.embedding_model_id,
-                "users": [],
             }
-        for snap in snapshots:
-            if isinstance(snap, _Saved):
-                manifest["users"].append(_copy_user(snap, users))
-                continue
-            key = _user_key(snap.user_id)
-            with (users / f"{key}.jsonl").open("w", encoding="utf-8") as fh:
-                fh.write("".join([_encode_json(item.to_dict()) + "\n" for item in snap.items]))
-            np.save(users / f"{key}.npy", np.asarray(snap.vectors))
-            entry: dict[str, Any] = {
-                "user_id": snap.user_id,
-                "key": key,
-                "count": len(snap),
-                "version": snap.version,
-            }
-            anchors = [(k, a) for k, a in list(snap._anchors.items()) if a is not None]
-            if anchors:
-                entry["anchors"] = _save_anchors(users / f"{key}.anchors.npz", anchors)
-            manifest["users"].append(entry)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        if target.exists():
-            target.rename(old)
-        tmp.rename(target)
-        if old.exists():
-            shutil.rmtree(old)
+        copied: list[tuple[str, _Saved]] = []
+        unchanged = f"nothing was replaced: {target} still holds the previous save"
+
+        def write(folder: Path) -> None:
+            users = folder / USERS_DIR
+            users.mkdir()
+            entries: list[dict[str, Any]] = []
+            for user_id, snap in users_now:
+                try:
+                    if isinstance(snap, _Saved):
+                        entries.append(_copy_user(snap, users))
+                        copied.append((user_id, snap))
+                    else:
+                        entries.append(_write_user(snap, users))
+                except (OSError, ValueError, TypeError, RecursionError) as exc:
+                    raise PersistenceError(
+                        f"could not save user {user_id!r}: {exc}; {unchanged}. Fix this user's "
+                        f"data (or drop_user({user_id!r})) and save again"
+                    ) from exc
+            try:
+                text = json.dumps({**header, "users": entries}, indent=1)
+            except (TypeError, ValueError) as exc:
+                raise PersistenceError(
+                    f"could not write the manifest ({exc}); {unchanged}. The store's dim must "
+                    "be an int and its embedding_model_id a string"
+                ) from exc
+            (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
+
+        snapshot = write_atomically(target, write, legacy_names=(MANIFEST_NAME, USERS_DIR))
+        with self._lock:
+            # The copies are in the new snapshot: read them from there from now on.
+            for user_id, saved in copied:
+                if self._users.get(user_id) is saved:
+                    self._users[user_id] = _Saved(snapshot, saved.entry)
         return target
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, lazy: bool = False) -> HistoryStore:
         """Read a folder written by :meth:`save`; raise PersistenceError if missing or damaged.
 
+        Reads the snapshot that the folder's ``CURRENT`` names, or, for a folder saved by an
+        older version, the files directly in it; format versions 1 and 2 are read.
+
         Args:
             path: the folder.
             lazy: read only the manifest now and each user's files on first use (first query,
                 upsert, ...). A restarted server then answers its first query after reading one
-                user, not all of them; a damaged user file raises :class:`PersistenceError` when
-                that user is first used, and the folder must stay in place until then.
+                user, not all of them. A damaged user file raises :class:`PersistenceError` when
+                that user is first used, and the snapshot must stay in place until then: a save
+                by this store keeps it readable, but two saves to ``path`` by *another* store or
+                process prune it.
+
+        Raises:
+            PersistenceError: the folder is missing or a file in it is damaged; the message
+                names the file.
         """
         folder = Path(path)
-        manifest_path = folder / "manifest.json"
-        if not folder.is_dir():
-            raise PersistenceError(f"no saved history at {folder} (folder does not exist)")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise PersistenceError(
-                f"{folder} is not a saved history: manifest.json missing"
-            ) from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PersistenceError(f"damaged manifest {manifest_path}: {exc}") from exc
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-            raise PersistenceError(f"{manifest_path} is not a {FORMAT_NAME} manifest")
-        if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
-            raise PersistenceError(
-                f"{folder} was saved in format version {manifest.get('format_version')}, "
-                f"this library reads versions {list(READABLE_FORMAT_VERSIONS)}"
-            )
-        store = cls(dim=manifest.get("dim"), embedding_model_id=manifest.get("embedding_model_id"))
-        for entry in manifest.get("users", []):
-            try:
-                user_id = str(entry["user_id"])
-                str(entry["key"])
-            except (KeyError, TypeError) as exc:
-                raise PersistenceError(f"damaged manifest {manifest_path}: {exc}") from exc
+        snapshot = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
+        manifest_path = snapshot / MANIFEST_NAME
+        manifest = _read_manifest(manifest_path)
+        store = cls(dim=manifest["dim"], embedding_model_id=manifest["embedding_model_id"])
+        for entry in manifest["users"]:
+            user_id = entry["user_id"]
             if lazy:
-                store._users[user_id] = _Saved(folder, entry)
+                store._users[user_id] = _Saved(snapshot, entry)
             else:
-                store._users[user_id] = _read_user(folder, entry, store.dim)
+                store._users[user_id] = _read_user(snapshot, entry, store.dim)
         return store
 
 
@@ -423,39 +591,188 @@ class _Saved:
 
 _encode_json = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 
+# A manifest's user key becomes part of file names: never a path separator or "..".
+_SAFE_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
+
+_RESTORE = "restore the folder from a backup, or re-add the history and save again"
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest at ``path``, every field :meth:`HistoryStore.load` relies on checked."""
+
+    def damaged(detail: str) -> PersistenceError:
+        return PersistenceError(f"damaged manifest {path}: {detail}; {_RESTORE}")
+
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PersistenceError(
+            f"damaged saved history: {path} is missing (the snapshot folder {path.parent} is "
+            f"incomplete); {_RESTORE}"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise damaged(f"not JSON ({exc})") from exc
+    except OSError as exc:
+        raise PersistenceError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise PersistenceError(f"{path} is not a {FORMAT_NAME} manifest; {_RESTORE}")
+    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
+        raise PersistenceError(
+            f"{path.parent} was saved in format version {manifest.get('format_version')}, "
+            f"this library reads versions {list(READABLE_FORMAT_VERSIONS)}; load it with the "
+            "version of the library that saved it"
+        )
+    dim = manifest.get("dim")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0):
+        raise damaged(f"dim is {dim!r}, not a positive integer")
+    model = manifest.get("embedding_model_id")
+    if model is not None and not isinstance(model, str):
+        raise damaged(f"embedding_model_id is {model!r}, not a string")
+    users = manifest.get("users", [])
+    if not isinstance(users, list):
+        raise damaged("'users' is not a list")
+    seen: set[str] = set()
+    for n, entry in enumerate(users):
+        if not isinstance(entry, dict):
+            raise damaged(f"user entry {n} is not an object")
+        user_id, key, count = entry.get("user_id"), entry.get("key"), entry.get("count")
+        if not isinstance(user_id, str) or not user_id:
+            raise damaged(f"user entry {n} has no user_id string")
+        if user_id in seen:
+            raise damaged(f"user {user_id!r} is listed twice")
+        seen.add(user_id)
+        if not isinstance(key, str) or not _SAFE_KEY.match(key):
+            raise damaged(f"user {user_id!r} has the file key {key!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise damaged(f"user {user_id!r} has the item count {count!r}")
+        version = entry.get("version", 1)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise damaged(f"user {user_id!r} has the version {version!r}")
+        anchors = entry.get("anchors")
+        if anchors is not None and not (
+            isinstance(anchors, list)
+            and all(isinstance(a, dict) and isinstance(a.get("anchor_key"), list) for a in anchors)
+        ):
+            raise damaged(f"user {user_id!r} has malformed anchor entries")
+    return {"dim": dim, "embedding_model_id": model, "users": users}
+
 
 def _read_user(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserHistory:
     """One user's snapshot from a saved folder, every part checked against the manifest."""
     user_id, key = str(entry["user_id"]), str(entry["key"])
-    try:
-        with (folder / "users" / f"{key}.jsonl").open(encoding="utf-8") as fh:
-            # split("\n"), not splitlines(): JSON leaves U+2028 and friends unescaped in a line.
-            lines = [line for line in fh.read().split("\n") if line.strip()]
-        # One JSON array: a single parser call instead of one per line.
-        items = [HistoryItem.from_dict(row) for row in json.loads("[" + ",".join(lines) + "]")]
-        vectors = np.load(folder / "users" / f"{key}.npy", allow_pickle=False)
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise PersistenceError(f"damaged history in {folder}: {exc}") from exc
+    if not (folder / MANIFEST_NAME).is_file():
+        raise PersistenceError(
+            f"the saved history {folder} that user {user_id!r} was to be read from is gone "
+            "(a save keeps only the newest and the previous snapshot, and converts a folder of "
+            "the older layout, so later saves to the same place removed it); load the save "
+            "folder again"
+        )
+    users = folder / USERS_DIR
+    items_path, vectors_path = users / f"{key}.jsonl", users / f"{key}.npy"
+    items = _read_items(items_path, user_id)
+    vectors = _read_vectors(vectors_path, user_id)
     if len(items) != entry.get("count") or vectors.shape[0] != len(items):
         raise PersistenceError(
             f"damaged history in {folder}: user {user_id!r} lists {entry.get('count')} "
-            f"items, found {len(items)} items and {vectors.shape[0]} vectors"
+            f"items, found {len(items)} items in {items_path.name} and {vectors.shape[0]} "
+            f"vectors in {vectors_path.name}; {_RESTORE}"
         )
     if len(items) and (vectors.ndim != 2 or vectors.shape[1] != dim):
         raise PersistenceError(
-            f"damaged history in {folder}: user {user_id!r} vectors have shape "
-            f"{vectors.shape}, expected (n, {dim})"
+            f"damaged history in {folder}: user {user_id!r} vectors in {vectors_path.name} "
+            f"have shape {vectors.shape}, expected (n, {dim}); {_RESTORE}"
         )
     if not np.isfinite(vectors).all():
-        raise PersistenceError(f"damaged history in {folder}: NaN/inf in {user_id!r}")
+        raise PersistenceError(
+            f"damaged history in {folder}: NaN/inf in {vectors_path.name}, the vectors of "
+            f"user {user_id!r}; {_RESTORE}"
+        )
     snapshot = UserHistory(
         user_id, items, vectors.astype(np.float32, copy=False), int(entry.get("version", 1))
     )
     if entry.get("anchors"):
         snapshot._anchors.update(
-            _load_anchors(folder / "users" / f"{key}.anchors.npz", entry["anchors"], snapshot)
+            _load_anchors(users / f"{key}.anchors.npz", entry["anchors"], snapshot)
         )
     return snapshot
+
+
+def _read_items(path: Path, user_id: str) -> list[HistoryItem]:
+    """The items of a ``.jsonl`` file; PersistenceError naming the file (and line) if damaged."""
+    what = f"the items of user {user_id!r}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PersistenceError(f"damaged history: {path} ({what}) is missing; {_RESTORE}") from None
+    except UnicodeDecodeError as exc:
+        raise PersistenceError(
+            f"damaged history: {path} ({what}) is not UTF-8 text ({exc}); {_RESTORE}"
+        ) from exc
+    except OSError as exc:
+        raise PersistenceError(f"cannot read {path} ({what}): {exc}") from exc
+    # split("\n"), not splitlines(): JSON leaves U+2028 and friends unescaped in a line.
+    lines = [line for line in text.split("\n") if line.strip()]
+    try:
+        # One JSON array: a single parser call instead of one per line.
+        rows = json.loads("[" + ",".join(lines) + "]")
+        if len(rows) == len(lines):
+            return [HistoryItem.from_dict(row) for row in rows]
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        pass
+    # Something is wrong: find the first bad line, to name it.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError(f"a JSON {type(row).__name__}, not an object")
+            HistoryItem.from_dict(row)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            raise PersistenceError(
+                f"damaged history: line {number} of {path} ({what}) is not an item "
+                f"({type(exc).__name__}: {exc}); {_RESTORE}"
+            ) from exc
+    raise PersistenceError(f"damaged history: {path} ({what}) cannot be read; {_RESTORE}")
+
+
+def _read_vectors(path: Path, user_id: str) -> np.ndarray:
+    """The vectors of a ``.npy`` file; PersistenceError naming the file if damaged."""
+    what = f"the vectors of user {user_id!r}"
+    try:
+        vectors = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise PersistenceError(f"damaged history: {path} ({what}) is missing; {_RESTORE}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise PersistenceError(
+            f"damaged history: {path} ({what}) cannot be read ({type(exc).__name__}: {exc}); "
+            f"{_RESTORE}"
+        ) from exc
+    if not isinstance(vectors, np.ndarray) or not np.issubdtype(vectors.dtype, np.floating):
+        if hasattr(vectors, "close"):
+            vectors.close()
+        raise PersistenceError(
+            f"damaged history: {path} ({what}) does not hold an array of floats; {_RESTORE}"
+        )
+    return vectors
+
+
+def _write_user(snap: UserHistory, users: Path) -> dict[str, Any]:
+    """Write one user's files into ``users``; return its manifest entry."""
+    key = _user_key(snap.user_id)
+    with (users / f"{key}.jsonl").open("w", encoding="utf-8") as fh:
+        fh.write("".join([_encode_json(item.to_dict()) + "\n" for item in snap.items]))
+    np.save(users / f"{key}.npy", np.asarray(snap.vectors))
+    entry: dict[str, Any] = {
+        "user_id": snap.user_id,
+        "key": key,
+        "count": len(snap),
+        "version": snap.version,
+    }
+    anchors = [(k, a) for k, a in list(snap._anchors.items()) if a is not None]
+    if anchors:
+        entry["anchors"] = _save_anchors(users / f"{key}.anchors.npz", anchors)
+    return entry
 
 
 def _copy_user(saved: _Saved, users: Path) -> dict[str, Any]:
@@ -466,11 +783,11 @@ def _copy_user(saved: _Saved, users: Path) -> dict[str, Any]:
     )
     try:
         for name in names:
-            shutil.copyfile(saved.folder / "users" / name, users / name)
+            shutil.copyfile(saved.folder / USERS_DIR / name, users / name)
     except OSError as exc:
         raise PersistenceError(
-            f"user {saved.entry['user_id']!r} was not read yet and its files in {saved.folder} "
-            f"are gone: {exc}"
+            f"it was not read yet and its files in {saved.folder} are gone ({exc}); load the "
+            "folder again"
         ) from exc
     return dict(saved.entry)
 
@@ -533,8 +850,17 @@ def _load_anchors(
                     iterations=int(entry["iterations"]),
                     converged=bool(entry["converged"]),
                 )
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except (
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        KeyError,
+        ValueError,
+        TypeError,
+        AttributeError,
+    ) as exc:
         raise PersistenceError(
-            f"damaged anchors of user {snapshot.user_id!r} in {path.parent.parent}: {exc}"
+            f"damaged anchors of user {snapshot.user_id!r}: {path} cannot be read "
+            f"({type(exc).__name__}: {exc}); {_RESTORE}"
         ) from exc
     return out

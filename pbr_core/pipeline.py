@@ -23,6 +23,7 @@ import numpy as np
 
 from .cache import GenerationCache
 from .config import PBRConfig
+from .corpus import Corpus, merge_vectors
 from .errors import EmbeddingError, GenerationError, UnknownUserError
 from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
@@ -36,7 +37,7 @@ from .prf import (
     parse_reasoning,
     parse_utterances,
 )
-from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch
+from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .vectors import aembed_documents, aembed_query, embed_documents, embed_query
 
 #: What :meth:`Personalizer.personalize` does for a user with no history.
@@ -188,6 +189,8 @@ class Personalizer:
         self._generator = generator
         self.config = config or PBRConfig()
         self.store = store if store is not None else HistoryStore()  # an empty store is falsy
+        # The one write path for items (validation, ownership): pbr's own store as the record.
+        self.corpus = Corpus(None, embedder=embedder, cache=self.store)
         self.prompts = prompts
         self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
         self.vector_search = vector_search
@@ -243,8 +246,7 @@ class Personalizer:
         if vectors is None:
             vectors = self._vectors(user_id, items)
         self._record_model()
-        self.store.upsert(user_id, items, vectors)
-        return [item.id for item in items]
+        return self.corpus.add(user_id, items, vectors=vectors)
 
     def item_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> np.ndarray:
         """The vectors :meth:`add_items` would store for ``items``, checked; nothing is stored.
@@ -271,7 +273,7 @@ class Personalizer:
         known = self.store.known_vectors(user_id, items)
         todo = [i for i, v in enumerate(known) if v is None]
         fresh = embed_documents(self.embedder, [items[i].text for i in todo], dim=self.store.dim)
-        return _merge_vectors(known, todo, fresh)
+        return merge_vectors(known, todo, fresh)
 
     async def _avectors(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
         known = self.store.known_vectors(user_id, items)
@@ -279,7 +281,7 @@ class Personalizer:
         fresh = await aembed_documents(
             self.embedder, [items[i].text for i in todo], dim=self.store.dim
         )
-        return _merge_vectors(known, todo, fresh)
+        return merge_vectors(known, todo, fresh)
 
     def _checked(self, user_id: str, items: list[HistoryItem], vectors: np.ndarray) -> np.ndarray:
         # The store's own validation, run on a scratch store of the same dimension: one set of
@@ -302,12 +304,11 @@ class Personalizer:
         items = list(items)
         vectors = await self._avectors(user_id, items)
         self._record_model()
-        self.store.upsert(user_id, items, vectors)
-        return [item.id for item in items]
+        return self.corpus.add(user_id, items, vectors=vectors)
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
-        """Remove items; their anchor and index are rebuilt on the next query."""
-        self.store.delete(user_id, ids)
+        """Remove items (``KeyError`` for an id the user lacks; nothing removed)."""
+        self.corpus.delete(user_id, ids)
 
     def _record_model(self) -> None:
         # Only a configured embedder names the model: recording must never load the default.
@@ -744,12 +745,7 @@ def _unpersonalized(
     return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
 
 
-def _model_id(obj: object) -> str:
-    for attr in ("model_id", "model_name", "model"):
-        value = getattr(obj, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return type(obj).__qualname__
+_model_id = model_id_of
 
 
 def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
@@ -776,17 +772,6 @@ def _items(
         )
         for i in range(n)
     ]
-
-
-def _merge_vectors(
-    known: list[np.ndarray | None], todo: list[int], fresh: np.ndarray
-) -> np.ndarray:
-    rows = list(known)
-    for j, i in enumerate(todo):
-        rows[i] = fresh[j]
-    if not rows:
-        return np.zeros((0, 0), dtype=np.float32)
-    return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
 
 
 def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:

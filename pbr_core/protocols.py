@@ -66,3 +66,15 @@ class VectorSearch(Protocol):
     """Nearest-neighbour search within one user's items (a pre-filter, never a post-filter)."""
 
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]: ...
+
+
+def model_id_of(obj: object) -> str:
+    """A model's identity, as pbr keys caches and records stores with it.
+
+    Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
+    """
+    for attr in ("model_id", "model_name", "model"):
+        value = getattr(obj, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(obj).__qualname__

@@ -254,13 +254,14 @@ def brute_force_ids(vectors: Any, ids: list[str], query: Any, k: int) -> list[st
 
 
 def assert_collection_holds(collection: Any, store: Any, users: list[str], items: int) -> None:
-    """The collection holds ``items`` rows per user, users' rows interleaved, ids as in PBR's
-    history ``store`` (a :class:`pbr_core.HistoryStore`)."""
+    """The collection holds ``items`` rows per user, users' rows interleaved, the users' own ids
+    (metadata ``pbr_id``) as in PBR's history ``store`` (a :class:`pbr_core.HistoryStore`)."""
     assert collection.count() == len(users) * items
     first = collection.get(limit=len(users) * 2, include=["metadatas"])
     assert len({m["user_id"] for m in first["metadatas"]}) > 1  # not one user after another
     for user in users[:5]:
-        stored = collection.get(where={"user_id": user})["ids"]
+        rows = collection.get(where={"user_id": user}, include=["metadatas"])
+        stored = [m["pbr_id"] for m in rows["metadatas"]]  # the user's own id of each row
         assert sorted(stored) == sorted(it.id for it in store.get(user).items)
 
 
@@ -278,9 +279,10 @@ def assert_history_matches_database(
     from pbr_core import HistoryStore
 
     ids = [it.id for it in history.items]
-    db = collection.get(where={"user_id": history.user_id}, include=["embeddings"])
-    assert sorted(db["ids"]) == sorted(ids)
-    by_id = dict(zip(db["ids"], db["embeddings"]))
+    db = collection.get(where={"user_id": history.user_id}, include=["embeddings", "metadatas"])
+    own_ids = [m["pbr_id"] for m in db["metadatas"]]  # keys are scoped; the user's ids ride along
+    assert sorted(own_ids) == sorted(ids)
+    by_id = dict(zip(own_ids, db["embeddings"]))
     rows = np.array([by_id[i] for i in ids], dtype=np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     np.testing.assert_allclose(history.vectors, rows, atol=1e-6)

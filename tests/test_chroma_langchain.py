@@ -11,6 +11,7 @@ import asyncio
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("chromadb")
@@ -35,6 +36,7 @@ from pbr_core import (
     PseudoFeedback,
     VectorStoreUnavailableError,
 )
+from pbr_core.corpus import scoped_key
 
 DIM = 32
 USERS = [f"u{i:02d}" for i in range(50)]
@@ -106,8 +108,10 @@ def check(r: PBRRetriever, user: str, docs: list[Document], k: int = K) -> None:
     assert owners == {user}, f"{user} got documents of {owners - {user}}"
     assert all(d.id is not None and d.id.startswith(f"{user}-") for d in docs)
     assert [d.id for d in docs] == expected(r, user, docs[0], k)
-    distances = [d.metadata["score"] for d in docs]
-    assert distances == sorted(distances)  # Chroma's score is a distance: nearest first
+    scores = [d.metadata["score"] for d in docs]
+    assert scores == sorted(scores, reverse=True)  # one meaning of score: cosine, best first
+    distances = [d.metadata["store_score"] for d in docs]  # Chroma's own: a cosine distance
+    assert np.allclose(scores, [1 - x for x in distances], atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +180,11 @@ def test_add_and_delete_update_the_database_and_the_history(
     add_interleaved(r, ["ann", "ben"])
     col = collection(shared_chroma, name)
     r.delete(["ann-0", "ann-5"], user_id="ann")
-    assert col.get(ids=["ann-0", "ann-5"])["ids"] == []
+    assert col.get(ids=[scoped_key("ann", "ann-0"), scoped_key("ann", "ann-5")])["ids"] == []
     assert col.count() == 2 * ITEMS - 2 and len(r.history.get("ann")) == ITEMS - 2
     with pytest.raises(KeyError, match="ben-1"):
         r.delete(["ben-1"], user_id="ann")  # another user's document, by id: refused
-    assert col.get(ids=["ben-1"])["ids"] == ["ben-1"]
+    assert col.get(ids=[scoped_key("ben", "ben-1")])["ids"] == [scoped_key("ben", "ben-1")]
     check_all = r.invoke(QUERY, user_id="ann", k=ITEMS)
     assert {d.id for d in check_all} == {f"ann-{n}" for n in range(ITEMS)} - {"ann-0", "ann-5"}
 

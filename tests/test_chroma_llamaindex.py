@@ -32,6 +32,7 @@ from llama_index.vector_stores.chroma import ChromaVectorStore
 from llamaindex_pbr import PBRRetriever
 from llamaindex_pbr.testing import HashEmbedding
 from pbr_core import PseudoFeedback, VectorStoreUnavailableError
+from pbr_core.corpus import scoped_key
 
 DIM = 32
 USERS = [f"u{i:02d}" for i in range(50)]
@@ -158,12 +159,12 @@ def test_add_and_delete_update_the_database_and_the_history(
     col = collection(shared_chroma, name)
     ann = base.for_user("ann", similarity_top_k=ITEMS)
     ann.delete_nodes(["ann-0", "ann-5"])
-    assert col.get(ids=["ann-0", "ann-5"])["ids"] == []
+    assert col.get(ids=[scoped_key("ann", "ann-0"), scoped_key("ann", "ann-5")])["ids"] == []
     assert col.count() == 2 * ITEMS - 2
     assert len(base.personalizer.store.get("ann")) == ITEMS - 2
     with pytest.raises(KeyError, match="ben-1"):
         ann.delete_nodes(["ben-1"])
-    assert col.get(ids=["ben-1"])["ids"] == ["ben-1"]
+    assert col.get(ids=[scoped_key("ben", "ben-1")])["ids"] == [scoped_key("ben", "ben-1")]
     found = {n.node.node_id for n in ann.retrieve(QUERY)}
     assert found == {f"ann-{n}" for n in range(ITEMS)} - {"ann-0", "ann-5"}
 

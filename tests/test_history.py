@@ -15,6 +15,7 @@ from pbr_core import (
     PersistenceError,
     UnknownUserError,
 )
+from pbr_core.persist import current_snapshot
 
 
 def items(*ids: str) -> list[HistoryItem]:
@@ -130,7 +131,8 @@ def test_loading_a_missing_folder_says_so(tmp_path) -> None:
 
 @pytest.mark.parametrize("damage", ["manifest", "vectors", "items", "count", "nan"])
 def test_loading_a_damaged_folder_fails_clearly(store, tmp_path, damage) -> None:
-    folder = store.save(tmp_path / "h")
+    saved = store.save(tmp_path / "h")
+    folder = current_snapshot(saved)  # the snapshot folder CURRENT names
     manifest = json.loads((folder / "manifest.json").read_text())
     key = manifest["users"][0]["key"]
     if damage == "manifest":
@@ -146,4 +148,4 @@ def test_loading_a_damaged_folder_fails_clearly(store, tmp_path, damage) -> None
         bad = np.full((3, 4), np.nan, dtype=np.float32)
         np.save(folder / "users" / f"{key}.npy", bad)
     with pytest.raises(PersistenceError):
-        HistoryStore.load(folder)
+        HistoryStore.load(saved)

@@ -18,6 +18,7 @@ import pbr_core.anchor as anchor_mod
 import pbr_core.history as history_mod
 from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError, compute_anchor
 from pbr_core.anchor import anchor_from_graph, knn_graph, update_anchor, update_graph
+from pbr_core.persist import current_snapshot
 
 
 def clustered(n: int, d: int, seed: int, clusters: int = 6, spread: float = 0.35) -> np.ndarray:
@@ -341,16 +342,17 @@ def test_texts_with_unicode_line_breaks_survive_a_round_trip(tmp_path) -> None:
 def test_a_version_1_folder_still_loads(tmp_path) -> None:
     store = HistoryStore()
     store.upsert("u", items(range(5)), clustered(5, 8, seed=1))
-    folder = store.save(tmp_path / "h")  # no anchor computed: nothing version 2 in it
+    saved = store.save(tmp_path / "h")  # no anchor computed: nothing version 2 in it
+    folder = current_snapshot(saved)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["format_version"] = 1
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    loaded = HistoryStore.load(folder)
+    loaded = HistoryStore.load(saved)
     np.testing.assert_array_equal(loaded.get("u").vectors, store.get("u").vectors)
     manifest["format_version"] = 99
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PersistenceError, match="format version 99"):
-        HistoryStore.load(folder)
+        HistoryStore.load(saved)
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "shape"])
@@ -359,7 +361,7 @@ def test_damaged_anchors_fail_clearly(tmp_path, damage) -> None:
     store.upsert("u", items(range(20)), clustered(20, 8, seed=1))
     store.get("u").anchor(PBRConfig(theta=0.3))
     folder = store.save(tmp_path / "h")
-    (path,) = (folder / "users").glob("*.anchors.npz")
+    (path,) = (current_snapshot(folder) / "users").glob("*.anchors.npz")
     if damage == "missing":
         path.unlink()
     elif damage == "garbage":
@@ -426,9 +428,10 @@ def test_a_lazy_load_reports_a_damaged_user_when_it_is_used(tmp_path) -> None:
     store.upsert("alice", items(range(3)), clustered(3, 8, seed=1))
     store.upsert("bob", items(range(3)), clustered(3, 8, seed=2))
     folder = store.save(tmp_path / "h")
-    manifest = json.loads((folder / "manifest.json").read_text())
+    snapshot = current_snapshot(folder)
+    manifest = json.loads((snapshot / "manifest.json").read_text())
     key = next(u["key"] for u in manifest["users"] if u["user_id"] == "bob")
-    (folder / "users" / f"{key}.npy").write_bytes(b"garbage")
+    (snapshot / "users" / f"{key}.npy").write_bytes(b"garbage")
     loaded = HistoryStore.load(folder, lazy=True)
     assert len(loaded.get("alice")) == 3
     with pytest.raises(PersistenceError, match="damaged history"):

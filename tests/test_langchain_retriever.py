@@ -25,6 +25,7 @@ from pydantic import ValidationError
 import langchain_pbr
 from langchain_pbr import LocalGemmaChatModel, PBRRetriever
 from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+from pbr_core.corpus import scoped_key
 
 EMB = DeterministicFakeEmbedding(size=64)
 ALICE = [
@@ -425,15 +426,22 @@ async def test_strict_mode_raises_async() -> None:
 def test_a_user_without_history_gets_the_plain_query() -> None:
     rec = Recorder()
     r = make(store=True)
+    docs = r.invoke("notes", user_id="eve", config={"callbacks": [rec]})
+    assert docs == []
+    assert rec.llm_parents == []
+    assert make().invoke("notes", user_id="eve") == []
+
+
+def test_documents_added_through_the_store_itself_are_the_users_history() -> None:
+    # The host store is the truth: a document tagged with its owner, written by anyone, is
+    # part of that user's history at the next query (no re-adding through pbr).
+    r = make(store=True)
     stranger = Document(page_content="Orphan note in the shared store", metadata={"user_id": "eve"})
     r.vectorstore.add_documents([stranger])  # type: ignore[union-attr]
-    docs = r.invoke("notes", user_id="eve", config={"callbacks": [rec]})
+    docs = r.invoke("notes", user_id="eve")
     assert [d.page_content for d in docs] == [stranger.page_content]
-    assert docs[0].metadata["pbr"]["degraded"] is True
-    assert "has no history" in docs[0].metadata["pbr"]["missing"]["anchor"]
-    assert rec.llm_parents == []
-    assert [n for n, _, _ in rec.events][-1] == "pbr.degraded"
-    assert make().invoke("notes", user_id="eve") == []
+    assert [h["text"] for h in docs[0].metadata["pbr"]["related"]] == [stranger.page_content]
+    assert "anchor needs 2" in docs[0].metadata["pbr"]["missing"]["anchor"]
 
 
 # -- prompts -------------------------------------------------------------------------------------
@@ -488,11 +496,12 @@ def test_add_and_delete_keep_history_and_store_in_step() -> None:
     docs = [Document(page_content=t) for t in ALICE]
     ids = r.add_documents(docs, user_id="alice")
     assert all("user_id" not in d.metadata for d in docs)  # the caller's documents are untouched
-    assert store.get_by_ids(ids[:1])[0].metadata["user_id"] == "alice"
+    keys = [scoped_key("alice", i) for i in ids]  # the store's keys are scoped to the user
+    assert store.get_by_ids(keys[:1])[0].metadata["user_id"] == "alice"
     r.delete(ids[:2], user_id="alice")
     found = r.invoke("food", user_id="alice")
     assert {d.page_content for d in found} == set(ALICE[2:])
-    assert store.get_by_ids(ids[:2]) == []
+    assert store.get_by_ids(keys[:2]) == []
     assert len(r.history.get("alice")) == 3
     with pytest.raises(KeyError, match="no item"):
         r.delete(["nope"], user_id="alice")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -45,6 +46,7 @@ from llamaindex_pbr import (
 )
 from llamaindex_pbr.testing import HashEmbedding
 from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+from pbr_core.corpus import scoped_key
 
 HISTORY = {
     "u1": [
@@ -419,9 +421,13 @@ def test_reuses_your_index_and_its_stored_vectors() -> None:
     retriever = PBRRetriever.from_defaults(index=index, user_id="u2", llm=MockLLM())
     assert len(embed_model._texts) == embedded  # the history came from the store
     assert retriever.embed_model is embed_model
-    assert sorted(retriever.personalizer.store.users()) == ["u1", "u2", "u3"]
     got = retriever.retrieve(QUERY)
     assert got and {_owner(n) for n in got} == {"u2"}
+    assert retriever.personalizer.store.users() == ["u2"]  # read on first use
+    history = retriever.personalizer.store.get("u2")
+    for item, vector in zip(history.items, history.vectors):  # the store's vectors, read back
+        stored = np.asarray(index.vector_store.get(item.id))
+        assert np.allclose(vector, stored / np.linalg.norm(stored), atol=1e-6)
 
 
 def test_your_nodes_and_the_docstore_are_not_modified(base: PBRRetriever) -> None:
@@ -435,7 +441,7 @@ def test_your_nodes_and_the_docstore_are_not_modified(base: PBRRetriever) -> Non
     assert all(n.embedding is None for n in nodes)
     index = retriever.index
     assert isinstance(index, VectorStoreIndex)
-    stored = index.docstore.get_node(got[0].node.node_id)
+    stored = index.docstore.get_node(scoped_key("u1", got[0].node.node_id))
     assert EXPLANATION_KEY not in stored.metadata
 
 

@@ -1,0 +1,168 @@
+"""LangChain vector stores as :class:`pbr_core.corpus.HostRecords`: type translation only.
+
+Which stores pbr can verify against (list a user's records, return their vectors):
+
+* ``InMemoryVectorStore``: lists and returns vectors (read from its ``store`` dict).
+* ``langchain_chroma.Chroma``: lists (``get(where=...)``) and returns vectors.
+* any other ``VectorStore``: cannot list; pbr's own history is the record of each user's items,
+  written after the store write succeeded (see :mod:`pbr_core.corpus`). Deletes must then go
+  through the retriever: a delete made through the store itself is not seen by pbr.
+
+Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing here decides them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+
+from pbr_core.corpus import Record
+
+__all__ = ["host_records"]
+
+#: Metadata value types Chroma accepts (it refuses nested containers and None in older servers).
+_CHROMA_SCALARS = (str, int, float, bool)
+
+
+class _Base:
+    can_list = False
+
+    def __init__(self, store: VectorStore, user_key: str) -> None:
+        self.store = store
+        self.user_key = user_key
+
+    def validate(self, records: Sequence[Record]) -> None:
+        return None
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        raise NotImplementedError
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.store.delete(list(keys))
+
+    def _record(
+        self, key: str, text: str, metadata: dict[str, Any], vector: Any = None
+    ) -> Record | None:
+        return Record.stored(key, text, metadata, vector, user_key=self.user_key)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        raise NotImplementedError(f"{type(self.store).__name__} cannot list its records")
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return []
+
+
+class _InMemory(_Base):
+    """``InMemoryVectorStore``: its ``store`` dict (id -> id, vector, text, metadata)."""
+
+    can_list = True
+    store: InMemoryVectorStore
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        # Written as the store itself writes (add_documents), with pbr's vectors: no re-embedding.
+        for r in records:
+            self.store.store[r.key] = {
+                "id": r.key,
+                "vector": [float(x) for x in np.asarray(r.vector)],
+                "text": r.text,
+                "metadata": dict(r.metadata),
+            }
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.store.delete(list(keys))
+
+    def list_user(self, user_id: str) -> list[Record]:
+        out = []
+        for key, row in list(self.store.store.items()):
+            meta = row.get("metadata") or {}
+            if meta.get(self.user_key) == user_id:
+                record = self._record(key, row["text"], dict(meta), row.get("vector"))
+                if record is not None:
+                    out.append(record)
+        return out
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        out = []
+        for key in keys:
+            row = self.store.store.get(key)
+            if row is not None:
+                record = self._record(key, row["text"], dict(row["metadata"]), row["vector"])
+                if record is not None:
+                    out.append(record)
+        return out
+
+
+class _Chroma(_Base):
+    """``langchain_chroma.Chroma``: its collection's ``upsert`` / ``get`` / ``delete``."""
+
+    can_list = True
+
+    def validate(self, records: Sequence[Record]) -> None:
+        for r in records:
+            for name, value in r.metadata.items():
+                if not isinstance(value, _CHROMA_SCALARS):
+                    raise ValueError(
+                        f"item {r.item_id!r} of user {r.user_id!r}: Chroma stores metadata "
+                        f"values of type str, int, float or bool; {name!r} is "
+                        f"{type(value).__name__} (convert it, e.g. to a JSON string)"
+                    )
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        collection = self.store._collection  # type: ignore[attr-defined]
+        collection.upsert(
+            ids=[r.key for r in records],
+            embeddings=[np.asarray(r.vector, dtype=np.float32) for r in records],
+            documents=[r.text for r in records],
+            metadatas=[dict(r.metadata) for r in records],
+        )
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.store.delete(list(keys))
+
+    def list_user(self, user_id: str) -> list[Record]:
+        got = self.store.get(  # type: ignore[attr-defined]
+            where={self.user_key: user_id}, include=["documents", "metadatas"]
+        )
+        return self._records(got, vectors=False)
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        got = self.store.get(  # type: ignore[attr-defined]
+            ids=list(keys), include=["documents", "metadatas", "embeddings"]
+        )
+        return self._records(got, vectors=True)
+
+    def _records(self, got: dict[str, Any], *, vectors: bool) -> list[Record]:
+        embeddings = got.get("embeddings") if vectors else None
+        out = []
+        for i, key in enumerate(got["ids"]):
+            vector = embeddings[i] if embeddings is not None else None
+            record = self._record(
+                key, got["documents"][i] or "", dict(got["metadatas"][i] or {}), vector
+            )
+            if record is not None:
+                out.append(record)
+        return out
+
+
+class _Opaque(_Base):
+    """Any other ``VectorStore``: written through ``add_documents`` (it embeds), never listed."""
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        docs = [Document(id=r.key, page_content=r.text, metadata=dict(r.metadata)) for r in records]
+        self.store.add_documents(docs, ids=[r.key for r in records])
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.store.delete(list(keys))
+
+
+def host_records(store: VectorStore, user_key: str) -> _Base:
+    """The :class:`~pbr_core.corpus.HostRecords` view of a LangChain ``VectorStore``."""
+    if isinstance(store, InMemoryVectorStore):
+        return _InMemory(store, user_key)
+    if type(store).__name__ == "Chroma" and hasattr(store, "_collection"):
+        return _Chroma(store, user_key)
+    return _Opaque(store, user_key)

@@ -1,0 +1,236 @@
+"""LlamaIndex indexes as :class:`pbr_core.corpus.HostRecords`: type translation only.
+
+Which vector stores pbr can verify against (list a user's nodes, return their vectors):
+
+* ``SimpleVectorStore`` (the default in-memory store): vectors and metadata from the store, text
+  from the index's docstore.
+* ``ChromaVectorStore``: nodes from the collection (``get(where=...)``), vectors included.
+* any other store: cannot list; pbr's own history is the record of each user's nodes, written
+  after the index write succeeded. Deletes must go through the retriever.
+
+Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing here decides them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from llama_index.core import VectorStoreIndex
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
+from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
+
+from pbr_core.corpus import ITEM_ID_KEY, Record
+
+__all__ = ["IndexRecords", "PartitionRecords", "listable", "stored_node", "user_node"]
+
+# Keys LlamaIndex adds to a node's metadata in a vector store (not the user's metadata).
+_LLAMA_KEYS = ("_node_content", "_node_type", "document_id", "doc_id", "ref_doc_id")
+
+
+def _is_chroma(store: object) -> bool:
+    return type(store).__name__ == "ChromaVectorStore" and hasattr(store, "_collection")
+
+
+def listable(index: VectorStoreIndex) -> bool:
+    """Whether pbr can list the index's nodes per user (and so verify against it)."""
+    store = index.vector_store
+    return isinstance(store, SimpleVectorStore) or _is_chroma(store)
+
+
+def _with(keys: Sequence[str], *extra: str) -> list[str]:
+    out = list(keys)
+    out.extend(k for k in extra if k not in out)
+    return out
+
+
+def stored_node(record: Record, user_key: str) -> BaseNode:
+    """The node pbr writes for ``record``: the user's node under the store key, tagged."""
+    template = record.extra if isinstance(record.extra, BaseNode) else None
+    if template is None:
+        template = TextNode(text=record.text)
+    return template.model_copy(
+        update={
+            "id_": record.key,
+            "metadata": dict(record.metadata),
+            "embedding": [float(x) for x in np.asarray(record.vector)],
+            "excluded_llm_metadata_keys": _with(
+                template.excluded_llm_metadata_keys, user_key, ITEM_ID_KEY
+            ),
+            "excluded_embed_metadata_keys": _with(
+                template.excluded_embed_metadata_keys, user_key, ITEM_ID_KEY
+            ),
+        }
+    )
+
+
+def user_node(node: BaseNode, item_id: str) -> BaseNode:
+    """A stored node as its user sees it: the user's own id, pbr's bookkeeping key removed."""
+    metadata = {k: v for k, v in node.metadata.items() if k != ITEM_ID_KEY}
+    return node.model_copy(update={"id_": item_id, "metadata": metadata, "embedding": None})
+
+
+class IndexRecords:
+    """One ``VectorStoreIndex`` (shared by all users, or one user's in a partition)."""
+
+    def __init__(self, index: VectorStoreIndex, user_key: str, owner: str | None = None) -> None:
+        self.index = index
+        self.user_key = user_key
+        self.owner = owner  # a partition's index: untagged nodes are the owner's
+
+    @property
+    def can_list(self) -> bool:
+        return listable(self.index)
+
+    def validate(self, records: Sequence[Record]) -> None:
+        if _is_chroma(self.index.vector_store):
+            for r in records:
+                for name, value in r.metadata.items():
+                    if not isinstance(value, (str, int, float, bool)):
+                        raise ValueError(
+                            f"node {r.item_id!r} of user {r.user_id!r}: Chroma stores flat "
+                            f"metadata (str, int, float, bool); {name!r} is "
+                            f"{type(value).__name__}"
+                        )
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        nodes = [stored_node(r, self.user_key) for r in records]
+        store = self.index.vector_store
+        if _is_chroma(store):
+            # Chroma's add ignores ids it has: upsert, so a retry or a replacement is applied.
+            metadatas = []
+            for node in nodes:
+                meta = node_to_metadata_dict(node, remove_text=True, flat_metadata=True)
+                metadatas.append({k: ("" if v is None else v) for k, v in meta.items()})
+            store._collection.upsert(  # type: ignore[attr-defined]
+                ids=[n.node_id for n in nodes],
+                embeddings=[n.get_embedding() for n in nodes],
+                metadatas=metadatas,
+                documents=[n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
+            )
+        else:
+            self.index.insert_nodes(nodes)  # embeddings given: nothing is re-embedded
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        store = self.index.vector_store
+        if _is_chroma(store):
+            store._collection.delete(ids=list(keys))  # type: ignore[attr-defined]
+        else:
+            self.index.delete_nodes(list(keys), delete_from_docstore=True)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        return self._read(user_id, None, vectors=False)
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return self._read(user_id, list(keys), vectors=True)
+
+    def _read(self, user_id: str, keys: list[str] | None, *, vectors: bool) -> list[Record]:
+        store = self.index.vector_store
+        if _is_chroma(store):
+            return self._read_chroma(store, user_id, keys, vectors)
+        if isinstance(store, SimpleVectorStore):
+            return self._read_simple(store, user_id, keys)
+        raise NotImplementedError(f"{type(store).__name__} cannot list its nodes")
+
+    def _read_chroma(
+        self, store: Any, user_id: str, keys: list[str] | None, vectors: bool
+    ) -> list[Record]:
+        include = ["documents", "metadatas"] + (["embeddings"] if vectors else [])
+        if keys is not None:
+            got = store._collection.get(ids=keys, include=include)
+        elif self.owner is not None:
+            got = store._collection.get(include=include)
+        else:
+            got = store._collection.get(where={self.user_key: user_id}, include=include)
+        embeddings = got.get("embeddings") if vectors else None
+        out = []
+        for i, key in enumerate(got["ids"]):
+            meta = dict(got["metadatas"][i] or {})
+            text = got["documents"][i] or ""
+            try:
+                node_meta = dict(metadata_dict_to_node(meta, text=text).metadata)
+            except (ValueError, TypeError):  # written by something other than LlamaIndex
+                node_meta = {k: v for k, v in meta.items() if k not in _LLAMA_KEYS}
+            vector = embeddings[i] if embeddings is not None else None
+            record = self._record(key, text, node_meta, vector)
+            if record is not None and record.user_id == user_id:
+                out.append(record)
+        return out
+
+    def _read_simple(
+        self, store: SimpleVectorStore, user_id: str, keys: list[str] | None
+    ) -> list[Record]:
+        data = store.data
+        wanted = keys if keys is not None else list(data.embedding_dict)
+        docstore = self.index.docstore
+        out = []
+        for key in wanted:
+            vector = data.embedding_dict.get(key)
+            if vector is None:
+                continue
+            meta = data.metadata_dict.get(key)
+            if meta is not None and self.owner is None and meta.get(self.user_key) != user_id:
+                continue  # another user's node: its text is not even read
+            node = docstore.get_node(key, raise_error=False)
+            if node is None:
+                continue  # a vector without its node: nothing to show or to personalize with
+            record = self._record(
+                key, node.get_content(metadata_mode=MetadataMode.NONE), node.metadata, vector
+            )
+            if record is not None and record.user_id == user_id:
+                out.append(record)
+        return out
+
+    def _record(
+        self, key: str, text: str, metadata: Mapping[str, Any], vector: Any
+    ) -> Record | None:
+        return Record.stored(key, text, metadata, vector, user_key=self.user_key, owner=self.owner)
+
+
+class PartitionRecords:
+    """One index per user (``{user_id: index}``, grown by a factory): routed by owner."""
+
+    def __init__(
+        self,
+        indexes: Mapping[str, VectorStoreIndex],
+        index_for: Callable[[str], VectorStoreIndex],
+        user_key: str,
+    ) -> None:
+        self.indexes = indexes
+        self.index_for = index_for
+        self.user_key = user_key
+
+    @property
+    def can_list(self) -> bool:
+        return all(listable(index) for index in self.indexes.values())
+
+    def _part(self, user_id: str, create: bool = False) -> IndexRecords | None:
+        index = self.index_for(user_id) if create else self.indexes.get(user_id)
+        return None if index is None else IndexRecords(index, self.user_key, owner=user_id)
+
+    def validate(self, records: Sequence[Record]) -> None:
+        for user_id in {r.user_id for r in records}:
+            part = self._part(user_id, create=True)
+            assert part is not None
+            part.validate([r for r in records if r.user_id == user_id])
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        for user_id in dict.fromkeys(r.user_id for r in records):
+            part = self._part(user_id, create=True)
+            assert part is not None
+            part.upsert([r for r in records if r.user_id == user_id])
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        part = self._part(user_id)
+        if part is not None:
+            part.delete(user_id, keys)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        part = self._part(user_id)
+        return [] if part is None else part.list_user(user_id)
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        part = self._part(user_id)
+        return [] if part is None else part.fetch(user_id, keys)

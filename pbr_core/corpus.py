@@ -1,0 +1,630 @@
+"""One owner for every user's corpus: ids scoped per user, one write path, the host store as truth.
+
+A :class:`Corpus` is the only place where pbr adds, deletes or reads back a user's items. The
+framework adapters translate their types into :class:`Record` and call it; they hold no
+ownership, id or validation rule of their own.
+
+The rules (the ones a multi-tenant vector database keeps):
+
+* **Ids are scoped per user.** The host store's key of an item is :func:`scoped_key` of
+  ``(user_id, item_id)`` (a UUID, accepted by every store); the owner and the user's own id ride
+  along in the record's metadata (``user_key`` and :data:`ITEM_ID_KEY`). Two users may use the
+  same id; neither can overwrite, read or delete the other's item, because no key of one user
+  can be derived from the other's ids, and every read is filtered by owner.
+* **Validate everything, then write once.** A batch (any number of users) is checked whole:
+  ids, texts, vectors, metadata that must survive persistence and the host's own rules
+  (:meth:`HostRecords.validate`). Only then is the host written, in one call. Keys are
+  deterministic, so a retry of the same add is an idempotent upsert: a fault mid-write leaves
+  records that the next read finds as ordinary items of their user (searchable *and* deletable),
+  and the retry overwrites them instead of duplicating them.
+* **The host store is the truth where it can list.** What pbr keeps itself (the vectors for the
+  anchor and the related history, the anchors) is a cache keyed by each record's revision, a
+  hash of its text and metadata. Before a user's history is used, :meth:`Corpus.history` lists
+  the user's records in the host (without vectors) and applies the difference: new or changed
+  records are fetched (with their vectors where the store returns them, else re-embedded),
+  vanished ones dropped. So items deleted through the store itself never reach a prompt, any
+  number of worker processes sharing one store behave like one, and wrapping a populated store
+  needs no re-adding.
+* **Without a host store** (or with one that cannot list) pbr's own :class:`HistoryStore` is the
+  record: it is written through the same validation, after the host write succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .errors import UnknownUserError
+from .history import HistoryItem, HistoryStore, UserHistory, check_serialisable
+from .protocols import Embedder, SearchHit, model_id_of
+from .vectors import aembed_documents, as_unit_rows, embed_documents
+
+__all__ = [
+    "ITEM_ID_KEY",
+    "RAW_SCORE_KEY",
+    "Corpus",
+    "HostRecords",
+    "Record",
+    "ScoredRecord",
+    "revision",
+    "scoped_key",
+]
+
+#: Metadata key under which the host store keeps the user's own id of an item.
+ITEM_ID_KEY = "pbr_id"
+#: Metadata key of the host store's own score (a distance for some stores, e.g. Chroma).
+RAW_SCORE_KEY = "store_score"
+
+_NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
+
+
+def scoped_key(user_id: str, item_id: str) -> str:
+    """The host store key of ``user_id``'s item ``item_id``: a UUID derived from both.
+
+    Deterministic (a retry writes the same key), collision-free across users (the pair is
+    JSON-encoded, so no user/id split of one string matches another), and a UUID because some
+    stores (Qdrant, Weaviate) accept nothing else.
+    """
+    return str(uuid.uuid5(_NAMESPACE, json.dumps([user_id, item_id], ensure_ascii=False)))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One item as it is (or will be) in the host store.
+
+    Attributes:
+        key: the host store's id (:func:`scoped_key` for records pbr wrote; whatever the store
+            used for records written before pbr wrapped it).
+        user_id: the owner.
+        item_id: the user's own id of the item (what the user sees and deletes by).
+        text: the item's text.
+        metadata: the item's metadata as the user gave it (no pbr bookkeeping keys).
+        vector: the stored embedding, unit norm; None where the store does not return it.
+        timestamp: POSIX seconds, or None.
+        extra: the adapter's own object for this record (e.g. the node it writes), passed
+            through untouched.
+    """
+
+    key: str
+    user_id: str
+    item_id: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    vector: np.ndarray | None = None
+    timestamp: float | None = None
+    extra: Any = None
+
+    @classmethod
+    def stored(
+        cls,
+        key: str,
+        text: str,
+        metadata: Mapping[str, Any],
+        vector: Any = None,
+        *,
+        user_key: str,
+        owner: str | None = None,
+    ) -> Record | None:
+        """A record as a host store holds it: owner from ``metadata[user_key]`` (else
+        ``owner``, for a per-user partition), the user's id from :data:`ITEM_ID_KEY` (else the
+        key: a record written before pbr). None for a record nobody owns: pbr never reads it as
+        anyone's."""
+        user = metadata.get(user_key, owner)
+        if not isinstance(user, str) or not user:
+            return None
+        stamp = metadata.get("timestamp")
+        return cls(
+            key=key,
+            user_id=user,
+            item_id=str(metadata.get(ITEM_ID_KEY, key)),
+            text=text,
+            metadata={k: v for k, v in metadata.items() if k != ITEM_ID_KEY},
+            vector=None if vector is None else np.asarray(vector, dtype=np.float32),
+            timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
+        )
+
+    def item(self) -> HistoryItem:
+        return HistoryItem(
+            id=self.item_id, text=self.text, metadata=self.metadata, timestamp=self.timestamp
+        )
+
+
+@dataclass(frozen=True)
+class ScoredRecord:
+    """A search result mapped back to its owner's item, with one meaning of score.
+
+    ``score`` is the cosine similarity of the item with the search vector (higher is better,
+    the same for every store); ``raw_score`` is what the store reported (a distance for Chroma).
+    """
+
+    hit: SearchHit
+    key: str
+    raw_score: float | None
+
+
+@runtime_checkable
+class HostRecords(Protocol):
+    """What pbr needs from a host vector store, in its own terms (the adapters implement it).
+
+    ``can_list`` says whether :meth:`list_user` works; a store that cannot list leaves pbr's own
+    history as the record of what each user holds.
+    """
+
+    @property
+    def can_list(self) -> bool:
+        """Whether :meth:`list_user` works."""
+        ...
+
+    def validate(self, records: Sequence[Record]) -> None:
+        """Raise ``ValueError`` for anything the store would refuse; write nothing."""
+        ...
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        """Write records (vectors given), replacing records with the same key."""
+        ...
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        """Remove ``user_id``'s records by key; unknown keys are ignored."""
+        ...
+
+    def list_user(self, user_id: str) -> list[Record]:
+        """Every record owned by ``user_id``, vectors optional (None is fine)."""
+        ...
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        """``user_id``'s records by key, with vectors where the store returns them; missing
+        keys skipped."""
+        ...
+
+
+def revision(record: Record) -> str:
+    """A record's revision: a hash of its text, metadata and timestamp (not its vector).
+
+    Cheap to compute from a listing without vectors; a changed item has a new revision, so a
+    cached vector is re-read exactly when the item changed.
+    """
+    payload = json.dumps(
+        [record.text, dict(record.metadata), record.timestamp],
+        sort_keys=True,
+        ensure_ascii=False,
+        default=str,
+    )
+    return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+@dataclass
+class _Group:
+    """One user's validated part of a batch."""
+
+    user_id: str
+    items: list[HistoryItem]
+    vectors: np.ndarray
+    extras: list[Any]
+
+    def __iter__(self) -> Any:
+        return iter((self.user_id, self.items, self.vectors, self.extras))
+
+
+@dataclass
+class _Known:
+    """What the cache knows of one user's host records: key -> revision, item id -> key."""
+
+    revisions: dict[str, str] = field(default_factory=dict)
+    key_of: dict[str, str] = field(default_factory=dict)
+
+
+class Corpus:
+    """Every user's corpus: the one write path, and the verified read path.
+
+    Args:
+        host: the host store's records (an adapter's :class:`HostRecords`); None = pbr's own
+            store is the record.
+        embedder: embeds items the caller gives no vectors for, and items a host store holds
+            without returning vectors; None = the embedded all-MiniLM-L6-v2, loaded on first use.
+        cache: pbr's per-user histories (vectors, anchors). With a host that can list it is a
+            cache verified on every read; otherwise it is the record.
+        user_key: the metadata key naming an item's owner, in items and in the host store.
+    """
+
+    def __init__(
+        self,
+        host: HostRecords | None = None,
+        *,
+        embedder: Embedder | None = None,
+        cache: HistoryStore | None = None,
+        user_key: str = "user_id",
+    ) -> None:
+        if not isinstance(user_key, str) or not user_key:
+            raise ValueError("user_key must be a non-empty string")
+        self.host = host
+        self.embedder = embedder
+        self.cache = cache if cache is not None else HistoryStore()
+        self.user_key = user_key
+        self._default_embedder = False
+        self._known: dict[str, _Known] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    @property
+    def verified(self) -> bool:
+        """True when reads are checked against the host store (it can list its records)."""
+        return self.host is not None and bool(getattr(self.host, "can_list", False))
+
+    # -- writing -------------------------------------------------------------------------------
+    def add(self, user_id: str, items: Sequence[HistoryItem], *, vectors: Any = None) -> list[str]:
+        """Add (or replace, by id) one user's items; returns their ids. See :meth:`add_many`."""
+        return self.add_many({user_id: list(items)}, vectors={user_id: vectors})[user_id]
+
+    def add_many(
+        self,
+        groups: Mapping[str, Sequence[HistoryItem]],
+        *,
+        vectors: Mapping[str, Any] | None = None,
+        extras: Mapping[str, Sequence[Any]] | None = None,
+        write_host: bool = True,
+    ) -> dict[str, list[str]]:
+        """Add items of several users as one batch: all validated, then one host write.
+
+        Args:
+            groups: user id -> that user's items. An item whose id the user already has
+                replaces it; another user's items are never touched.
+            vectors: user id -> the items' embeddings, where the caller has them; missing
+                users are embedded (items whose id and text are cached reuse their vector).
+            extras: user id -> one adapter object per item, carried into
+                :attr:`Record.extra` for the host's ``validate`` / ``upsert``.
+            write_host: False records items the host already holds, for a host that cannot
+                list (with one that can, the next read reflects the host anyway).
+
+        Raises:
+            ValueError / EmbeddingError: anything invalid in any group; nothing is written.
+            whatever the host raises: the host write failed; pbr's cache is unchanged and the
+                next read reconciles whatever part of the batch landed.
+        """
+        return self._commit(self._plan(groups, vectors, extras), write_host=write_host)
+
+    async def aadd_many(
+        self,
+        groups: Mapping[str, Sequence[HistoryItem]],
+        *,
+        vectors: Mapping[str, Any] | None = None,
+        extras: Mapping[str, Sequence[Any]] | None = None,
+        write_host: bool = True,
+    ) -> dict[str, list[str]]:
+        """Async :meth:`add_many`: native async embedding, the host write in a worker thread."""
+        todo = {
+            user: list(items)
+            for user, items in groups.items()
+            if (vectors or {}).get(user) is None and items
+        }
+        given = dict(vectors or {})
+        for user, items in todo.items():
+            self._check_user(user)
+            given[user] = await self._aembed(user, items)
+        plan = self._plan(groups, given, extras)
+        return await asyncio.to_thread(self._commit, plan, write_host=write_host)
+
+    def delete(self, user_id: str, ids: Iterable[str]) -> None:
+        """Remove the user's items by their ids.
+
+        Raises:
+            KeyError: an id is not one of this user's items (another user's id included);
+                nothing is removed.
+        """
+        self._check_user(user_id)
+        ids = [str(i) for i in ids]
+        with self._user_lock(user_id):
+            history = self._refresh(user_id) if self.verified else self.cache._current(user_id)
+            known = self._known.get(user_id, _Known())
+            missing = sorted({i for i in ids if history is None or history.position(i) is None})
+            if missing:
+                raise KeyError(f"user {user_id!r} has no item(s) {missing}")
+            if not ids:
+                return
+            keys = [known.key_of.get(i, scoped_key(user_id, i)) for i in dict.fromkeys(ids)]
+            if self.host is not None:
+                self.host.delete(user_id, keys)
+            self.cache.delete(user_id, ids)
+            for item_id, key in zip(dict.fromkeys(ids), keys):
+                known.revisions.pop(key, None)
+                known.key_of.pop(item_id, None)
+            self._drop_if_empty(user_id)
+
+    async def adelete(self, user_id: str, ids: Iterable[str]) -> None:
+        """Async :meth:`delete` (the host call runs in a worker thread)."""
+        await asyncio.to_thread(self.delete, user_id, list(ids))
+
+    def drop_user(self, user_id: str) -> None:
+        """Remove every item of the user, in the host store too."""
+        history = self.history(user_id)
+        if history is None:
+            raise UnknownUserError(user_id)
+        self.delete(user_id, [item.id for item in history.items])
+
+    # -- reading -------------------------------------------------------------------------------
+    def history(self, user_id: str) -> UserHistory | None:
+        """The user's current history, checked against the host store; None if they have none."""
+        self._check_user(user_id)
+        if not self.verified:
+            return self.cache._current(user_id)
+        with self._user_lock(user_id):
+            return self._refresh(user_id)
+
+    async def ahistory(self, user_id: str) -> UserHistory | None:
+        """Async :meth:`history` (a host listing is I/O: it runs in a worker thread)."""
+        if not self.verified:
+            return self.history(user_id)
+        return await asyncio.to_thread(self.history, user_id)
+
+    def users(self) -> list[str]:
+        """Users pbr has seen (cached or written); a host may hold more, found on first read."""
+        return self.cache.users()
+
+    def scored(
+        self,
+        user_id: str,
+        history: UserHistory | None,
+        vector: np.ndarray,
+        found: Sequence[tuple[str, Mapping[str, Any], float | None]],
+    ) -> list[ScoredRecord]:
+        """Map a host search's results back to the user's items, with cosine scores.
+
+        Args:
+            user_id: whose search it was.
+            history: the snapshot the query was personalized with (:meth:`history`).
+            vector: the unit search vector.
+            found: ``(store key, store metadata, store score)`` per result, best first.
+
+        A result whose owner is not ``user_id`` is dropped (defence in depth: the search was
+        filtered by owner already), and so is a result the snapshot does not know (written after
+        the query started). ``score`` is recomputed as the cosine with the item's vector, so it
+        means the same with every store.
+        """
+        out: list[ScoredRecord] = []
+        if history is None:
+            return out
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        for key, metadata, raw in found:
+            if metadata.get(self.user_key) not in (None, user_id):
+                continue
+            item_id = str(metadata.get(ITEM_ID_KEY, key))
+            pos = history.position(item_id)
+            if pos is None:
+                continue
+            item = history.items[pos]
+            score = float(history.vectors[pos] @ query)
+            hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
+            out.append(ScoredRecord(hit=hit, key=key, raw_score=raw))
+        return out
+
+    def host_metadata(self, user_id: str, item: HistoryItem) -> dict[str, Any]:
+        """The metadata a host record of ``item`` carries: the item's, the owner and its id."""
+        meta = dict(item.metadata)
+        meta[self.user_key] = user_id
+        meta[ITEM_ID_KEY] = item.id
+        if item.timestamp is not None:
+            meta.setdefault("timestamp", item.timestamp)
+        return meta
+
+    # -- internals -----------------------------------------------------------------------------
+    def _check_user(self, user_id: object) -> None:
+        if not isinstance(user_id, str) or not user_id:
+            raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
+
+    def _user_lock(self, user_id: str) -> threading.Lock:
+        with self._locks_guard:
+            lock = self._locks.get(user_id)
+            if lock is None:
+                lock = self._locks[user_id] = threading.Lock()
+            return lock
+
+    def _embed(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
+        known = self.cache.known_vectors(user_id, items)
+        todo = [i for i, v in enumerate(known) if v is None]
+        fresh = (
+            embed_documents(self._embedder(), [items[i].text for i in todo], dim=self.cache.dim)
+            if todo
+            else np.zeros((0, self.cache.dim or 1), dtype=np.float32)
+        )
+        return merge_vectors(known, todo, fresh)
+
+    async def _aembed(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
+        known = self.cache.known_vectors(user_id, items)
+        todo = [i for i, v in enumerate(known) if v is None]
+        if not todo:
+            return merge_vectors(known, todo, np.zeros((0, 1), dtype=np.float32))
+        fresh = await aembed_documents(
+            self._embedder(), [items[i].text for i in todo], dim=self.cache.dim
+        )
+        return merge_vectors(known, todo, fresh)
+
+    def _embedder(self) -> Embedder:
+        if self.embedder is None:  # the embedded MiniLM, loaded only when something needs it
+            from .models import default_embedder
+
+            self.embedder = default_embedder()
+            self._default_embedder = True
+        return self.embedder
+
+    def _plan(
+        self,
+        groups: Mapping[str, Sequence[HistoryItem]],
+        vectors: Mapping[str, Any] | None,
+        extras: Mapping[str, Sequence[Any]] | None = None,
+    ) -> list[_Group]:
+        """Validate every group (embedding where needed); nothing is written here."""
+        plan: list[_Group] = []
+        dim = self.cache.dim
+        for user_id, items in groups.items():
+            self._check_user(user_id)
+            items = list(items)
+            if not items:
+                continue
+            for item in items:
+                owner = item.metadata.get(self.user_key)
+                if owner is not None and owner != user_id:
+                    raise ValueError(
+                        f"item {item.id!r} has metadata[{self.user_key!r}] = {owner!r} but is "
+                        f"being added for user {user_id!r}"
+                    )
+                if ITEM_ID_KEY in item.metadata and item.metadata[ITEM_ID_KEY] != item.id:
+                    raise ValueError(
+                        f"item {item.id!r}: metadata key {ITEM_ID_KEY!r} is pbr's (the item's "
+                        "own id in the host store); rename that metadata key"
+                    )
+            check_serialisable(user_id, items)
+            given = (vectors or {}).get(user_id)
+            rows = self._embed(user_id, items) if given is None else given
+            # The history's own rules (duplicate ids, blank text, shape, NaN/zero vectors), run
+            # on a scratch store of the same dimension: one set of rules, nothing touched.
+            checked = HistoryStore(dim=dim).upsert(user_id, items, rows)
+            unit = np.array(checked.vectors, dtype=np.float32)
+            dim = unit.shape[1]
+            extra = list((extras or {}).get(user_id) or [None] * len(items))
+            if len(extra) != len(items):
+                raise ValueError(f"{len(extra)} extras for {len(items)} items of {user_id!r}")
+            plan.append(_Group(user_id, items, unit, extra))
+        if self.host is not None and plan:
+            self.host.validate(self._records(plan))
+        return plan
+
+    def _records(self, plan: list[_Group]) -> list[Record]:
+        records: list[Record] = []
+        for user_id, items, unit, extras in plan:
+            known = self._known.get(user_id, _Known())
+            for item, vector, extra in zip(items, unit, extras):
+                records.append(
+                    Record(
+                        key=known.key_of.get(item.id, scoped_key(user_id, item.id)),
+                        user_id=user_id,
+                        item_id=item.id,
+                        text=item.text,
+                        metadata=self.host_metadata(user_id, item),
+                        vector=vector,
+                        timestamp=item.timestamp,
+                        extra=extra,
+                    )
+                )
+        return records
+
+    def _commit(self, plan: list[_Group], *, write_host: bool = True) -> dict[str, list[str]]:
+        out = {g.user_id: [item.id for item in g.items] for g in plan}
+        if not plan:
+            return out
+        by_user: dict[str, list[Record]] = {}
+        if self.host is not None:
+            records = self._records(plan)
+            if write_host:
+                self.host.upsert(records)  # the one write; a fault leaves the cache as it was
+            for record in records:
+                by_user.setdefault(record.user_id, []).append(record)
+        configured = self.embedder is not None and not self._default_embedder
+        if self.cache.embedding_model_id is None and configured:
+            self.cache.embedding_model_id = model_id_of(self.embedder)
+        for user_id, items, unit, _ in plan:
+            with self._user_lock(user_id):
+                self.cache.upsert(user_id, items, unit)
+                if self.host is not None:
+                    known = self._known.setdefault(user_id, _Known())
+                    for record in by_user[user_id]:
+                        known.key_of[record.item_id] = record.key
+                        known.revisions[record.key] = revision(self._as_listed(record))
+        return out
+
+    def _as_listed(self, record: Record) -> Record:
+        """``record`` as the host lists it back (pbr's bookkeeping keys stripped)."""
+        return Record(
+            key=record.key,
+            user_id=record.user_id,
+            item_id=record.item_id,
+            text=record.text,
+            metadata=self.item_metadata(record.metadata),
+            timestamp=record.timestamp,
+        )
+
+    def item_metadata(self, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """A host record's metadata as the item's (pbr's bookkeeping key removed)."""
+        return {k: v for k, v in stored.items() if k != ITEM_ID_KEY}
+
+    def _refresh(self, user_id: str) -> UserHistory | None:
+        """Bring the cache of ``user_id`` in line with the host's listing (lock held)."""
+        assert self.host is not None
+        listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
+        known = self._known.setdefault(user_id, _Known())
+        current: dict[str, Record] = {}
+        for record in sorted(listed, key=lambda r: r.key != scoped_key(user_id, r.item_id)):
+            # A user's id listed twice (a record written before pbr and one pbr wrote): the
+            # scoped key wins, the other is shadowed until deleted.
+            current.setdefault(record.item_id, record)
+        revisions = {r.key: revision(r) for r in current.values()}
+        if revisions == known.revisions and (user_id in self.cache or not revisions):
+            return self.cache._current(user_id)
+        history = self.cache._current(user_id)
+        changed = [
+            r
+            for r in current.values()
+            if known.revisions.get(r.key) != revisions[r.key]
+            or history is None
+            or history.position(r.item_id) is None
+        ]
+        stale = [it.id for it in history.items if it.id not in current] if history else []
+        if stale:
+            self.cache.delete(user_id, stale)
+        if changed:
+            vectors = self._vectors_of(user_id, changed)
+            self.cache.upsert(user_id, [r.item() for r in changed], vectors)
+        known.revisions = revisions
+        known.key_of = {item_id: r.key for item_id, r in current.items()}
+        self._drop_if_empty(user_id)
+        return self.cache._current(user_id)
+
+    def _vectors_of(self, user_id: str, records: list[Record]) -> np.ndarray:
+        """Vectors of listed records: the listing's, else fetched, else embedded."""
+        assert self.host is not None
+        missing = [r.key for r in records if r.vector is None]
+        fetched = (
+            {r.key: r.vector for r in self.host.fetch(user_id, missing) if r.user_id == user_id}
+            if missing
+            else {}
+        )
+        rows: list[np.ndarray | None] = [
+            r.vector if r.vector is not None else fetched.get(r.key) for r in records
+        ]
+        todo = [i for i, v in enumerate(rows) if v is None]
+        if todo:
+            fresh = embed_documents(
+                self._embedder(), [records[i].text for i in todo], dim=self.cache.dim
+            )
+            for j, i in enumerate(todo):
+                rows[i] = fresh[j]
+        return as_unit_rows(
+            np.stack([np.asarray(v, dtype=np.float32) for v in rows]),
+            dim=self.cache.dim,
+            what=f"stored vectors of user {user_id!r}",
+        )
+
+    def _drop_if_empty(self, user_id: str) -> None:
+        # A host lists no empty users, so there an emptied user is an unknown one; pbr's own
+        # store keeps the emptied user (its queries fall back to the plain query).
+        if not self.verified:
+            return
+        history = self.cache._current(user_id)
+        if history is not None and len(history) == 0:
+            self.cache.drop_user(user_id)
+
+
+def merge_vectors(known: list[np.ndarray | None], todo: list[int], fresh: np.ndarray) -> np.ndarray:
+    """Known vectors with ``fresh[j]`` filled in at position ``todo[j]``, stacked as rows."""
+    rows = list(known)
+    for j, i in enumerate(todo):
+        rows[i] = fresh[j]
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
