@@ -13,6 +13,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +21,13 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from pbr_core.corpus import Record
+from pbr_core import PersonalizedQuery, UserHistory
+from pbr_core.corpus import ITEM_ID_KEY, Record
 
-__all__ = ["host_records"]
+__all__ = ["Found", "astore_search", "default_filter", "host_records", "own_search", "store_search"]
+
+#: ``(store key, store metadata, store score)`` per search result, best first.
+Found = list[tuple[str, dict[str, Any], float | None]]
 
 #: Metadata value types Chroma accepts (it refuses nested containers and None in older servers).
 _CHROMA_SCALARS = (str, int, float, bool)
@@ -166,3 +171,54 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
     if type(store).__name__ == "Chroma" and hasattr(store, "_collection"):
         return _Chroma(store, user_key)
     return _Opaque(store, user_key)
+
+
+def default_filter(store: VectorStore, user_key: str, user_id: str) -> dict[str, Any]:
+    """The search keyword arguments that keep ``store`` to ``user_id``'s documents.
+
+    ``InMemoryVectorStore`` filters with a callable on ``Document``; most other stores (Chroma,
+    FAISS, PGVector, ...) accept ``{"filter": {key: value}}``. Pass ``filter_builder`` for
+    anything else (e.g. a Qdrant ``Filter``).
+    """
+    if isinstance(store, InMemoryVectorStore):
+
+        def owned(doc: Document) -> bool:
+            return bool(doc.metadata.get(user_key) == user_id)
+
+        return {"filter": owned}
+    return {"filter": {user_key: user_id}}
+
+
+def own_search(history: UserHistory | None, pq: PersonalizedQuery, k: int) -> Found:
+    """pbr's own exact search over the user's (verified) vectors."""
+    if history is None:
+        return []
+    found: Found = []
+    for pos, score in history.search(pq.vector, k):
+        item = history.items[pos]
+        found.append((item.id, {ITEM_ID_KEY: item.id, **item.metadata}, score))
+    return found
+
+
+def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
+    """Search by vector through whichever scored method the store has."""
+    scored = getattr(store, "similarity_search_with_score_by_vector", None)
+    if scored is None:  # Chroma's name for it
+        scored = getattr(store, "similarity_search_by_vector_with_relevance_scores", None)
+    pairs: list[tuple[Document, float | None]]
+    if scored is not None:
+        pairs = [(doc, float(score)) for doc, score in scored(vector, k=k, **kwargs)]
+    else:
+        pairs = [(doc, None) for doc in store.similarity_search_by_vector(vector, k=k, **kwargs)]
+    return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
+
+
+async def astore_search(
+    store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
+) -> Found:
+    """Async :func:`store_search`: native when the store has it, else in a worker thread."""
+    native = getattr(store, "asimilarity_search_with_score_by_vector", None)
+    if native is not None:
+        pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
+        return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
+    return await asyncio.to_thread(store_search, store, vector, k, kwargs)

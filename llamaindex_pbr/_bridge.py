@@ -8,11 +8,22 @@ the host's callbacks, instrumentation spans, caches and rate limiters all apply.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from llama_index.core import Settings
+from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
+from llama_index.core.schema import QueryBundle
+from llama_index.core.vector_stores import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+)
+
+from pbr_core import PersonalizedQuery
 
 PromptStyle = Literal["chat", "completion"]
 _STYLES: tuple[PromptStyle, ...] = ("chat", "completion")
@@ -126,3 +137,61 @@ def settings_embed_model() -> BaseEmbedding | None:
     """``Settings.embed_model`` if the user set it, without resolving the OpenAI default."""
     model: BaseEmbedding | None = Settings._embed_model
     return Settings.embed_model if model is not None else None
+
+
+def split_index(
+    index: object,
+) -> tuple[VectorStoreIndex | None, dict[str, VectorStoreIndex] | None]:
+    """One shared index, or a per-user partition ``{user_id: index}``, checked."""
+    if isinstance(index, VectorStoreIndex):
+        return index, None
+    if isinstance(index, Mapping):
+        per_user: dict[str, VectorStoreIndex] = {}
+        for user, value in index.items():
+            if not isinstance(user, str) or not user:
+                raise ValueError(f"per-user index keys must be user ids (strings), got {user!r}")
+            if not isinstance(value, VectorStoreIndex):
+                raise TypeError(
+                    f"index[{user!r}] must be a VectorStoreIndex, got {type(value).__name__}"
+                )
+            per_user[user] = value
+        return None, per_user
+    raise TypeError(
+        "index must be a VectorStoreIndex, or a mapping user_id → VectorStoreIndex for a "
+        f"per-user partition; got {type(index).__name__}"
+    )
+
+
+def default_llm(callback_manager: CallbackManager) -> LLM:
+    from .llms import LocalGemmaLLM
+
+    return LocalGemmaLLM(callback_manager=callback_manager)
+
+
+def default_embed_model(callback_manager: CallbackManager) -> BaseEmbedding:
+    from .embeddings import LocalMiniLMEmbedding
+
+    return LocalMiniLMEmbedding(callback_manager=callback_manager)
+
+
+def and_user(key: str, user_id: str, filters: MetadataFilters | None) -> MetadataFilters:
+    """The user's filter AND the view's filters, flat when possible (some stores cannot nest)."""
+    mine = MetadataFilter(key=key, value=user_id, operator=FilterOperator.EQ)
+    if filters is None or not filters.filters:
+        return MetadataFilters(filters=[mine])
+    flat = filters.condition in (None, FilterCondition.AND) and not any(
+        isinstance(f, MetadataFilters) for f in filters.filters
+    )
+    if flat:
+        return MetadataFilters(filters=[mine, *filters.filters], condition=FilterCondition.AND)
+    return MetadataFilters(filters=[mine, filters], condition=FilterCondition.AND)
+
+
+def bundle_for(query: str, pq: PersonalizedQuery) -> QueryBundle:
+    # With ``embedding`` set, the host retriever searches with q* as is (no re-embedding).
+    return QueryBundle(query_str=query, embedding=[float(x) for x in pq.vector])
+
+
+def with_keys(keys: Sequence[str], *extra: str) -> list[str]:
+    """``keys`` plus those of ``extra`` it lacks (excluded-metadata key lists)."""
+    return [*keys, *(k for k in extra if k not in keys)]

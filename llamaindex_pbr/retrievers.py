@@ -6,19 +6,16 @@ import asyncio
 import contextlib
 import contextvars
 import copy
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
-from llama_index.core import Settings, StorageContext, VectorStoreIndex, load_index_from_storage
+from llama_index.core import Settings, StorageContext, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
@@ -35,9 +32,6 @@ from llama_index.core.schema import (
     TransformComponent,
 )
 from llama_index.core.vector_stores import (
-    FilterCondition,
-    FilterOperator,
-    MetadataFilter,
     MetadataFilters,
 )
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
@@ -55,20 +49,28 @@ from pbr_core import (
 )
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
+    check_positive_int,
+    check_user_id,
     explanation_events,
     explanation_payload,
     host_store_errors,
 )
 from pbr_core.corpus import RAW_SCORE_KEY, Corpus
 from pbr_core.history import UserHistory
-from pbr_core.persist import current_snapshot, write_atomically
 
+from . import persistence
 from ._bridge import (
     LlamaIndexEmbedder,
     LlamaIndexGenerator,
     PromptStyle,
+    and_user,
+    bundle_for,
+    default_embed_model,
+    default_llm,
     settings_embed_model,
     settings_llm,
+    split_index,
+    with_keys,
 )
 from .events import event_for
 from .stores import IndexRecords, PartitionRecords, user_node
@@ -82,9 +84,6 @@ DEFAULT_SIMILARITY_TOP_K = 4
 #: The node metadata key that says whose node it is.
 DEFAULT_USER_ID_KEY = "user_id"
 
-_MANIFEST = "pbr_retriever.json"
-_FORMAT = "pbr-llamaindex-retriever"
-_FORMAT_VERSION = 1
 _PROMPT_KEYS = ("utterances_prompt", "reasoning_prompt")
 # Set per view through the retriever's own arguments, never through retriever_kwargs.
 _RESERVED_KWARGS = ("similarity_top_k", "filters", "node_ids")
@@ -248,7 +247,7 @@ class PBRRetriever(BaseRetriever):
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
-        single, per_user = _split_index(index)
+        single, per_user = split_index(index)
         if single is not None and vector_store_factory is not None:
             raise ValueError(
                 "vector_store_factory builds one index per user; it needs index={user_id: "
@@ -268,9 +267,9 @@ class PBRRetriever(BaseRetriever):
         embed_model = (
             embed_model
             or (first._embed_model if first is not None else None)
-            or _default_embed_model(callback_manager)
+            or default_embed_model(callback_manager)
         )
-        llm = llm or settings_llm() or _default_llm(callback_manager)
+        llm = llm or settings_llm() or default_llm(callback_manager)
         generator = LlamaIndexGenerator(llm, prompt_style)
         embedder = LlamaIndexEmbedder(embed_model)
         store = history if history is not None else HistoryStore()
@@ -301,8 +300,8 @@ class PBRRetriever(BaseRetriever):
             retriever_kwargs=kwargs,
         )
         self._core = self._shared.personalizer
-        self._user_id = _check_user_id(user_id)
-        self._top_k = _check_top_k(similarity_top_k)
+        self._user_id = None if user_id is None else check_user_id(user_id)
+        self._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         self._filters = filters
         self._config: PBRConfig | None = None
         self._strict: bool | None = None
@@ -366,7 +365,7 @@ class PBRRetriever(BaseRetriever):
         callback_manager = callback_manager or Settings.callback_manager
         if index is None:
             embed_model = (
-                embed_model or settings_embed_model() or _default_embed_model(callback_manager)
+                embed_model or settings_embed_model() or default_embed_model(callback_manager)
             )
             if vector_store_factory is None:
                 index = VectorStoreIndex(
@@ -415,9 +414,9 @@ class PBRRetriever(BaseRetriever):
         Unset arguments keep this view's values (``filters=None`` removes its filters).
         """
         view = copy.copy(self)
-        view._user_id = _check_user_id(user_id)
+        view._user_id = check_user_id(user_id)
         if similarity_top_k is not None:
-            view._top_k = _check_top_k(similarity_top_k)
+            view._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         if not isinstance(filters, _Keep):
             view._filters = filters
         if config is not None:
@@ -476,7 +475,7 @@ class PBRRetriever(BaseRetriever):
         if inner is not None:
             start = time.perf_counter()
             with self._store_errors(user_id):
-                nodes = inner.retrieve(_bundle(query, pq))
+                nodes = inner.retrieve(bundle_for(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return self._annotate(user_id, history, nodes, pq)
 
@@ -491,7 +490,7 @@ class PBRRetriever(BaseRetriever):
         if inner is not None:
             start = time.perf_counter()
             with self._store_errors(user_id):
-                nodes = await inner.aretrieve(_bundle(query, pq))
+                nodes = await inner.aretrieve(bundle_for(query, pq))
             pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return self._annotate(user_id, history, nodes, pq)
 
@@ -564,7 +563,7 @@ class PBRRetriever(BaseRetriever):
         else:
             assert shared.index is not None
             index = shared.index
-            filters = _and_user(shared.user_id_key, user_id, self._filters)
+            filters = and_user(shared.user_id_key, user_id, self._filters)
         return index.as_retriever(
             similarity_top_k=self._top_k, filters=filters, **shared.retriever_kwargs
         )
@@ -613,10 +612,10 @@ class PBRRetriever(BaseRetriever):
                         RAW_SCORE_KEY: scored.raw_score,
                         EXPLANATION_KEY: payload,
                     },
-                    "excluded_llm_metadata_keys": _with(
+                    "excluded_llm_metadata_keys": with_keys(
                         node.excluded_llm_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
                     ),
-                    "excluded_embed_metadata_keys": _with(
+                    "excluded_embed_metadata_keys": with_keys(
                         node.excluded_embed_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
                     ),
                 }
@@ -743,8 +742,10 @@ class PBRRetriever(BaseRetriever):
                 node.model_copy(
                     update={
                         "metadata": {**node.metadata, key: user},
-                        "excluded_llm_metadata_keys": _with(node.excluded_llm_metadata_keys, key),
-                        "excluded_embed_metadata_keys": _with(
+                        "excluded_llm_metadata_keys": with_keys(
+                            node.excluded_llm_metadata_keys, key
+                        ),
+                        "excluded_embed_metadata_keys": with_keys(
                             node.excluded_embed_metadata_keys, key
                         ),
                     }
@@ -844,63 +845,13 @@ class PBRRetriever(BaseRetriever):
 
     # -- persistence -------------------------------------------------------------------------------
     def persist(self, persist_dir: str | os.PathLike[str]) -> None:
-        """Save the histories, the index (or the per-user indexes) and this view's settings.
+        """Save the histories, the index (or the per-user indexes) and this view's settings, as
+        one snapshot made current atomically (a crash leaves the previous save loadable).
 
         The LLM, the embedding model and the generation cache are not saved: pass them again
         to :meth:`from_persist_dir`.
         """
-        shared = self._shared
-        root = Path(persist_dir)
-        try:
-            kwargs_json = json.loads(json.dumps(shared.retriever_kwargs))
-        except TypeError as exc:
-            raise ValueError(
-                f"retriever_kwargs must be JSON-serialisable to persist ({exc}); leave them "
-                "out and pass them again to from_persist_dir"
-            ) from exc
-        indexes = (
-            {user: _user_dir(user) for user in shared.user_indexes}
-            if shared.user_indexes is not None
-            else None
-        )
-        prompts = self._core.prompts
-        manifest = {
-            "format": _FORMAT,
-            "format_version": _FORMAT_VERSION,
-            "user_id": self._user_id,
-            "user_id_key": shared.user_id_key,
-            "similarity_top_k": self._top_k,
-            "filters": self._filters.model_dump(mode="json") if self._filters else None,
-            "config": self.config.to_dict(),
-            "prompts": (
-                {
-                    "utterances": prompts.utterances,
-                    "reasoning": prompts.reasoning,
-                    "style": prompts.style,
-                }
-                if prompts is not None
-                else None
-            ),
-            "prompt_style": shared.prompt_style,
-            "strict": self._is_strict(),
-            "retriever_kwargs": kwargs_json,
-            "indexes": indexes,
-        }
-
-        def write(folder: Path) -> None:
-            self._core.store.save(folder / "history")
-            if shared.user_indexes is not None:
-                for user, index in shared.user_indexes.items():
-                    index.storage_context.persist(
-                        persist_dir=str(folder / "indexes" / _user_dir(user))
-                    )
-            else:
-                assert shared.index is not None
-                shared.index.storage_context.persist(persist_dir=str(folder / "index"))
-            (folder / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-
-        # A new snapshot folder made current in one atomic step: a crash leaves the old state.
-        write_atomically(root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"))
+        persistence.persist(self, persist_dir)
 
     @classmethod
     def from_persist_dir(
@@ -915,7 +866,7 @@ class PBRRetriever(BaseRetriever):
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> PBRRetriever:
-        """Load a retriever saved by :meth:`persist`.
+        """Load a retriever saved by :meth:`persist`; damaged files raise ``PersistenceError``.
 
         Args:
             embed_model: the model that built the saved vectors (checked against the history).
@@ -924,152 +875,14 @@ class PBRRetriever(BaseRetriever):
                 (e.g. ``FaissVectorStore.from_persist_dir``); default: ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """
-        root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
-        manifest = _read_manifest(root)
-        callback_manager = callback_manager or Settings.callback_manager
-        embed_model = (
-            embed_model or settings_embed_model() or _default_embed_model(callback_manager)
-        )
-        history = HistoryStore.load(root / "history")
-
-        def load(folder: Path) -> VectorStoreIndex:
-            if not folder.is_dir():
-                raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
-            vector_store = vector_store_loader(str(folder)) if vector_store_loader else None
-            try:
-                storage = StorageContext.from_defaults(
-                    persist_dir=str(folder), vector_store=vector_store
-                )
-                index = load_index_from_storage(
-                    storage, embed_model=embed_model, callback_manager=callback_manager
-                )
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise PersistenceError(f"damaged index in {folder}: {exc!r}") from exc
-            if not isinstance(index, VectorStoreIndex):
-                raise PersistenceError(
-                    f"{folder} holds a {type(index).__name__}, not a vector index"
-                )
-            return index
-
-        index: VectorStoreIndex | dict[str, VectorStoreIndex]
-        if manifest.get("indexes") is not None:
-            index = {
-                user: load(root / "indexes" / key) for user, key in manifest["indexes"].items()
-            }
-        else:
-            index = load(root / "index")
-        prompts = manifest.get("prompts")
-        filters = manifest.get("filters")
-        return cls(
-            index,
-            user_id=manifest.get("user_id"),
+        return persistence.from_persist_dir(
+            cls,
+            persist_dir,
             llm=llm,
             embed_model=embed_model,
-            similarity_top_k=int(manifest.get("similarity_top_k", DEFAULT_SIMILARITY_TOP_K)),
-            filters=MetadataFilters.model_validate(filters) if filters else None,
-            user_id_key=manifest.get("user_id_key", DEFAULT_USER_ID_KEY),
+            vector_store_loader=vector_store_loader,
             vector_store_factory=vector_store_factory,
-            history=history,
-            config=PBRConfig(**manifest["config"]) if manifest.get("config") else None,
-            prompts=PromptSet(**prompts) if prompts else None,
-            prompt_style=manifest.get("prompt_style"),
             cache=cache,
-            strict=bool(manifest.get("strict", False)),
-            retriever_kwargs=manifest.get("retriever_kwargs") or None,
             callback_manager=callback_manager,
             verbose=verbose,
         )
-
-
-# -- helpers ---------------------------------------------------------------------------------
-def _split_index(
-    index: object,
-) -> tuple[VectorStoreIndex | None, dict[str, VectorStoreIndex] | None]:
-    if isinstance(index, VectorStoreIndex):
-        return index, None
-    if isinstance(index, Mapping):
-        per_user: dict[str, VectorStoreIndex] = {}
-        for user, value in index.items():
-            if not isinstance(user, str) or not user:
-                raise ValueError(f"per-user index keys must be user ids (strings), got {user!r}")
-            if not isinstance(value, VectorStoreIndex):
-                raise TypeError(
-                    f"index[{user!r}] must be a VectorStoreIndex, got {type(value).__name__}"
-                )
-            per_user[user] = value
-        return None, per_user
-    raise TypeError(
-        "index must be a VectorStoreIndex, or a mapping user_id → VectorStoreIndex for a "
-        f"per-user partition; got {type(index).__name__}"
-    )
-
-
-def _check_user_id(user_id: str | None) -> str | None:
-    if user_id is not None and (not isinstance(user_id, str) or not user_id):
-        raise ValueError(f"user_id must be a non-empty string or None, got {user_id!r}")
-    return user_id
-
-
-def _check_top_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"similarity_top_k must be an integer >= 1, got {k!r}")
-    return k
-
-
-def _default_llm(callback_manager: CallbackManager) -> LLM:
-    from .llms import LocalGemmaLLM
-
-    return LocalGemmaLLM(callback_manager=callback_manager)
-
-
-def _default_embed_model(callback_manager: CallbackManager) -> BaseEmbedding:
-    from .embeddings import LocalMiniLMEmbedding
-
-    return LocalMiniLMEmbedding(callback_manager=callback_manager)
-
-
-def _and_user(key: str, user_id: str, filters: MetadataFilters | None) -> MetadataFilters:
-    """The user's filter AND the view's filters, flat when possible (some stores cannot nest)."""
-    mine = MetadataFilter(key=key, value=user_id, operator=FilterOperator.EQ)
-    if filters is None or not filters.filters:
-        return MetadataFilters(filters=[mine])
-    flat = filters.condition in (None, FilterCondition.AND) and not any(
-        isinstance(f, MetadataFilters) for f in filters.filters
-    )
-    if flat:
-        return MetadataFilters(filters=[mine, *filters.filters], condition=FilterCondition.AND)
-    return MetadataFilters(filters=[mine, filters], condition=FilterCondition.AND)
-
-
-def _bundle(query: str, pq: PersonalizedQuery) -> QueryBundle:
-    # With ``embedding`` set, the host retriever searches with q* as is (no re-embedding).
-    return QueryBundle(query_str=query, embedding=[float(x) for x in pq.vector])
-
-
-def _with(keys: Sequence[str], *extra: str) -> list[str]:
-    return [*keys, *(k for k in extra if k not in keys)]
-
-
-def _user_dir(user_id: str) -> str:
-    """A folder name for any user id (slashes, dots, unicode): a stable hash."""
-    return hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:24]
-
-
-def _read_manifest(root: Path) -> dict[str, Any]:
-    path = root / _MANIFEST
-    if not root.is_dir():
-        raise PersistenceError(f"no saved PBRRetriever at {root} (folder does not exist)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PersistenceError(f"{root} is not a saved PBRRetriever: {_MANIFEST} missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PersistenceError(f"damaged {path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
-        raise PersistenceError(f"{path} is not a {_FORMAT} manifest")
-    if manifest.get("format_version") != _FORMAT_VERSION:
-        raise PersistenceError(
-            f"{root} was saved in format version {manifest.get('format_version')}, this "
-            f"library reads version {_FORMAT_VERSION}"
-        )
-    return manifest

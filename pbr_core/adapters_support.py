@@ -22,6 +22,8 @@ __all__ = [
     "EXPLANATION_KEY",
     "SCORE_KEY",
     "TERMS",
+    "check_positive_int",
+    "check_user_id",
     "explanation_events",
     "explanation_payload",
     "host_store_errors",
@@ -42,6 +44,20 @@ def model_id(model: object) -> str:
     Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
     """
     return _model_id(model)
+
+
+def check_user_id(user_id: object) -> str:
+    """``user_id`` if it is a non-empty string; every adapter's one rule for user ids."""
+    if not isinstance(user_id, str) or not user_id:
+        raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
+    return user_id
+
+
+def check_positive_int(value: object, name: str) -> int:
+    """``value`` if it is an integer >= 1 (not a bool): ``k``, ``similarity_top_k``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def missing_terms(explanation: Explanation) -> dict[str, str]:

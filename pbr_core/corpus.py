@@ -261,7 +261,8 @@ class Corpus:
     # -- writing -------------------------------------------------------------------------------
     def add(self, user_id: str, items: Sequence[HistoryItem], *, vectors: Any = None) -> list[str]:
         """Add (or replace, by id) one user's items; returns their ids. See :meth:`add_many`."""
-        return self.add_many({user_id: list(items)}, vectors={user_id: vectors})[user_id]
+        added = self.add_many({user_id: list(items)}, vectors={user_id: vectors})
+        return added.get(user_id, [])
 
     def add_many(
         self,

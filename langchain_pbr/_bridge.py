@@ -1,0 +1,152 @@
+"""Translation between LangChain's objects and pbr_core's protocols (no rule of its own)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import Document
+from langchain_core.language_models import BaseLanguageModel
+from langchain_core.prompts import PromptTemplate
+
+from pbr_core import CHAT_PROMPTS, COMPLETION_PROMPTS, HistoryItem, PersonalizedQuery, PromptSet
+from pbr_core.adapters_support import EXPLANATION_KEY, SCORE_KEY, explanation_payload, model_id
+from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+
+#: The variables a PBR prompt template may use (the core fills them in).
+PROMPT_VARIABLES = ("history", "query", "m")
+_REQUIRED_VARIABLES = ("history", "query")
+
+
+def prompt_style_of(llm: object, style: str | None) -> Literal["chat", "completion"]:
+    """The prompt style: the one given, else the LLM's ``prompt_style``, else ``"chat"``."""
+    chosen = style if style is not None else getattr(llm, "prompt_style", "chat")
+    return "completion" if chosen == "completion" else "chat"
+
+
+def prompt_set(
+    style: Literal["chat", "completion"],
+    utterances: PromptTemplate | None,
+    reasoning: PromptTemplate | None,
+) -> PromptSet:
+    """pbr_core's prompts: the given templates, else the style's defaults."""
+    base = COMPLETION_PROMPTS if style == "completion" else CHAT_PROMPTS
+    return PromptSet(
+        utterances=core_template(utterances) or base.utterances,
+        reasoning=core_template(reasoning) or base.reasoning,
+        style=style,
+    )
+
+
+def check_prompt(prompt: PromptTemplate | None) -> PromptTemplate | None:
+    """``prompt`` if it uses ``{history}`` and ``{query}`` (optionally ``{m}``) and nothing else."""
+    if prompt is None:
+        return None
+    variables = set(prompt.input_variables)
+    unknown = sorted(variables - set(PROMPT_VARIABLES))
+    missing = [v for v in _REQUIRED_VARIABLES if v not in variables]
+    if unknown or missing:
+        raise ValueError(
+            f"a PBR prompt template uses {{history}} and {{query}}, optionally {{m}}; this "
+            f"one has unknown variable(s) {unknown} and lacks {missing} "
+            "(bind anything else with partial_variables)"
+        )
+    return prompt
+
+
+class LangChainGenerator:
+    """One request's :class:`~pbr_core.protocols.TextGenerator` over a LangChain model.
+
+    It carries that request's callbacks, so each LLM call is a child run of the retriever run;
+    it is built per request and never shared.
+    """
+
+    def __init__(self, llm: BaseLanguageModel, callbacks: Callbacks, prompt_style: str) -> None:
+        self.llm = llm
+        self.callbacks = callbacks
+        self.prompt_style = prompt_style
+        self.model_id = model_id(llm)  # keys pbr_core's generation cache
+
+    def generate(self, prompt: str) -> str:
+        return text_of(self.llm.invoke(prompt, config={"callbacks": self.callbacks}))
+
+    async def agenerate(self, prompt: str) -> str:
+        return text_of(await self.llm.ainvoke(prompt, config={"callbacks": self.callbacks}))
+
+
+def text_of(out: Any) -> str:
+    """A chat model's message or an LLM's string as text (content blocks concatenated)."""
+    return out if isinstance(out, str) else str(out.text)
+
+
+_DEFAULT_LLM: BaseLanguageModel | None = None
+_DEFAULT_LLM_LOCK = threading.Lock()
+
+
+def default_llm() -> BaseLanguageModel:
+    """The process-wide :class:`~langchain_pbr.LocalGemmaChatModel` (loads on first call)."""
+    global _DEFAULT_LLM
+    with _DEFAULT_LLM_LOCK:
+        if _DEFAULT_LLM is None:
+            from .chat_models import LocalGemmaChatModel
+
+            _DEFAULT_LLM = LocalGemmaChatModel()
+        return _DEFAULT_LLM
+
+
+def core_template(prompt: PromptTemplate | None) -> str | None:
+    """A LangChain prompt template as a pbr_core template (``{history}`` etc. left to fill).
+
+    The template is rendered by LangChain itself (any template format, partial variables
+    included) with sentinels in place of the PBR variables; literal braces are then escaped so
+    that pbr_core fills only the variables.
+    """
+    if prompt is None:
+        return None
+    sentinels = {name: f"\x00pbr:{name}\x00" for name in PROMPT_VARIABLES}
+    text = prompt.format(**{v: sentinels[v] for v in prompt.input_variables})
+    text = text.replace("{", "{{").replace("}", "}}")
+    for name, sentinel in sentinels.items():
+        text = text.replace(sentinel, "{" + name + "}")
+    return text
+
+
+def items_of(
+    documents: Sequence[Document], user_id: str, ids: Sequence[str] | None, user_key: str
+) -> list[HistoryItem]:
+    documents = list(documents)
+    if ids is not None and len(ids) != len(documents):
+        raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
+    items = []
+    for i, doc in enumerate(documents):
+        stamp = doc.metadata.get("timestamp")
+        items.append(
+            HistoryItem(
+                id=str(ids[i]) if ids is not None else (doc.id or uuid.uuid4().hex),
+                text=doc.page_content,
+                metadata={**doc.metadata, user_key: doc.metadata.get(user_key, user_id)},
+                timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
+            )
+        )
+    return items
+
+
+def documents_of(scored: list[ScoredRecord], pq: PersonalizedQuery) -> list[Document]:
+    """The found items as documents with the user's id, ``score`` (cosine) and ``pbr``."""
+    payload = explanation_payload(pq.explanation)
+    return [
+        Document(
+            id=s.hit.id,
+            page_content=s.hit.text,
+            metadata={
+                **s.hit.metadata,
+                SCORE_KEY: s.hit.score,
+                RAW_SCORE_KEY: s.raw_score,
+                EXPLANATION_KEY: payload,
+            },
+        )
+        for s in scored
+    ]
