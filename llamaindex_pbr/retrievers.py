@@ -211,8 +211,9 @@ class PBRRetriever(BaseRetriever):
         user_id_key: the node metadata key naming the user.
         vector_store_factory: ``user_id → vector store`` for a new user's index in a per-user
             partition.
-        history: the users' histories; default: read from the index's docstore (nodes the
-            docstore lacks can be registered with ``add_nodes(nodes, insert=False)``).
+        history: pbr's per-user vectors and anchors (e.g. loaded); a cache checked against
+            the index's store on every read where the store can list its nodes
+            (``SimpleVectorStore``, Chroma), else read once from the index's docstore.
         config: PBR's parameters (:class:`pbr_core.PBRConfig`).
         prompts: the P-PRF prompts; default: chosen by the LLM's prompt style.
         prompt_style: ``"chat"`` (JSON answers) or ``"completion"`` (numbered lists); default:

@@ -215,10 +215,12 @@ class _Group:
 
 @dataclass
 class _Known:
-    """What the cache knows of one user's host records: key -> revision, item id -> key."""
+    """What the cache knows of one user's host records: key -> revision, item id -> key, and
+    the shadowed keys of an item id listed twice (deleted with it)."""
 
     revisions: dict[str, str] = field(default_factory=dict)
     key_of: dict[str, str] = field(default_factory=dict)
+    shadowed: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Corpus:
@@ -331,7 +333,8 @@ class Corpus:
                 return
             keys = [known.key_of.get(i, scoped_key(user_id, i)) for i in dict.fromkeys(ids)]
             if self.host is not None:
-                self.host.delete(user_id, keys)
+                shadows = [k for i in dict.fromkeys(ids) for k in known.shadowed.pop(i, [])]
+                self.host.delete(user_id, keys + shadows)
             self.cache.delete(user_id, ids)
             for item_id, key in zip(dict.fromkeys(ids), keys):
                 known.revisions.pop(key, None)
@@ -392,13 +395,18 @@ class Corpus:
         if history is None:
             return out
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        known = self._known.get(user_id)
+        seen: set[str] = set()
         for key, metadata, raw in found:
             if metadata.get(self.user_key) not in (None, user_id):
                 continue
             item_id = str(metadata.get(ITEM_ID_KEY, key))
             pos = history.position(item_id)
-            if pos is None:
+            if pos is None or item_id in seen:
                 continue
+            if known is not None and known.key_of.get(item_id, key) != key:
+                continue  # a shadowed duplicate of the item (see _refresh)
+            seen.add(item_id)
             item = history.items[pos]
             score = float(history.vectors[pos] @ query)
             hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
@@ -560,10 +568,15 @@ class Corpus:
         listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
         known = self._known.setdefault(user_id, _Known())
         current: dict[str, Record] = {}
-        for record in sorted(listed, key=lambda r: r.key != scoped_key(user_id, r.item_id)):
+        shadowed: dict[str, list[str]] = {}
+        for record in sorted(
+            listed, key=lambda r: (r.key != scoped_key(user_id, r.item_id), r.key)
+        ):
             # A user's id listed twice (a record written before pbr and one pbr wrote): the
-            # scoped key wins, the other is shadowed until deleted.
-            current.setdefault(record.item_id, record)
+            # scoped key wins, the other is shadowed, and deleting the id deletes both.
+            if current.setdefault(record.item_id, record) is not record:
+                shadowed.setdefault(record.item_id, []).append(record.key)
+        known.shadowed = shadowed
         revisions = {r.key: revision(r) for r in current.values()}
         if revisions == known.revisions and (user_id in self.cache or not revisions):
             return self.cache._current(user_id)

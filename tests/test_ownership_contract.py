@@ -426,6 +426,19 @@ def test_wrapping_a_populated_store_needs_no_re_adding(harness: Harness) -> None
     assert [h.text for h in fresh.query("dave", "stamps")] == ["dave grows tomatoes"]
 
 
+def test_re_adding_an_item_written_before_pbr_replaces_it_and_a_delete_removes_both(
+    harness: Harness,
+) -> None:
+    if not _stored(harness) or harness.backend == "own":
+        pytest.skip("needs a host store written by someone else")
+    harness.write_through_store("dave", "d1", "dave old note")
+    fresh = harness.rewrap()  # a process that has not read dave yet
+    fresh.add("dave", ["dave new note"], ["d1"])
+    assert [h.text for h in fresh.query("dave", "note")] == ["dave new note"]
+    fresh.delete("dave", ["d1"])
+    assert fresh.query("dave", "note") == [] and harness.rewrap().query("dave", "note") == []
+
+
 # -- one meaning of score ------------------------------------------------------------------------
 def test_score_is_the_cosine_similarity_higher_is_better_on_every_store(harness: Harness) -> None:
     harness.add("alice", ALICE + BOB, ["1", "2", "3", "4", "5", "6"])
