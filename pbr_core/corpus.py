@@ -283,8 +283,8 @@ class Corpus:
                 users are embedded (items whose id and text are cached reuse their vector).
             extras: user id -> one adapter object per item, carried into
                 :attr:`Record.extra` for the host's ``validate`` / ``upsert``.
-            write_host: False records items the host already holds, for a host that cannot
-                list (with one that can, the next read reflects the host anyway).
+            write_host: False records items the host already holds under their own ids, for a
+                host that cannot list (with one that can, the next read reflects the host).
 
         Raises:
             ValueError / EmbeddingError: anything invalid in any group; nothing is written.
@@ -504,14 +504,17 @@ class Corpus:
             self.host.validate(self._records(plan))
         return plan
 
-    def _records(self, plan: list[_Group]) -> list[Record]:
+    def _records(self, plan: list[_Group], *, held: bool = False) -> list[Record]:
+        """The host records of ``plan``; ``held``: the host holds them already, under the
+        items' own ids (records written before pbr), so those ids are their keys."""
         records: list[Record] = []
         for user_id, items, unit, extras in plan:
             known = self._known.get(user_id, _Known())
             for item, vector, extra in zip(items, unit, extras):
+                key = item.id if held else known.key_of.get(item.id, scoped_key(user_id, item.id))
                 records.append(
                     Record(
-                        key=known.key_of.get(item.id, scoped_key(user_id, item.id)),
+                        key=key,
                         user_id=user_id,
                         item_id=item.id,
                         text=item.text,
@@ -529,7 +532,7 @@ class Corpus:
             return out
         by_user: dict[str, list[Record]] = {}
         if self.host is not None:
-            records = self._records(plan)
+            records = self._records(plan, held=not write_host)
             if write_host:
                 self.host.upsert(records)  # the one write; a fault leaves the cache as it was
             for record in records:

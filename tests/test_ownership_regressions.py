@@ -16,7 +16,10 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from llama_index.core import Document as LIDocument
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.llms import MockLLM
-from pydantic import Field
+from llama_index.core.schema import TextNode
+from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.types import BasePydanticVectorStore
+from pydantic import Field, PrivateAttr
 
 import langchain_pbr
 import llamaindex_pbr
@@ -188,8 +191,6 @@ def test_a_persist_that_dies_midway_leaves_the_previous_save_loadable(
         nodes=[], llm=MockLLM(max_tokens=4), embed_model=emb
     )
     ann = base.for_user("ann")
-    from llama_index.core.schema import TextNode
-
     ann.add_nodes([TextNode(text="first save", id_="a1")])
     ann.persist(tmp_path / "pbr")
     ann.add_nodes([TextNode(text="second save", id_="a2")])
@@ -212,8 +213,6 @@ def test_a_damaged_index_file_is_a_persistence_error_naming_it(tmp_path: Path) -
     base = llamaindex_pbr.PBRRetriever.from_defaults(
         nodes=[], llm=MockLLM(max_tokens=4), embed_model=emb
     )
-    from llama_index.core.schema import TextNode
-
     base.for_user("ann").add_nodes([TextNode(text="kept", id_="a1")])
     base.persist(tmp_path / "pbr")
     docstore = current_snapshot(tmp_path / "pbr") / "index" / "docstore.json"
@@ -230,3 +229,46 @@ def test_an_empty_first_add_leaves_the_user_usable() -> None:
     assert p.add_texts("u", []) == []
     p.add_texts("u", ["a real item", "another one"])
     assert len(p.store.get("u")) == 2
+
+
+class OpaqueIndexStore(BasePydanticVectorStore):
+    """A LlamaIndex store pbr cannot list (neither Simple nor Chroma), backed by a simple one."""
+
+    stores_text: bool = False
+    _inner: SimpleVectorStore = PrivateAttr(default_factory=SimpleVectorStore)
+
+    @property
+    def client(self) -> Any:
+        return None
+
+    def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+        return self._inner.add(nodes, **kwargs)
+
+    def delete(self, ref_doc_id: str, **kwargs: Any) -> None:
+        self._inner.delete(ref_doc_id, **kwargs)
+
+    def delete_nodes(self, node_ids: Any = None, filters: Any = None, **kwargs: Any) -> None:
+        self._inner.delete_nodes(node_ids, filters, **kwargs)
+
+    def query(self, query: Any, **kwargs: Any) -> Any:
+        return self._inner.query(query, **kwargs)
+
+
+def test_a_llamaindex_store_that_cannot_list_reads_the_docstore_once_and_keeps_the_record() -> None:
+    emb = HashEmbedding(dim=32)
+    storage = StorageContext.from_defaults(vector_store=OpaqueIndexStore())
+    nodes = [
+        TextNode(text=f"{u} memo {i}", id_=f"{u}-{i}", metadata={"user_id": u})
+        for u in ("ann", "ben")
+        for i in range(2)
+    ]
+    built = VectorStoreIndex(nodes, storage_context=storage, embed_model=emb)
+    base = llamaindex_pbr.PBRRetriever(built, llm=MockLLM(max_tokens=4), embed_model=emb)
+    assert not base._shared.corpus.verified
+    assert sorted(base.personalizer.store.users()) == ["ann", "ben"]  # from the docstore
+    ann = base.for_user("ann", similarity_top_k=10)
+    ann.add_nodes([TextNode(text="ann memo 9", id_="ben-0")])  # ann's own "ben-0"
+    got = sorted(n.node.get_content() for n in ann.retrieve("memo"))
+    assert got == ["ann memo 0", "ann memo 1", "ann memo 9"]
+    ann.delete_nodes(["ben-0"])
+    assert len(base.for_user("ben", similarity_top_k=10).retrieve("memo")) == 2
