@@ -115,7 +115,7 @@ def langchain_part(client: chromadb.ClientAPI, workdir: Path) -> LangChainPBR:
         client=client,
         collection_name="pbr_langchain",
         embedding_function=embeddings,
-        # cosine: Chroma ranks like PBR's unit vectors; its score is then a cosine *distance*
+        # cosine: Chroma ranks like PBR's unit vectors (its own score is a cosine distance)
         collection_configuration={"hnsw": {"space": "cosine"}},
     )
     retriever = LangChainPBR(
@@ -129,10 +129,10 @@ def langchain_part(client: chromadb.ClientAPI, workdir: Path) -> LangChainPBR:
 
     docs = retriever.invoke(QUERY, user_id="alice")
     rows = [(d.metadata["user_id"], d.page_content, d.metadata["score"]) for d in docs]
-    show("LangChain, alice (score = Chroma's cosine distance):", rows, docs[0].metadata["pbr"])
+    show("LangChain, alice (score = cosine with q*):", rows, docs[0].metadata["pbr"])
 
-    # The restart path: PBR's per-user history (items, vectors, anchors) is saved next to the
-    # database and loaded back; nothing is re-embedded.
+    # The restart path: Chroma is the truth (a fresh process reads each user from it); pbr's
+    # saved state adds the computed anchors, checked against Chroma at each user's first read.
     retriever.save(workdir / "langchain_history")
     reloaded = LangChainPBR.load(
         workdir / "langchain_history", llm=ParrotFakeChatModel(), vectorstore=store, k=2
@@ -159,7 +159,7 @@ def llamaindex_part(client: chromadb.ClientAPI, workdir: Path) -> None:
     alice = base.for_user("alice")
     nodes = alice.retrieve(QUERY)
     rows = [(n.node.metadata["user_id"], n.node.get_content(), n.score) for n in nodes]
-    show("LlamaIndex, alice (score = exp(-distance)):", rows, nodes[0].node.metadata["pbr"])
+    show("LlamaIndex, alice (score = cosine with q*):", rows, nodes[0].node.metadata["pbr"])
 
     alice.persist(workdir / "llamaindex")
     again = LlamaIndexPBR.from_persist_dir(
