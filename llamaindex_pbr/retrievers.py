@@ -8,10 +8,9 @@ import contextvars
 import copy
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
@@ -73,7 +72,7 @@ from ._bridge import (
     with_keys,
 )
 from .events import event_for
-from .stores import IndexRecords, PartitionRecords, user_node
+from .stores import IndexRecords, PartitionRecords, docstore_nodes, user_node
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
@@ -117,9 +116,7 @@ class _Shared:
     user_id_key: str
     index: VectorStoreIndex | None
     user_indexes: dict[str, VectorStoreIndex] | None
-    vector_store_factory: VectorStoreFactory | None
     retriever_kwargs: dict[str, Any]
-    index_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def partitioned(self) -> bool:
@@ -297,7 +294,6 @@ class PBRRetriever(BaseRetriever):
             user_id_key=user_id_key,
             index=single,
             user_indexes=per_user,
-            vector_store_factory=vector_store_factory,
             retriever_kwargs=kwargs,
         )
         self._core = self._shared.personalizer
@@ -308,15 +304,27 @@ class PBRRetriever(BaseRetriever):
         self._strict: bool | None = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         corpus = self._shared.corpus
-        corpus.host = (
-            IndexRecords(single, user_id_key)
-            if single is not None
-            else PartitionRecords(
-                per_user if per_user is not None else {}, self._index_for, user_id_key
-            )
-        )
-        if history is None and not corpus.verified:
-            self._record_unlisted()
+        if single is not None:
+            corpus.host = IndexRecords(single, user_id_key)
+        else:
+
+            def new_index(user: str) -> VectorStoreIndex:  # a new user's index of a partition
+                assert vector_store_factory is not None
+                storage = StorageContext.from_defaults(vector_store=vector_store_factory(user))
+                return VectorStoreIndex(
+                    nodes=[],
+                    storage_context=storage,
+                    embed_model=embed_model,
+                    callback_manager=callback_manager,
+                )
+
+            factory = new_index if vector_store_factory is not None else None
+            per_user = per_user if per_user is not None else {}
+            corpus.host = PartitionRecords(per_user, factory, user_id_key)
+        if history is None and not corpus.verified:  # read the docstore once
+            sources = list((per_user or {}).items()) if single is None else [(None, single)]
+            found, owners = docstore_nodes(sources, user_id_key)
+            self._write_embedded(found, owners, insert=False)
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -574,7 +582,7 @@ class PBRRetriever(BaseRetriever):
         """Name an unreachable server's URL; turn "cannot filter" into advice (PBR never
         post-filters)."""
         try:
-            with host_store_errors(self._index_for(user_id).vector_store, "search"):
+            with host_store_errors(self._any_store(), "search"):
                 yield
         except (ValueError, NotImplementedError) as exc:
             if "filter" not in str(exc).lower():
@@ -639,7 +647,9 @@ class PBRRetriever(BaseRetriever):
         return self._add(nodes, insert=insert, own_only=True)
 
     def _add(self, nodes: Sequence[BaseNode], *, insert: bool, own_only: bool) -> list[str]:
-        copies, users = self._tagged_copies(nodes, own_only=own_only)
+        return self._write_embedded(*self._tagged_copies(nodes, own_only=own_only), insert=insert)
+
+    def _write_embedded(self, copies: list[BaseNode], users: list[str], insert: bool) -> list[str]:
         todo = [n for n in copies if n.embedding is None]
         if todo:
             texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
@@ -719,93 +729,24 @@ class PBRRetriever(BaseRetriever):
     def _tagged_copies(
         self, nodes: Sequence[BaseNode], *, own_only: bool
     ) -> tuple[list[BaseNode], list[str]]:
+        """Copies of the nodes (yours are not modified) and the user each is added for: this
+        view's user, else (``from_defaults``) the node's ``metadata[user_id_key]``. A node naming
+        another owner than its user is refused by the corpus."""
         key = self._shared.user_id_key
         copies: list[BaseNode] = []
         users: list[str] = []
         for node in nodes:
-            user = node.metadata.get(key, self._user_id)
+            mine = own_only and self._user_id is not None
+            user = self._user_id if mine else node.metadata.get(key, self._user_id)
             if user is None:
                 raise ValueError(
                     f"node {node.node_id!r} has no {key!r} metadata and this retriever has no "
                     f"user; set node.metadata[{key!r}] or add through retriever.for_user('u1')"
                 )
-            if not isinstance(user, str) or not user:
-                raise ValueError(
-                    f"node {node.node_id!r}: metadata[{key!r}] must be a non-empty string, "
-                    f"got {user!r}"
-                )
-            if own_only and self._user_id is not None and user != self._user_id:
-                raise ValueError(
-                    f"node {node.node_id!r} belongs to user {user!r}, not to this view's user "
-                    f"{self._user_id!r}; add it through retriever.for_user({user!r})"
-                )
-            copies.append(
-                node.model_copy(
-                    update={
-                        "metadata": {**node.metadata, key: user},
-                        "excluded_llm_metadata_keys": with_keys(
-                            node.excluded_llm_metadata_keys, key
-                        ),
-                        "excluded_embed_metadata_keys": with_keys(
-                            node.excluded_embed_metadata_keys, key
-                        ),
-                    }
-                )
-            )
-            users.append(user)
+            excluded = with_keys(node.excluded_embed_metadata_keys, key)
+            copies.append(node.model_copy(update={"excluded_embed_metadata_keys": excluded}))
+            users.append(check_user_id(user))
         return copies, users
-
-    def _index_for(self, user_id: str) -> VectorStoreIndex:
-        shared = self._shared
-        if shared.user_indexes is None:
-            assert shared.index is not None
-            return shared.index
-        with shared.index_lock:
-            index = shared.user_indexes.get(user_id)
-            if index is None:
-                if shared.vector_store_factory is None:
-                    raise ValueError(
-                        f"user {user_id!r} has no index in this per-user partition; pass "
-                        "vector_store_factory= (user_id → vector store) or add their index"
-                    )
-                index = VectorStoreIndex(
-                    nodes=[],
-                    storage_context=StorageContext.from_defaults(
-                        vector_store=shared.vector_store_factory(user_id)
-                    ),
-                    embed_model=shared.embed_model,
-                    callback_manager=self.callback_manager,
-                )
-                shared.user_indexes[user_id] = index
-            return index
-
-    def _record_unlisted(self) -> None:
-        """For an index pbr cannot list: record the nodes its docstore holds (no re-adding)."""
-        shared = self._shared
-        sources = (
-            list(shared.user_indexes.items())
-            if shared.user_indexes is not None
-            else [(None, shared.index)]
-        )
-        copies: list[BaseNode] = []
-        users: list[str] = []
-        for owner, index in sources:
-            assert index is not None
-            ids = list(index.index_struct.nodes_dict.values())
-            for node in index.docstore.get_nodes(ids, raise_error=False) if ids else []:
-                user = owner if owner is not None else node.metadata.get(shared.user_id_key)
-                if isinstance(user, str) and user and node.get_content(MetadataMode.NONE).strip():
-                    copies.append(node)
-                    users.append(user)
-        todo = [n for n in copies if n.embedding is None]
-        if todo:
-            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
-            embedded = shared.embed_model.get_text_embedding_batch(texts)
-            todo = [n.model_copy(update={"embedding": v}) for n, v in zip(todo, embedded)]
-            done = {n.node_id: n for n in todo}
-            copies = [done.get(n.node_id, n) for n in copies]
-        if copies:
-            self._write(copies, users, insert=False)
 
     # -- prompts (PromptMixin) ---------------------------------------------------------------------
     def _get_prompts(self) -> PromptDictType:

@@ -13,6 +13,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,14 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.corpus import ITEM_ID_KEY, Record
 
-__all__ = ["IndexRecords", "PartitionRecords", "listable", "stored_node", "user_node"]
+__all__ = [
+    "IndexRecords",
+    "PartitionRecords",
+    "docstore_nodes",
+    "listable",
+    "stored_node",
+    "user_node",
+]
 
 # Keys LlamaIndex adds to a node's metadata in a vector store (not the user's metadata).
 _LLAMA_KEYS = ("_node_content", "_node_type", "document_id", "doc_id", "ref_doc_id")
@@ -190,24 +198,41 @@ class IndexRecords:
 
 
 class PartitionRecords:
-    """One index per user (``{user_id: index}``, grown by a factory): routed by owner."""
+    """One index per user (``{user_id: index}``), routed by owner; ``new_index`` builds a new
+    user's index on their first write (None: only the given users can be written)."""
 
     def __init__(
         self,
-        indexes: Mapping[str, VectorStoreIndex],
-        index_for: Callable[[str], VectorStoreIndex],
+        indexes: dict[str, VectorStoreIndex],
+        new_index: Callable[[str], VectorStoreIndex] | None,
         user_key: str,
     ) -> None:
         self.indexes = indexes
-        self.index_for = index_for
+        self.new_index = new_index
         self.user_key = user_key
+        self._lock = threading.Lock()
+
+    def index_for(self, user_id: str, *, create: bool = False) -> VectorStoreIndex | None:
+        """The user's index; with ``create``, built by ``new_index`` when missing."""
+        index = self.indexes.get(user_id)
+        if index is None and create:
+            with self._lock:
+                index = self.indexes.get(user_id)
+                if index is None:
+                    if self.new_index is None:
+                        raise ValueError(
+                            f"user {user_id!r} has no index in this per-user partition; pass "
+                            "vector_store_factory= (user_id → vector store) or add their index"
+                        )
+                    index = self.indexes[user_id] = self.new_index(user_id)
+        return index
 
     @property
     def can_list(self) -> bool:
         return all(listable(index) for index in self.indexes.values())
 
     def _part(self, user_id: str, create: bool = False) -> IndexRecords | None:
-        index = self.index_for(user_id) if create else self.indexes.get(user_id)
+        index = self.index_for(user_id, create=create)
         return None if index is None else IndexRecords(index, self.user_key, owner=user_id)
 
     def validate(self, records: Sequence[Record]) -> None:
@@ -234,3 +259,20 @@ class PartitionRecords:
     def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
         part = self._part(user_id)
         return [] if part is None else part.fetch(user_id, keys)
+
+
+def docstore_nodes(
+    sources: Sequence[tuple[str | None, VectorStoreIndex]], user_key: str
+) -> tuple[list[BaseNode], list[str]]:
+    """The non-empty nodes the indexes' docstores hold and their owners (``metadata[user_key]``,
+    or the partition's user): what pbr records once for a store it cannot list."""
+    nodes: list[BaseNode] = []
+    users: list[str] = []
+    for owner, index in sources:
+        ids = list(index.index_struct.nodes_dict.values())
+        for node in index.docstore.get_nodes(ids, raise_error=False) if ids else []:
+            user = owner if owner is not None else node.metadata.get(user_key)
+            if isinstance(user, str) and user and node.get_content(MetadataMode.NONE).strip():
+                nodes.append(node)
+                users.append(user)
+    return nodes, users

@@ -480,8 +480,9 @@ class Corpus:
                 owner = item.metadata.get(self.user_key)
                 if owner is not None and owner != user_id:
                     raise ValueError(
-                        f"item {item.id!r} has metadata[{self.user_key!r}] = {owner!r} but is "
-                        f"being added for user {user_id!r}"
+                        f"item {item.id!r} belongs to user {owner!r} (its "
+                        f"metadata[{self.user_key!r}]), not to user {user_id!r}: add it for "
+                        f"{owner!r}, or drop that metadata key"
                     )
                 if ITEM_ID_KEY in item.metadata and item.metadata[ITEM_ID_KEY] != item.id:
                     raise ValueError(

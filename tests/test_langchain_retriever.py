@@ -536,7 +536,7 @@ def test_existing_store_plus_history_documents() -> None:
 
 def test_documents_of_another_user_are_refused() -> None:
     r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB)
-    with pytest.raises(ValueError, match="'bob' but is being added for user 'alice'"):
+    with pytest.raises(ValueError, match="belongs to user 'bob'"):
         r.add_documents([Document(page_content="x", metadata={"user_id": "bob"})], user_id="alice")
     with pytest.raises(ValueError, match="document 0 has no user"):
         PBRRetriever.from_documents([Document(page_content="x")], embeddings=EMB)
