@@ -11,11 +11,13 @@ from .config import FUSION_MODES, FusionMode, PBRConfig
 from .errors import (
     EmbeddingError,
     GenerationError,
+    LLMTimeoutError,
     PBRError,
     PersistenceError,
     UnknownUserError,
     VectorStoreUnavailableError,
 )
+from .executor import LLMExecutor
 from .fusion import FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
 from .pipeline import (
@@ -54,6 +56,8 @@ __all__ = [
     "HistoryItem",
     "HistoryStore",
     "HistoryVectorSearch",
+    "LLMExecutor",
+    "LLMTimeoutError",
     "PBRConfig",
     "PBRError",
     "PersistenceError",

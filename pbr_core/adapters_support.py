@@ -61,23 +61,27 @@ def check_positive_int(value: object, name: str) -> int:
 
 
 def missing_terms(explanation: Explanation) -> dict[str, str]:
-    """Terms the fusion mode asked for but ``q*`` lacks, each with the reason.
+    """Terms the fusion mode asked for but ``q*`` lacks because something failed, with reasons.
 
-    Non-empty means the request ran degraded (an LLM call failed, an answer could not be parsed,
-    the user has too little history); terms switched off by the fusion mode are not missing.
+    Non-empty means the request ran degraded (an LLM call failed or timed out, an answer could
+    not be parsed, the user has too little history). Not missing: terms switched off by the
+    fusion mode, and terms ``"safe"`` fusion chose to leave out (``Explanation.skipped``:
+    personalization skipped on purpose, not a failure).
     """
     wanted = dict(zip(TERMS, MODE_TERMS[explanation.fusion]))  # type: ignore[index]
     return {
         term: explanation.dropped.get(term, "not used")
         for term in TERMS
-        if wanted[term] and term not in explanation.used
+        if wanted[term] and term not in explanation.used and term not in explanation.skipped
     }
 
 
 def explanation_payload(explanation: Explanation) -> dict[str, Any]:
     """The JSON-ready explanation an adapter attaches to every result of the request.
 
-    :meth:`Explanation.to_dict` plus ``degraded`` (bool) and ``missing`` (term → reason).
+    :meth:`Explanation.to_dict` (which holds ``skipped``: term → why ``"safe"`` fusion chose to
+    leave it out) plus ``degraded`` (bool: something failed) and ``missing`` (term → reason, the
+    failures only).
     """
     missing = missing_terms(explanation)
     return {**explanation.to_dict(), "degraded": bool(missing), "missing": missing}
@@ -88,7 +92,8 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
 
     ``pbr.anchor`` (related and most central history items), ``pbr.pseudo_utterances``,
     ``pbr.reasoning``, ``pbr.fusion`` (terms used, weights ``w1``/``w2``, dropped terms, timings
-    in ms) and, only when a wanted term is missing, ``pbr.degraded``. Every payload carries
+    in ms, and ``skipped``: the terms ``"safe"`` fusion chose to leave out) and, only when a wanted
+    term is missing because something failed, ``pbr.degraded``. Every payload carries
     ``user_id`` and ``query`` and is JSON-ready.
     """
     full = explanation.to_dict()
@@ -103,7 +108,7 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
                 **base,
                 **{
                     key: full[key]
-                    for key in ("fusion", "used", "w1", "w2", "dropped", "timings_ms")
+                    for key in ("fusion", "used", "w1", "w2", "dropped", "skipped", "timings_ms")
                 },
             },
         ),

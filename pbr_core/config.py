@@ -55,6 +55,20 @@ class PBRConfig:
         safe_history_gate: ``"safe"`` fusion: keep the plain query when the user's closest
             history item is closer to the query than every pseudo-feedback term (the query is
             already clear for this user; see :mod:`pbr_core.fusion`).
+        max_query_chars: the query is cut to this many characters in the two prompts (like a
+            history item, to ``max_item_chars``), so a huge query cannot make huge prompts. Only
+            the prompts: the query's embedding ``q`` is made from the whole query.
+        llm_timeout_s: each P-PRF LLM call (the wait for a free call slot included) is given up
+            after this many seconds: the term is dropped with the reason ("the LLM call timed out
+            after 30 s"), or strict mode raises :class:`~pbr_core.errors.LLMTimeoutError`.
+            ``None`` waits forever (not recommended for a server). A sync call that is given up
+            cannot be killed: it finishes in the background (see :mod:`pbr_core.executor`).
+        max_concurrent_llm_calls: the size of the :class:`~pbr_core.executor.LLMExecutor` a
+            personalizer creates when none is given: at most this many LLM calls in flight at once
+            for the personalizers that share it (those over one history store), e.g. what a
+            rate-limited API allows. A per-call config does not resize an existing executor.
+        max_answer_chars: an LLM answer is cut to this many characters before it is parsed
+            (10 utterances of ~40 words need ~3,000), so a runaway answer costs bounded time.
     """
 
     k1: int = 5
@@ -72,6 +86,10 @@ class PBRConfig:
     trust_high: float = 0.7
     safe_min_shift: float = 0.2
     safe_history_gate: bool = True
+    max_query_chars: int = 800
+    llm_timeout_s: float | None = 30.0
+    max_concurrent_llm_calls: int = 16
+    max_answer_chars: int = 20_000
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -99,6 +117,23 @@ class PBRConfig:
             )
         if not 0.0 <= self.safe_min_shift <= 1.0:
             problems.append(f"safe_min_shift must lie in [0, 1], got {self.safe_min_shift}")
+        if self.max_query_chars < 1:
+            problems.append(f"max_query_chars must be >= 1, got {self.max_query_chars}")
+        timeout = self.llm_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            problems.append(
+                f"llm_timeout_s must be a finite number of seconds > 0 (or None), got {timeout!r}"
+            )
+        if isinstance(self.max_concurrent_llm_calls, bool) or self.max_concurrent_llm_calls < 1:
+            problems.append(
+                f"max_concurrent_llm_calls must be >= 1, got {self.max_concurrent_llm_calls!r}"
+            )
+        if self.max_answer_chars < 1:
+            problems.append(f"max_answer_chars must be >= 1, got {self.max_answer_chars}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

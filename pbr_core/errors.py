@@ -34,6 +34,19 @@ class GenerationError(PBRError):
     """The LLM failed or its answer could not be used (raised only in strict mode)."""
 
 
+class LLMTimeoutError(GenerationError, TimeoutError):
+    """An LLM call took longer than ``PBRConfig.llm_timeout_s`` (raised only in strict mode;
+    otherwise the term is dropped with this message as the reason).
+
+    Attributes:
+        timeout_s: the limit that was exceeded.
+    """
+
+    def __init__(self, message: str, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(message)
+
+
 class VectorStoreUnavailableError(PBRError, ConnectionError):
     """The host vector store (e.g. a Chroma server) could not be reached.
 

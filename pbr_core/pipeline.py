@@ -5,17 +5,25 @@ text generator and optionally a host vector search through the protocols of
 :mod:`pbr_core.protocols`. The two LLM calls of P-PRF run concurrently: one batched call when
 the generator offers ``generate_batch`` (local models), threads for the sync API, and
 ``asyncio.gather`` for the async one.
+
+Every LLM call goes through the personalizer's :class:`~pbr_core.executor.LLMExecutor`: at most
+``PBRConfig.max_concurrent_llm_calls`` in flight, each given up after ``PBRConfig.llm_timeout_s``.
+A failed, timed-out or unusable answer drops its term with the reason (``Explanation.dropped``)
+and logs a warning on the ``"pbr.pipeline"`` logger (the user id hashed, the query left out);
+``strict`` raises :class:`~pbr_core.errors.GenerationError` instead. Only answers that parsed
+into something usable are written to the generation cache.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import hashlib
+import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,7 +32,8 @@ import numpy as np
 from .cache import GenerationCache
 from .config import PBRConfig
 from .corpus import Corpus, merge_vectors
-from .errors import EmbeddingError, GenerationError, UnknownUserError
+from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
+from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
 from .prf import (
@@ -39,6 +48,8 @@ from .prf import (
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .vectors import aembed_documents, aembed_query, embed_documents, embed_query
+
+_log = logging.getLogger("pbr.pipeline")
 
 #: What :meth:`Personalizer.personalize` does for a user with no history.
 UnknownUserPolicy = Literal["raise", "plain"]
@@ -64,7 +75,11 @@ class Explanation:
         pseudo_utterances, reasoning: the parsed LLM answers (empty / None when dropped).
         w1, w2: fusion weights (None for a dropped term).
         anchor_items: the most central history items (score = PageRank).
-        dropped: term → reason it is not in ``q*``.
+        dropped: term → reason it is not in ``q*`` (every absent term: failures, too little
+            history, the fusion mode, and the deliberate choices also listed in ``skipped``).
+        skipped: the subset of ``dropped`` that is a deliberate choice, not a failure:
+            ``"safe"`` fusion keeping the plain query (its history gate, or feedback it does not
+            trust). A request is *degraded* only by the other entries of ``dropped``.
         trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1], the closest feedback and
             history cosines (see :class:`~pbr_core.fusion.FusionResult`) and ``"shift"``, the share
             of the paper's shift from ``q`` that ``q*`` applies.
@@ -82,6 +97,7 @@ class Explanation:
     w2: float | None = None
     anchor_items: list[SearchHit] = field(default_factory=list)
     dropped: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
     trust: dict[str, float] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
 
@@ -101,6 +117,7 @@ class Explanation:
             "w2": self.w2,
             "anchor_items": [hit(h) for h in self.anchor_items],
             "dropped": dict(self.dropped),
+            "skipped": dict(self.skipped),
             "trust": {k: round(v, 4) for k, v in self.trust.items()},
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
         }
@@ -153,6 +170,10 @@ class _Request:
     anchor: np.ndarray | None = None
     needs_llm: bool = False
     prompts: PromptSet | None = None
+    generator: TextGenerator | None = None  # the LLM of this request, once it is called
+    sent: tuple[str, str] | None = None  # the (utterance, reasoning) prompts sent to it
+    style: PromptStyle = "chat"
+    fresh: tuple[int, ...] = ()  # which answers came from the LLM now (not from the cache)
 
 
 class Personalizer:
@@ -171,6 +192,11 @@ class Personalizer:
         vector_search: the final search; default is the store's own per-user faiss index.
         strict: raise :class:`GenerationError` when the LLM fails or its answer is unusable,
             instead of dropping the term.
+        llm_executor: the :class:`~pbr_core.executor.LLMExecutor` the LLM calls go through
+            (threads for sync calls, a limit on calls in flight). Default: one shared by every
+            personalizer over the same ``store`` (the adapters' per-request personalizers),
+            sized by ``config.max_concurrent_llm_calls`` when first made; a personalizer with
+            its own store (or its own executor) is never slowed by another one's stuck LLM.
     """
 
     def __init__(
@@ -184,6 +210,7 @@ class Personalizer:
         cache: GenerationCache | str | None = None,
         vector_search: VectorSearch | None = None,
         strict: bool = False,
+        llm_executor: LLMExecutor | None = None,
     ) -> None:
         self._embedder = embedder
         self._generator = generator
@@ -195,6 +222,7 @@ class Personalizer:
         self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
         self.vector_search = vector_search
         self.strict = strict
+        self._llm_executor = llm_executor
 
     # -- collaborators -------------------------------------------------------------------------
     @property
@@ -212,6 +240,13 @@ class Personalizer:
 
             self._generator = default_generator()
         return self._generator
+
+    @property
+    def llm_executor(self) -> LLMExecutor:
+        """Where this personalizer's LLM calls run (see the ``llm_executor`` argument)."""
+        if self._llm_executor is None:
+            self._llm_executor = _executor_for(self.store, self.config.max_concurrent_llm_calls)
+        return self._llm_executor
 
     def prompts_for(self, generator: TextGenerator) -> PromptSet:
         """The prompt set used with ``generator``: the explicit one, else by its prompt style."""
@@ -387,12 +422,12 @@ class Personalizer:
         if feedback is not None:
             texts = _feedback_texts(feedback)
         elif req.needs_llm:
-            gen = generator or self.generator
-            texts = self._generate(gen, self._prompt_pair(req, gen))
+            self._bind_llm(req, generator or self.generator)
+            texts = self._generate(req)
         else:
             texts = (None, None)
         req.watch.lap("llm")
-        parsed = self._parse(req, texts, generator, feedback, strict)
+        parsed = self._parse(req, texts, feedback, strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
         vecs = embed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
         req.watch.lap("embed_feedback")
@@ -410,7 +445,13 @@ class Personalizer:
         prompts: PromptSet | None = None,
         unknown_user: UnknownUserPolicy = "raise",
     ) -> PersonalizedQuery:
-        """Async :meth:`personalize`: native async embedder/LLM calls when they exist."""
+        """Async :meth:`personalize`: native async embedder/LLM calls when they exist.
+
+        A generator's native ``agenerate`` is awaited on the event loop and cancelled after
+        ``config.llm_timeout_s``; a sync-only generator (and a local model with
+        ``generate_batch``) runs in the :attr:`llm_executor`'s own threads, never in asyncio's
+        default executor. Cancelling the awaiting task frees it at once.
+        """
         try:
             req = self._start(user_id, query, config, prompts)
         except UnknownUserError as exc:
@@ -425,12 +466,12 @@ class Personalizer:
         if feedback is not None:
             texts = _feedback_texts(feedback)
         elif req.needs_llm:
-            gen = generator or self.generator
-            texts = await self._agenerate(gen, self._prompt_pair(req, gen))
+            self._bind_llm(req, generator or self.generator)
+            texts = await self._agenerate(req)
         else:
             texts = (None, None)
         req.watch.lap("llm")
-        parsed = self._parse(req, texts, generator, feedback, strict)
+        parsed = self._parse(req, texts, feedback, strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
         vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
         req.watch.lap("embed_feedback")
@@ -524,132 +565,185 @@ class Personalizer:
         cfg = req.config
         history_texts = [h.text for h in req.explanation.related]
         return build_prompts(
-            prompts, req.query, history_texts, m=cfg.num_utterances, max_chars=cfg.max_item_chars
+            prompts,
+            req.query,
+            history_texts,
+            m=cfg.num_utterances,
+            max_chars=cfg.max_item_chars,
+            max_query_chars=cfg.max_query_chars,
         )
 
+    def _bind_llm(self, req: _Request, generator: TextGenerator) -> None:
+        req.generator = generator
+        req.sent = self._prompt_pair(req, generator)
+        req.style = (req.prompts or self.prompts_for(generator)).style
+
     # -- LLM calls -----------------------------------------------------------------------------
-    def _generate(
-        self, generator: TextGenerator, prompts: tuple[str, str]
-    ) -> tuple[str | BaseException, str | BaseException]:
-        """Both P-PRF answers, concurrently; a failure is returned, not raised."""
-        model_id = _model_id(generator)
-        outs: list[str | BaseException | None] = [self._cached(model_id, p) for p in prompts]
-        todo = [i for i, o in enumerate(outs) if o is None]
-        batch = getattr(generator, "generate_batch", None)
+    def _generate(self, req: _Request) -> tuple[str | BaseException, str | BaseException]:
+        """Both P-PRF answers, concurrently and within the timeout; a failure is returned, not
+        raised."""
+        gen, prompts = req.generator, req.sent
+        assert gen is not None and prompts is not None
+        outs, todo = self._from_cache(req)
+        timeout = req.config.llm_timeout_s
+        executor = self.llm_executor
+        batch = getattr(gen, "generate_batch", None)
         if len(todo) == 2 and batch is not None:
-            try:
-                texts = batch([prompts[0], prompts[1]])
-                outs[0], outs[1] = texts[0], texts[1]
-            except Exception as exc:
-                outs[0] = outs[1] = exc
-        elif len(todo) == 2:
-            # Each call runs in a copy of the caller's context, so tracing parents survive.
-            futures = [
-                _llm_executor().submit(
-                    contextvars.copy_context().run, generator.generate, prompts[i]
-                )
-                for i in todo
-            ]
-            for i, fut in zip(todo, futures):
-                try:
-                    outs[i] = fut.result()
-                except Exception as exc:
-                    outs[i] = exc
-        else:
-            for i in todo:
-                try:
-                    outs[i] = generator.generate(prompts[i])
-                except Exception as exc:
-                    outs[i] = exc
-        self._store(model_id, prompts, outs)
+            (got,) = executor.call_all([(batch, ([prompts[0], prompts[1]],))], timeout)
+            outs[0], outs[1] = _pair(got)
+        elif todo:
+            results = executor.call_all([(gen.generate, (prompts[i],)) for i in todo], timeout)
+            for i, got in zip(todo, results):
+                outs[i] = _as_text(got)
         return outs[0], outs[1]  # type: ignore[return-value]
 
-    async def _agenerate(
-        self, generator: TextGenerator, prompts: tuple[str, str]
-    ) -> tuple[str | BaseException, str | BaseException]:
-        model_id = _model_id(generator)
-        outs: list[str | BaseException | None] = [self._cached(model_id, p) for p in prompts]
-        todo = [i for i, o in enumerate(outs) if o is None]
-        abatch = getattr(generator, "agenerate_batch", None)
-        if len(todo) == 2 and abatch is not None:
+    async def _agenerate(self, req: _Request) -> tuple[str | BaseException, str | BaseException]:
+        gen, prompts = req.generator, req.sent
+        assert gen is not None and prompts is not None
+        outs, todo = self._from_cache(req)
+        timeout = req.config.llm_timeout_s
+        executor = self.llm_executor
+        batch = getattr(gen, "generate_batch", None)
+        abatch = getattr(gen, "agenerate_batch", None)
+        # A local model (generate_batch) computes in threads anyway: ours, bounded, not asyncio's.
+        native = None if batch is not None else getattr(gen, "agenerate", None)
+        if len(todo) == 2 and (batch is not None or abatch is not None):
+            pair = [prompts[0], prompts[1]]
             try:
-                texts = await abatch([prompts[0], prompts[1]])
-                outs[0], outs[1] = texts[0], texts[1]
+                if batch is not None:
+                    got = await executor.acall(batch, pair, timeout=timeout)
+                else:
+                    assert abatch is not None
+                    got = await executor.acall_async(abatch, pair, timeout=timeout)
             except Exception as exc:
-                outs[0] = outs[1] = exc
+                got = exc
+            outs[0], outs[1] = _pair(got)
         elif todo:
             results = await asyncio.gather(
-                *(_agenerate_one(generator, prompts[i]) for i in todo), return_exceptions=True
+                *(
+                    executor.acall_async(native, prompts[i], timeout=timeout)
+                    if native is not None
+                    else executor.acall(gen.generate, prompts[i], timeout=timeout)
+                    for i in todo
+                ),
+                return_exceptions=True,
             )
-            for i, res in zip(todo, results):
-                outs[i] = res
-        self._store(model_id, prompts, outs)
+            for i, got in zip(todo, results):
+                outs[i] = _as_text(got)
         return outs[0], outs[1]  # type: ignore[return-value]
 
-    def _cached(self, model_id: str, prompt: str) -> str | None:
-        return self.cache.get(model_id, prompt) if self.cache is not None else None
+    def _from_cache(self, req: _Request) -> tuple[list[str | BaseException | None], list[int]]:
+        """The cached answers that still parse, and which prompts the LLM must answer now.
 
-    def _store(
-        self, model_id: str, prompts: tuple[str, str], outs: list[str | BaseException | None]
+        A cached answer that does not parse (written by an older version, or by hand) is ignored
+        and generated again, never raised."""
+        outs: list[str | BaseException | None] = [None, None]
+        if self.cache is not None:
+            assert req.generator is not None and req.sent is not None
+            model_id = _model_id(req.generator)
+            for i, prompt in enumerate(req.sent):
+                text = self.cache.get(model_id, prompt)
+                if text is not None and self._parse_answer(req, i, text).items:
+                    outs[i] = text
+                elif text is not None:
+                    _log.debug("ignoring a cached LLM answer that does not parse; asking again")
+        todo = [i for i, out in enumerate(outs) if out is None]
+        req.fresh = tuple(todo)
+        return outs, todo
+
+    def _keep(
+        self, req: _Request, texts: Sequence[str | BaseException | None], parsed: Sequence[Parsed]
     ) -> None:
-        if self.cache is None:
+        """Cache the answers generated now that parsed into at least one usable item."""
+        if self.cache is None or req.generator is None or req.sent is None:
             return
-        for prompt, out in zip(prompts, outs):
-            if isinstance(out, str):
-                self.cache.put(model_id, prompt, out)
+        model_id = _model_id(req.generator)
+        for i in req.fresh:
+            text = texts[i]
+            if not isinstance(text, str):
+                continue
+            if parsed[i].items or self._parse_answer(req, i, text).items:
+                self.cache.put(model_id, req.sent[i], text)
 
     # -- parsing and fusion --------------------------------------------------------------------
+    def _parse_answer(self, req: _Request, index: int, text: str | None) -> Parsed:
+        """One LLM answer parsed; never raises (an exception becomes the reason)."""
+        cfg = req.config
+        prompt = req.sent[index] if req.sent is not None else None
+        try:
+            if index == 0:
+                return parse_utterances(
+                    text,
+                    limit=cfg.num_utterances,
+                    style=req.style,
+                    prompt=prompt,
+                    max_chars=cfg.max_answer_chars,
+                )
+            return parse_reasoning(
+                text, style=req.style, prompt=prompt, max_chars=cfg.max_answer_chars
+            )
+        except Exception as exc:  # RecursionError from deep JSON, or anything else
+            return Parsed((), f"the LLM answer could not be parsed: {_describe(exc)}")
+
     def _parse(
         self,
         req: _Request,
         texts: tuple[str | BaseException | None, str | BaseException | None],
-        generator: TextGenerator | None,
         feedback: PseudoFeedback | None,
         strict: bool | None,
     ) -> tuple[Parsed, Parsed]:
         cfg, expl = req.config, req.explanation
         _, want_f, want_r = MODE_TERMS[cfg.fusion]
         strict = self.strict if strict is None else strict
-        gen = None if feedback is not None else (generator or self._generator)
-        style: PromptStyle = "chat"
-        if gen is not None:
-            style = (req.prompts or self.prompts_for(gen)).style
+        terms = (("utterances", want_f, texts[0]), ("reasoning", want_r, texts[1]))
         results: list[Parsed] = []
-        for term, wanted, text in (
-            ("utterances", want_f, texts[0]),
-            ("reasoning", want_r, texts[1]),
-        ):
+        failures: dict[str, tuple[str, BaseException | None]] = {}
+        for index, (term, wanted, text) in enumerate(terms):
             if not wanted:
                 if term not in expl.dropped:
                     expl.dropped[term] = f"switched off by fusion mode {cfg.fusion!r}"
                 results.append(Parsed(()))
-                continue
-            if term in expl.dropped:
+            elif term in expl.dropped:
                 results.append(Parsed(()))
-                continue
-            if isinstance(text, BaseException):
-                reason = f"the LLM call failed: {type(text).__name__}: {text}"
-                if strict:
-                    raise GenerationError(f"{term}: {reason}") from text
-                expl.dropped[term] = reason
+            elif isinstance(text, BaseException):
+                failures[term] = (_failure(text), text)
                 results.append(Parsed(()))
-                continue
-            if feedback is not None:  # given texts are used as they are, not parsed
+            elif feedback is not None:  # given texts are used as they are, not parsed
                 got = _given(feedback, term, cfg.num_utterances)
-            elif term == "utterances":
-                got = parse_utterances(text, limit=cfg.num_utterances, style=style)
+                if not got.items:
+                    failures[term] = (got.problem or f"no {term} were given", None)
+                results.append(got)
             else:
-                got = parse_reasoning(text, style=style)
-            if not got.items:
-                reason = got.problem or "nothing usable in the LLM answer"
-                if strict:
-                    raise GenerationError(f"{term}: {reason}")
-                expl.dropped[term] = reason
-            results.append(got)
+                got = self._parse_answer(req, index, text)
+                if not got.items:
+                    failures[term] = (got.problem or "nothing usable in the LLM answer", None)
+                results.append(got)
+        self._keep(req, texts, results)
+        if failures and strict:
+            term, (reason, cause) = next(iter(failures.items()))
+            if isinstance(cause, LLMTimeoutError):
+                raise LLMTimeoutError(f"{term}: {reason}", cause.timeout_s) from cause
+            raise GenerationError(f"{term}: {reason}") from cause
+        for term, (reason, _) in failures.items():
+            expl.dropped[term] = reason
+        if failures and feedback is None:
+            self._warn_degraded(req, {term: reason for term, (reason, _) in failures.items()})
         expl.pseudo_utterances = list(results[0].items)
         expl.reasoning = results[1].items[0] if results[1].items else None
         req.watch.lap("parse")
         return results[0], results[1]
+
+    def _warn_degraded(self, req: _Request, failures: dict[str, str]) -> None:
+        """One warning per degraded request; the user id hashed, the query left out."""
+        model = _model_id(req.generator) if req.generator is not None else "?"
+        details = "; ".join(f"{term}: {_short(reason)}" for term, reason in failures.items())
+        _log.warning(
+            "PBR request degraded (user %s, model %s): %s dropped: %s",
+            user_tag(req.user_id),
+            model,
+            " and ".join(failures),
+            details,
+        )
 
     def _finish(
         self, req: _Request, parsed: tuple[Parsed, Parsed], vecs: np.ndarray
@@ -675,9 +769,12 @@ class Personalizer:
         expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
         expl.trust = dict(result.trust)
         if result.fallback is not None:
+            # A deliberate choice, not a failure: "skipped" (and, as ever, "dropped") says why.
             why = f"safe fusion kept the plain query: {result.fallback}"
             for term in TERMS:
-                expl.dropped.setdefault(term, why)
+                if term not in expl.dropped:
+                    expl.dropped[term] = why
+                    expl.skipped[term] = why
         norm = float(np.linalg.norm(result.vector))
         if not np.isfinite(norm) or norm == 0.0:
             raise EmbeddingError("the personalized query vector is zero or not finite")
@@ -710,19 +807,18 @@ class HistoryVectorSearch:
         return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
 
 
-_EXECUTOR: ThreadPoolExecutor | None = None
-_EXECUTOR_LOCK = threading.Lock()
+_EXECUTORS: weakref.WeakKeyDictionary[HistoryStore, LLMExecutor] = weakref.WeakKeyDictionary()
+_EXECUTORS_LOCK = threading.Lock()
 
 
-def _llm_executor() -> ThreadPoolExecutor:
-    """One process-wide pool for concurrent sync LLM calls: personalizers are cheap to create
-    (adapters make one per request), so none of them owns threads."""
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        with _EXECUTOR_LOCK:
-            if _EXECUTOR is None:
-                _EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pbr-llm")
-    return _EXECUTOR
+def _executor_for(store: HistoryStore, size: int) -> LLMExecutor:
+    """The executor of every personalizer over ``store`` that was given none: personalizers are
+    cheap views (adapters make one per request), the store is what they share."""
+    with _EXECUTORS_LOCK:
+        executor = _EXECUTORS.get(store)
+        if executor is None:
+            executor = _EXECUTORS[store] = LLMExecutor(size)
+        return executor
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -786,8 +882,40 @@ def _given(fb: PseudoFeedback, term: str, limit: int) -> Parsed:
     return Parsed(items, None if items else f"no {term} were given")
 
 
-async def _agenerate_one(generator: TextGenerator, prompt: str) -> str:
-    native = getattr(generator, "agenerate", None)
-    if native is not None:
-        return str(await native(prompt))
-    return await asyncio.to_thread(generator.generate, prompt)
+def user_tag(user_id: str) -> str:
+    """A user id as logs show it: the first 8 hex digits of its sha256 (never the id itself)."""
+    return hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def _as_text(out: object) -> str | BaseException | None:
+    """An LLM's return value as text; bytes are decoded, other types become the failure."""
+    if out is None or isinstance(out, str | BaseException):
+        return out
+    if isinstance(out, bytes | bytearray):
+        return bytes(out).decode("utf-8", errors="replace")
+    return TypeError(f"the LLM returned {type(out).__name__}, not text")
+
+
+def _pair(got: object) -> tuple[str | BaseException | None, str | BaseException | None]:
+    """The two answers of a batched call (or its failure, for both)."""
+    if isinstance(got, BaseException):
+        return got, got
+    if isinstance(got, str | bytes) or not isinstance(got, Sequence) or len(got) != 2:
+        size = len(got) if isinstance(got, Sequence) else type(got).__name__
+        error = ValueError(f"the batched LLM call returned {size} answers for 2 prompts")
+        return error, error
+    return _as_text(got[0]), _as_text(got[1])
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, LLMTimeoutError):
+        return str(exc)
+    return f"the LLM call failed: {_describe(exc)}"
+
+
+def _describe(exc: BaseException) -> str:
+    return _short(f"{type(exc).__name__}: {exc}")
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

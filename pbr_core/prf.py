@@ -95,12 +95,33 @@ def format_history(texts: Sequence[str], max_chars: int) -> str:
     return "\n".join(lines) if lines else "- (no earlier messages)"
 
 
+def cut_query(query: str, max_chars: int | None) -> str:
+    """The query as the prompts show it: stripped, and cut to ``max_chars`` (``"…"`` marks the
+    cut) like a history item; its line breaks are kept."""
+    query = query.strip()
+    if max_chars is not None and len(query) > max_chars:
+        query = query[: max_chars - 1].rstrip() + "…"
+    return query
+
+
 def build_prompts(
-    prompts: PromptSet, query: str, history: Sequence[str], *, m: int, max_chars: int
+    prompts: PromptSet,
+    query: str,
+    history: Sequence[str],
+    *,
+    m: int,
+    max_chars: int,
+    max_query_chars: int | None = None,
 ) -> tuple[str, str]:
-    """The utterance prompt and the reasoning prompt for one query."""
+    """The utterance prompt and the reasoning prompt for one query.
+
+    Args:
+        max_chars: each history item is cut to this many characters.
+        max_query_chars: the query is cut to this many characters (None: not cut), so that the
+            prompts stay bounded whatever the query (``PBRConfig.max_query_chars``).
+    """
     block = format_history(history, max_chars)
-    values = {"history": block, "query": query.strip(), "m": m}
+    values = {"history": block, "query": cut_query(query, max_query_chars), "m": m}
     return _fill(prompts.utterances, values), _fill(prompts.reasoning, values)
 
 
@@ -125,6 +146,10 @@ _TRAILING_COMMA = re.compile(r",\s*([\]}])")
 _LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}\s*[.)\]:-]|[-*•·]|\(\d{1,3}\))\s+")
 _JSON_SYNTAX_LINE = re.compile(r'^\s*(?:[\[\]{}]+|\{?\s*"[^"]*"\s*:\s*[\[{]?)\s*,?\s*$')
 _MIN_ITEM_CHARS = 3
+#: An inline list marker inside one line ("… 2. next item"): a number, "." or ")", a space.
+_INLINE_MARKER = re.compile(r"(?:(?<=\s)|^)(\d{1,3})[.)]\s+")
+#: Answers are cut to this many characters before parsing unless the caller says otherwise.
+DEFAULT_MAX_ANSWER_CHARS = 20_000
 
 
 def strip_fences(text: str) -> str:
@@ -147,7 +172,7 @@ def _load_json(text: str) -> Any:
         for attempt in (cand, _TRAILING_COMMA.sub(r"\1", cand)):
             try:
                 return json.loads(attempt)
-            except (json.JSONDecodeError, ValueError):
+            except (ValueError, RecursionError):  # RecursionError: "[" * 5000 + "]" * 5000
                 continue
     return None
 
@@ -175,6 +200,65 @@ def _strings(value: Any) -> list[str] | None:
     return None
 
 
+def looks_like_text(text: str) -> bool:
+    """Whether ``text`` reads as writing rather than bytes or symbols: almost all of it printable,
+    and at least half of its non-space characters letters or digits (any script)."""
+    if not text:
+        return False
+    printable = sum(1 for ch in text if ch.isprintable() or ch in "\n\t")
+    visible = [ch for ch in text if not ch.isspace()]
+    alnum = sum(1 for ch in visible if ch.isalnum())
+    return printable >= 0.95 * len(text) and bool(visible) and alnum >= 0.5 * len(visible)
+
+
+def split_inline_list(line: str) -> list[str]:
+    """A numbered list written on one line, split into its items.
+
+    ``"1. a 2. b 3. c"`` → ``["1. a", "2. b", "3. c"]``. Only markers that count up from the
+    line's first marker split it, so "we ran 5. km" inside item 1 stays where it is.
+    """
+    first = _INLINE_MARKER.match(line.lstrip())
+    if first is None:
+        return [line]
+    line = line.lstrip()
+    expected = int(first.group(1)) + 1
+    cuts = [0]
+    for match in _INLINE_MARKER.finditer(line, first.end()):
+        if int(match.group(1)) == expected:
+            cuts.append(match.start())
+            expected += 1
+    if len(cuts) == 1:
+        return [line]
+    return [line[a:b].strip() for a, b in zip(cuts, [*cuts[1:], len(line)]) if line[a:b].strip()]
+
+
+def strip_echo(text: str, prompt: str | None) -> str:
+    """``text`` without a verbatim copy of ``prompt`` when more than the copy is there (models
+    and pipelines that return the prompt with the continuation, e.g. ``return_full_text``).
+
+    An answer that is *only* the prompt is returned as it is: an echoing LLM (LlamaIndex's
+    ``MockLLM``) is parsed like any answer, and ``"safe"`` fusion judges what that is worth.
+    """
+    if not prompt or not prompt.strip():
+        return text
+    echo = prompt.strip()
+    at = text.find(echo)
+    if at == -1:
+        return text
+    rest = text[:at] + text[at + len(echo) :]
+    return rest if rest.strip() else text
+
+
+def _prepare(text: str, prompt: str | None, max_chars: int | None) -> tuple[str | None, str | None]:
+    """The answer ready to parse (echo removed, cut), or None and the reason it is unusable."""
+    text = strip_echo(text, prompt)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars]
+    if not text.strip():
+        return None, "the LLM answer was empty"
+    return text, None
+
+
 def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
     seen: set[str] = set()
     out: list[str] = []
@@ -182,7 +266,7 @@ def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
         item = _LIST_MARKER.sub("", raw.strip()).strip().strip('"').strip("'").strip()
         item = item.rstrip(",").strip().strip('"').strip()
         key = item.casefold()
-        if len(item) < _MIN_ITEM_CHARS or key in seen:
+        if len(item) < _MIN_ITEM_CHARS or key in seen or not looks_like_text(item):
             continue
         seen.add(key)
         out.append(item)
@@ -190,22 +274,34 @@ def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
 
 
 def parse_utterances(
-    text: str | None, *, limit: int | None = None, style: PromptStyle = "chat"
+    text: str | None,
+    *,
+    limit: int | None = None,
+    style: PromptStyle = "chat",
+    prompt: str | None = None,
+    max_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
 ) -> Parsed:
     """The pseudo utterances in an LLM answer.
 
     Tries JSON first (``{"candidates": [...]}``, a bare list, or any dict holding a list), then
-    falls back to one item per numbered or bulleted line. With ``style="completion"`` the answer
-    continues a prompt that already printed ``"1."``, so its first line is item 1.
+    falls back to one item per numbered or bulleted line; a numbered list written on one line
+    (``"1. a 2. b 3. c"``) is split into its items. With ``style="completion"`` the answer
+    continues a prompt that already printed ``"1."``, so its first line is item 1. Items that do
+    not read as text (bytes, symbols) are skipped.
 
     Args:
         text: the raw answer.
         limit: keep at most this many items (the number asked for).
         style: the prompt style that produced ``text``.
+        prompt: the prompt that produced ``text``; a verbatim copy of it in the answer is ignored.
+        max_chars: the answer is cut to this many characters first (None: not cut).
     """
     if text is None or not text.strip():
         return Parsed((), "the LLM answer was empty")
-    body = strip_fences(text).strip()
+    ready, problem = _prepare(text, prompt, max_chars)
+    if ready is None:
+        return Parsed((), problem)
+    body = strip_fences(ready).strip()
     found = _strings(_load_json(body))
     if found:
         items = _clean(found, limit)
@@ -214,7 +310,8 @@ def parse_utterances(
     # Lines of a truncated JSON answer: drop the syntax, keep the string lines.
     lines = [ln for ln in body.splitlines() if ln.strip() and not _JSON_SYNTAX_LINE.match(ln)]
     if style == "completion" and lines:
-        lines[0] = "1. " + lines[0]
+        lines[0] = "1. " + lines[0].lstrip()
+    lines = [item for ln in lines for item in split_inline_list(ln)]
     marked = [ln for ln in lines if _LIST_MARKER.match(ln)]
     items = _clean(marked if marked else lines, limit)
     if style == "chat" and not marked:
@@ -225,11 +322,24 @@ def parse_utterances(
     return Parsed(items)
 
 
-def parse_reasoning(text: str | None, *, style: PromptStyle = "chat") -> Parsed:
-    """The pseudo reasoning: the answer's text, unwrapped from fences or a JSON string field."""
+def parse_reasoning(
+    text: str | None,
+    *,
+    style: PromptStyle = "chat",
+    prompt: str | None = None,
+    max_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
+) -> Parsed:
+    """The pseudo reasoning: the answer's text, unwrapped from fences or a JSON string field.
+
+    ``prompt`` and ``max_chars`` as in :func:`parse_utterances`; an answer that does not read as
+    text (bytes, symbols) yields nothing.
+    """
     if text is None or not text.strip():
         return Parsed((), "the LLM answer was empty")
-    body = strip_fences(text).strip()
+    ready, problem = _prepare(text, prompt, max_chars)
+    if ready is None:
+        return Parsed((), problem)
+    body = strip_fences(ready).strip()
     value = _load_json(body) if body[:1] in "{[" else None
     if isinstance(value, dict):
         strings = [v for v in value.values() if isinstance(v, str) and v.strip()]
@@ -242,4 +352,6 @@ def parse_reasoning(text: str | None, *, style: PromptStyle = "chat") -> Parsed:
     body = body.strip()
     if len(body) < _MIN_ITEM_CHARS or not any(ch.isalnum() for ch in body):
         return Parsed((), "the reasoning answer held no text")
+    if not looks_like_text(body):
+        return Parsed((), "the reasoning answer does not read as text (bytes or symbols)")
     return Parsed((body,))

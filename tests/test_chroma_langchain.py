@@ -272,3 +272,50 @@ def test_sigkill_and_restart_loses_nothing_and_keeps_anchors_consistent(
     for user in users:
         assert_history_matches_database(col, loaded.history.get(user), anchors[user], loaded.config)
         assert [d.id for d in loaded.invoke(QUERY, user_id=user)] == before[user]
+
+
+def test_a_server_killed_during_a_large_add_is_healed_by_the_retry(
+    own_chroma: ChromaServer,
+) -> None:
+    # The scenario: SIGKILL during a 5,000-document add. Whatever part landed is an
+    # ordinary part of the user's corpus (searchable and deletable), and the retry completes the
+    # batch without a duplicate.
+    import threading
+    import time
+
+    name = f"lc-killed-add-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(own_chroma, name, EMB), EMB)
+    docs = [Document(page_content=f"ann note {n}") for n in range(5000)]
+    ids = [f"ann-{n}" for n in range(5000)]
+    errors: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            # batches of 500, as an app writing a large upload would
+            for start in range(0, 5000, 500):
+                r.add_documents(
+                    docs[start : start + 500], user_id="ann", ids=ids[start : start + 500]
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=add)
+    writer.start()
+    col = collection(own_chroma, name)
+    deadline = time.monotonic() + 60
+    while col.count() == 0 and time.monotonic() < deadline:  # kill once a batch has landed
+        time.sleep(0.01)
+    own_chroma.kill()
+    writer.join(60)
+    assert errors and isinstance(errors[0], VectorStoreUnavailableError)
+    own_chroma.start()
+    landed = collection(own_chroma, name).count()
+    assert 0 < landed < 5000
+    store = chroma_store(own_chroma, name, EMB)
+    fresh = retriever_on(store, EMB)  # a restarted process
+    assert len(fresh.invoke(QUERY, user_id="ann", k=landed + 10)) == landed
+    fresh.delete(["ann-0"], user_id="ann")  # a landed item is deletable
+    for start in range(0, 5000, 500):  # the retry
+        fresh.add_documents(docs[start : start + 500], user_id="ann", ids=ids[start : start + 500])
+    assert collection(own_chroma, name).count() == 5000
+    assert len(fresh.history.get("ann")) == 5000

@@ -1,0 +1,514 @@
+"""An LLM that hangs, raises or talks nonsense: what the user of ``search`` sees.
+
+Real pbr_core objects throughout; fake generators only inject the fault. Timeouts are short
+(``llm_timeout_s`` well under a second) so the suite stays fast; bounds on wall time are generous
+(what is asserted is "returns", not a latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import HashEmbedder, ScriptedGenerator
+
+from pbr_core import (
+    COMPLETION_PROMPTS,
+    GenerationCache,
+    GenerationError,
+    LLMExecutor,
+    LLMTimeoutError,
+    PBRConfig,
+    Personalizer,
+    PseudoFeedback,
+    parse_reasoning,
+    parse_utterances,
+)
+from pbr_core.adapters_support import explanation_events, explanation_payload
+from pbr_core.prf import split_inline_list
+
+UTTER = '{"candidates": ["I could roast some beets tonight", "maybe kale chips again"]}'
+REASON = "Step 1: the user cooks vegetables. Step 2: they want a dinner idea."
+TIMEOUT = 0.3
+FAST = PBRConfig(fusion="paper", llm_timeout_s=TIMEOUT)
+NESTED = "[" * 5000 + "]" * 5000
+USER = "alice@example.com"
+
+
+def make(generator, *, config: PBRConfig = FAST, **kwargs) -> Personalizer:
+    p = Personalizer(HashEmbedder(), generator, config=config, **kwargs)
+    p.add_texts(USER, ["kale salad", "roasted beets", "morning run", "oat porridge"])
+    return p
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """What a hung LLM waits for; released at the end of the test, whatever happens."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+class Hanging(ScriptedGenerator):
+    """A sync LLM that blocks until the gate opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(UTTER, REASON)
+        self.gate = gate
+        self.started = 0
+
+    def generate(self, prompt: str) -> str:
+        self.started += 1
+        self.gate.wait()
+        return super().generate(prompt)
+
+
+class AsyncHanging(ScriptedGenerator):
+    """A native async LLM that never answers (until cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__(UTTER, REASON)
+        self.cancelled = 0
+
+    async def agenerate(self, prompt: str) -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return prompt
+
+
+class Answering(ScriptedGenerator):
+    """Answers every prompt with the same text (or object)."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__(UTTER, REASON)
+        self.answer = answer
+
+    def generate(self, prompt: str):  # type: ignore[no-untyped-def]
+        self.prompts.append(prompt)
+        return self.answer
+
+
+def dropped_both(p: Personalizer, **kwargs) -> dict[str, str]:
+    result = p.search(USER, "dinner?", k=2, **kwargs)
+    assert len(result.hits) == 2  # the search still answers, with the plain query's terms
+    expl = result.personalized.explanation
+    assert expl.used == ("query", "anchor")
+    return expl.dropped
+
+
+# -- a hung LLM --------------------------------------------------------------------------------
+def test_a_hung_llm_times_out_and_the_search_answers(gate: threading.Event) -> None:
+    p = make(Hanging(gate))
+    start = time.monotonic()
+    dropped = dropped_both(p)
+    assert time.monotonic() - start < TIMEOUT + 1.0
+    assert dropped["utterances"] == f"the LLM call timed out after {TIMEOUT:g} s"
+    assert dropped["reasoning"] == f"the LLM call timed out after {TIMEOUT:g} s"
+    with pytest.raises(LLMTimeoutError, match=r"timed out after 0\.3 s") as info:
+        p.search(USER, "dinner?", strict=True)
+    assert isinstance(info.value, GenerationError)
+
+
+async def test_a_hung_native_async_llm_is_cancelled_at_the_timeout() -> None:
+    gen = AsyncHanging()
+    p = make(gen)
+    start = time.monotonic()
+    result = await p.asearch(USER, "dinner?", k=2)
+    assert time.monotonic() - start < TIMEOUT + 1.0
+    assert "timed out after 0.3 s" in result.personalized.explanation.dropped["reasoning"]
+    await asyncio.sleep(0.05)
+    assert gen.cancelled == 2  # a coroutine is stopped, so its slots are free again
+    assert p.llm_executor.in_flight == 0
+
+
+async def test_a_hung_sync_llm_in_async_code_leaves_asyncio_s_default_executor_alone(
+    gate: threading.Event,
+) -> None:
+    # The default executor has min(32, cpus + 4) threads; the issue filled it with 3 requests.
+    p = make(Hanging(gate), config=FAST.with_(max_concurrent_llm_calls=64))
+    results = await asyncio.gather(*(p.asearch(USER, f"dinner {i}?") for i in range(20)))
+    for r in results:
+        assert "timed out" in r.personalized.explanation.dropped["utterances"]
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), timeout=2) == "free"
+
+
+async def test_cancelling_a_request_frees_it_at_once(gate: threading.Event) -> None:
+    p = make(Hanging(gate), config=FAST.with_(llm_timeout_s=None))  # waits forever
+    start = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(p.asearch(USER, "dinner?"), timeout=0.2)
+    assert time.monotonic() - start < 1.5
+    assert p.llm_executor.in_flight == 2  # the two sync calls still run, holding their slots
+    # The threads cannot be killed: they finish in the background once the LLM answers, and
+    # hand their slots back.
+    gate.set()
+    for _ in range(100):
+        if p.llm_executor.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert p.llm_executor.in_flight == 0
+
+
+def test_requests_beyond_the_slots_wait_at_most_the_timeout_and_say_why(
+    gate: threading.Event,
+) -> None:
+    p = make(Hanging(gate), config=FAST.with_(max_concurrent_llm_calls=2))
+    first = p.search(USER, "dinner?").personalized.explanation  # both slots now hang
+    assert "timed out" in first.dropped["utterances"]
+    again = p.search(USER, "lunch?").personalized.explanation
+    assert "all 2 LLM call slots were busy" in again.dropped["utterances"]
+
+
+# -- one personalizer's stuck LLM does not slow another ----------------------------------------
+def test_a_hung_llm_does_not_slow_another_personalizer(gate: threading.Event) -> None:
+    hung = make(Hanging(gate), config=FAST.with_(llm_timeout_s=5.0))
+    instant = make(ScriptedGenerator(UTTER, REASON))
+    assert hung.llm_executor is not instant.llm_executor
+    # 8 hung requests (16 hung calls: every slot of the hung personalizer's executor)
+    blockers = [threading.Thread(target=hung.search, args=(USER, f"q{i}")) for i in range(8)]
+    for t in blockers:
+        t.start()
+    deadline = time.monotonic() + 5
+    while hung.generator.started < 16 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+    start = time.monotonic()
+    for i in range(20):
+        expl = instant.search(USER, f"dinner {i}?").personalized.explanation
+        assert expl.dropped == {}, expl.dropped
+    assert time.monotonic() - start < 10.0
+    gate.set()
+    for t in blockers:
+        t.join(timeout=10)
+
+
+async def test_a_hung_llm_does_not_slow_another_personalizer_under_gather() -> None:
+    hung_gen = AsyncHanging()
+    hung = make(hung_gen, config=FAST.with_(llm_timeout_s=2.0))
+    instant = make(ScriptedGenerator(UTTER, REASON))
+    start = time.monotonic()
+    hung_tasks = [asyncio.ensure_future(hung.asearch(USER, f"q{i}")) for i in range(8)]
+    fast = await asyncio.gather(*(instant.asearch(USER, f"dinner {i}?") for i in range(20)))
+    assert time.monotonic() - start < 10.0
+    assert all(r.personalized.explanation.dropped == {} for r in fast)
+    assert not any(t.done() for t in hung_tasks)  # still waiting for their own stuck LLM
+    for r in await asyncio.gather(*hung_tasks):
+        assert "timed out after 2 s" in r.personalized.explanation.dropped["utterances"]
+
+
+def test_personalizers_over_one_store_share_one_executor() -> None:
+    # The adapters build a personalizer per request over shared state: they share the limit.
+    p = make(ScriptedGenerator(UTTER, REASON))
+    view = Personalizer(HashEmbedder(), store=p.store, config=FAST)
+    assert view.llm_executor is p.llm_executor
+    assert p.llm_executor.max_concurrent == FAST.max_concurrent_llm_calls
+    own = LLMExecutor(3)
+    assert Personalizer(HashEmbedder(), store=p.store, llm_executor=own).llm_executor is own
+    with pytest.raises(ValueError, match="max_concurrent"):
+        LLMExecutor(0)
+
+
+def test_the_llm_timeout_is_validated() -> None:
+    for bad in (0, -1, float("nan"), float("inf"), "30"):
+        with pytest.raises(ValueError, match="llm_timeout_s"):
+            PBRConfig(llm_timeout_s=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_concurrent_llm_calls"):
+        PBRConfig(max_concurrent_llm_calls=0)
+    assert PBRConfig().llm_timeout_s == 30.0 and PBRConfig(llm_timeout_s=None).llm_timeout_s is None
+
+
+# -- an LLM that raises or answers nonsense -----------------------------------------------------
+def test_an_llm_that_raises_degrades_with_the_reason_and_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            raise AttributeError("'NoneType' object has no attribute 'choices'")
+
+    p = make(Broken(UTTER, REASON))
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        dropped = dropped_both(p)
+    assert "AttributeError: 'NoneType' object has no attribute 'choices'" in dropped["utterances"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].name == "pbr.pipeline"
+    message = warnings[0].getMessage()
+    assert "degraded" in message and "AttributeError" in message
+    assert USER not in message and "dinner" not in message
+    assert hashlib.sha256(USER.encode()).hexdigest()[:8] in message
+
+
+def test_a_good_request_and_given_feedback_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    p = make(ScriptedGenerator(UTTER, REASON))
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        p.search(USER, "dinner?")
+        p.search(USER, "dinner?", feedback=PseudoFeedback(["roast beets with thyme"], "notes"))
+    assert [r for r in caplog.records if r.name.startswith("pbr")] == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [NESTED, '{"candidates": ' + NESTED + "}", "```json\n" + NESTED + "\n```"],
+    ids=["bare", "in-object", "fenced"],
+)
+def test_deeply_nested_brackets_degrade_instead_of_raising(answer: str) -> None:
+    assert parse_utterances(answer).items == ()
+    assert parse_reasoning(answer).items == ()
+    dropped = dropped_both(make(Answering(answer)))
+    assert set(dropped) == {"utterances", "reasoning"}
+    with pytest.raises(GenerationError):
+        make(Answering(answer)).search(USER, "dinner?", strict=True)
+
+
+def test_a_parser_that_raises_anyway_degrades_the_term(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pbr_core.pipeline as pipeline
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(pipeline, "parse_utterances", explode)
+    result = make(ScriptedGenerator(UTTER, REASON)).search(USER, "dinner?")
+    expl = result.personalized.explanation
+    assert expl.dropped["utterances"] == (
+        "the LLM answer could not be parsed: RecursionError: maximum recursion depth exceeded"
+    )
+    assert "reasoning" in expl.used
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        bytes(range(256)) * 4,
+        (bytes(range(256)) * 4).decode("latin-1"),
+        "\x00\x01\x02\x7f" * 500,
+        "#$%^&*(){}<>|~" * 200,
+    ],
+    ids=["bytes", "latin-1", "control", "symbols"],
+)
+def test_garbage_degrades_with_a_reason(answer: object) -> None:
+    dropped = dropped_both(make(Answering(answer)))
+    assert set(dropped) == {"utterances", "reasoning"}
+    assert all(reason for reason in dropped.values())
+
+
+def test_an_answer_of_another_type_is_a_failure() -> None:
+    dropped = dropped_both(make(Answering({"text": "hi"})))
+    assert "the LLM returned dict, not text" in dropped["utterances"]
+
+
+def test_an_answer_that_echoes_the_prompt_never_raises() -> None:
+    class Echo(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            return prompt
+
+    # Only the prompt: parsed like any answer (an echoing LLM such as LlamaIndex's MockLLM
+    # keeps working); the template's placeholder "..." is not taken for an utterance.
+    for strict in (False, True):
+        result = make(Echo(UTTER, REASON)).search(USER, "dinner?", k=2, strict=strict)
+        assert len(result.hits) == 2
+        assert "..." not in result.personalized.explanation.pseudo_utterances
+
+    class EchoThenAnswer(ScriptedGenerator):  # what return_full_text pipelines do
+        prompt_style = "completion"
+
+        def generate(self, prompt: str) -> str:
+            return prompt + " roast beets with thyme tonight\n2. kale chips in the oven"
+
+    expl = make(EchoThenAnswer(UTTER, REASON)).search(USER, "dinner?").personalized.explanation
+    assert expl.pseudo_utterances == ["roast beets with thyme tonight", "kale chips in the oven"]
+    assert expl.reasoning is not None and "Here are some past messages" not in expl.reasoning
+
+
+def test_a_huge_answer_is_cut_before_parsing() -> None:
+    lines = "\n".join(f"{i}. something I might say number {i}" for i in range(1, 200_001))
+    start = time.monotonic()
+    expl = make(Answering(lines)).search(USER, "dinner?").personalized.explanation
+    assert time.monotonic() - start < 10.0
+    assert len(expl.pseudo_utterances) == FAST.num_utterances
+    assert expl.reasoning is not None and len(expl.reasoning) <= FAST.max_answer_chars + 3
+    huge = "word " * 2_000_000  # 10 MB without a single line break
+    expl = make(Answering(huge)).search(USER, "dinner?").personalized.explanation
+    assert expl.reasoning is not None and len(expl.reasoning) <= FAST.max_answer_chars
+
+
+# -- the cache keeps only what parsed -----------------------------------------------------------
+def test_an_unparsable_answer_is_not_cached(tmp_path) -> None:
+    path = tmp_path / "gen.jsonl"
+    broken = Answering(NESTED)
+    broken.model_id = ScriptedGenerator.model_id  # the same model, recovering later
+    dropped_both(make(broken, cache=GenerationCache(path)))
+    assert len(GenerationCache(path)) == 0
+    # the LLM recovers: the same request now succeeds, and is cached
+    good = ScriptedGenerator(UTTER, REASON)
+    p = make(good, cache=GenerationCache(path))
+    assert p.search(USER, "dinner?").personalized.explanation.dropped == {}
+    assert len(good.prompts) == 2 and len(GenerationCache(path)) == 2
+    # a restart with the cache file: served from the cache, even with the LLM down again
+    down = Answering(NESTED)
+    down.model_id = ScriptedGenerator.model_id
+    restarted = make(down, cache=GenerationCache(path))
+    assert restarted.search(USER, "dinner?").personalized.explanation.dropped == {}
+    assert down.prompts == []
+
+
+def test_a_poisoned_cache_entry_is_ignored_and_generated_again(tmp_path) -> None:
+    path = tmp_path / "gen.jsonl"
+    good = ScriptedGenerator(UTTER, REASON)
+    p = make(good, cache=GenerationCache(path))
+    prompts = p.feedback_prompts(USER, "dinner?")
+    assert prompts is not None
+    poisoned = GenerationCache(path)  # e.g. written by an older version that cached first
+    for prompt in prompts:
+        poisoned.put(good.model_id, prompt, NESTED)
+    p = make(good, cache=GenerationCache(path))
+    assert p.search(USER, "dinner?").personalized.explanation.dropped == {}
+    assert len(good.prompts) == 2  # asked again, not raised
+    again = ScriptedGenerator(UTTER, REASON)
+    assert make(again, cache=GenerationCache(path)).search(USER, "dinner?")
+    assert again.prompts == []  # the good answers replaced the poisoned ones
+
+
+# -- honest flags: degraded (a failure) vs skipped (a choice) -----------------------------------
+def test_safe_fusion_choosing_the_plain_query_is_skipped_not_degraded() -> None:
+    # The query is one of the user's items: the history gate keeps the plain query on purpose.
+    p = make(ScriptedGenerator(UTTER, REASON), config=PBRConfig(llm_timeout_s=TIMEOUT))
+    expl = p.search(USER, "kale salad").personalized.explanation
+    assert expl.used == ("query",)
+    assert set(expl.skipped) == {"anchor", "utterances", "reasoning"}
+    assert expl.dropped == expl.skipped  # backward compatible: dropped names every absent term
+    payload = explanation_payload(expl)
+    assert payload["degraded"] is False and payload["missing"] == {}
+    assert "safe fusion kept the plain query" in payload["skipped"]["utterances"]
+    assert "pbr.degraded" not in [name for name, _ in explanation_events(expl)]
+
+
+def test_a_failure_under_safe_fusion_is_degraded(gate: threading.Event) -> None:
+    p = make(Hanging(gate), config=PBRConfig(llm_timeout_s=TIMEOUT))
+    expl = p.search(USER, "dinner?").personalized.explanation
+    payload = explanation_payload(expl)
+    assert payload["degraded"] is True
+    assert set(payload["missing"]) == {"utterances", "reasoning"}
+    assert "timed out" in payload["missing"]["utterances"]
+    assert set(payload["skipped"]) == {"anchor"}  # never used alone: a choice
+
+
+# -- prompts of bounded size ---------------------------------------------------------------------
+def test_a_huge_query_is_cut_in_the_prompts_but_embedded_whole() -> None:
+    gen = ScriptedGenerator(UTTER, REASON)
+    embedder = HashEmbedder()
+    seen: list[str] = []
+    embed_query = embedder.embed_query
+    embedder.embed_query = lambda text: seen.append(text) or embed_query(text)  # type: ignore[method-assign]
+    p = Personalizer(embedder, gen, config=FAST)
+    p.add_texts(USER, ["kale salad", "roasted beets"])
+    query = "what should I cook " + "x" * 1_000_000
+    p.search(USER, query)
+    assert seen == [query]  # q is the embedding of the whole query
+    assert len(gen.prompts) == 2
+    for prompt in gen.prompts:
+        assert len(prompt) < 3_000
+        assert "what should I cook " in prompt and "x" * (FAST.max_query_chars - 30) in prompt
+    with pytest.raises(ValueError, match="max_query_chars"):
+        PBRConfig(max_query_chars=0)
+
+
+# -- a numbered list on one line -----------------------------------------------------------------
+def test_a_one_line_numbered_list_is_split_into_its_items() -> None:
+    got = parse_utterances(
+        " roast beets tonight 2. kale chips again 3. a big oat porridge", style="completion"
+    )
+    assert got.items == ("roast beets tonight", "kale chips again", "a big oat porridge")
+    assert parse_utterances("1. alpha one 2. beta two 3. gamma three").items == (
+        "alpha one",
+        "beta two",
+        "gamma three",
+    )
+    # only markers that count up split the line
+    assert split_inline_list("1. we ran 5. km today 2. then ate") == [
+        "1. we ran 5. km today",
+        "2. then ate",
+    ]
+    assert split_inline_list("no list here 2. at all") == ["no list here 2. at all"]
+
+
+def test_a_one_line_list_from_a_completion_model_gives_several_utterances() -> None:
+    class OneLine(ScriptedGenerator):
+        prompt_style = "completion"
+
+        def generate(self, prompt: str) -> str:
+            return " roast beets tonight 2. kale chips again 3. porridge for breakfast"
+
+    p = make(OneLine(UTTER, REASON))
+    assert p.prompts_for(p.generator) is COMPLETION_PROMPTS
+    expl = p.search(USER, "dinner?").personalized.explanation
+    assert expl.pseudo_utterances == [
+        "roast beets tonight",
+        "kale chips again",
+        "porridge for breakfast",
+    ]
+
+
+# -- the executor's bookkeeping ------------------------------------------------------------------
+def test_every_slot_comes_back_after_calls_that_time_out_race_and_finish() -> None:
+    executor = LLMExecutor(3)
+
+    def work(i: int) -> int:
+        time.sleep((i % 5) * 0.01)
+        return i
+
+    def client(i: int) -> None:
+        executor.call_all([(work, (i,)), (work, (i + 1,))], timeout=0.02 + (i % 3) * 0.01)
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(30)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join(timeout=10)
+    for _ in range(200):
+        if executor.in_flight == 0:
+            break
+        time.sleep(0.01)
+    assert executor.in_flight == 0
+    assert executor.call(work, 7, timeout=5) == 7
+
+
+# -- through an adapter --------------------------------------------------------------------------
+def test_a_langchain_retriever_with_a_hung_model_answers_degraded(gate: threading.Event) -> None:
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    from langchain_pbr import PBRRetriever
+
+    class HungChat(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "hung"
+
+        def _generate(self, messages, stop=None, run_manager=None, **kw):  # type: ignore[no-untyped-def]
+            gate.wait()
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(content=UTTER))])
+
+    docs = [
+        Document(page_content=t, metadata={"user_id": "alice"})
+        for t in ("kale salad", "roasted beets", "morning run")
+    ]
+    retriever = PBRRetriever.from_documents(
+        docs, llm=HungChat(), embeddings=DeterministicFakeEmbedding(size=32), k=2, config=FAST
+    )
+    # its per-request personalizers share one executor: the limit holds across requests
+    assert retriever._personalizer().llm_executor is retriever._personalizer().llm_executor
+    start = time.monotonic()
+    got = retriever.invoke("dinner?", user_id="alice")
+    assert time.monotonic() - start < TIMEOUT + 1.0
+    pbr = got[0].metadata["pbr"]
+    assert pbr["degraded"] is True
+    assert pbr["missing"]["utterances"] == f"the LLM call timed out after {TIMEOUT:g} s"
