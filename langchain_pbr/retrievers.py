@@ -19,7 +19,7 @@ from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import VectorStore
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pbr_core import (
     Embedder,
@@ -177,7 +177,9 @@ class PBRRetriever(BaseRetriever):
     user_key: str = "user_id"
     """Metadata key naming a document's owner in the vector store."""
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Extra keyword arguments of every vector-store search (e.g. ``{"fetch_k": 100}``)."""
+    """Keyword arguments of every vector-store search, as for ``VectorStoreRetriever``: ``k``
+    (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it) and
+    the store's own (e.g. ``{"fetch_k": 100}``). Needs a ``vectorstore``."""
     strict: bool = False
     """Raise ``GenerationError`` / ``UnknownUserError`` instead of degrading."""
     history: HistoryStore = Field(default_factory=HistoryStore)
@@ -189,8 +191,15 @@ class PBRRetriever(BaseRetriever):
     """Owner of every user's items (:class:`pbr_core.corpus.Corpus`): built from
     ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies."""
 
+    model_config = ConfigDict(extra="forbid")  # a typo (`embedding=`, `search_type=`) fails
+
     @model_validator(mode="after")
     def _own_corpus(self) -> PBRRetriever:
+        if self.search_kwargs and self.vectorstore is None:
+            raise ValueError(
+                "search_kwargs are the vector store's search arguments, but this retriever has "
+                "no vectorstore (it searches pbr's own store); pass vectorstore= or drop them"
+            )
         if self.corpus is None:
             store = self.vectorstore
             host = host_records(store, self.user_key) if store is not None else None
@@ -244,7 +253,8 @@ class PBRRetriever(BaseRetriever):
                 "arguments are user_id and k (fixed search arguments go in search_kwargs, the "
                 "per-user filter in filter_builder)"
             )
-        return self._user(user_id), check_positive_int(self.k if k is None else k, "k")
+        default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
+        return self._user(user_id), check_positive_int(default if k is None else k, "k")
 
     def _user(self, user_id: str | None) -> str:
         uid = user_id if user_id is not None else self.user_id
@@ -254,11 +264,11 @@ class PBRRetriever(BaseRetriever):
 
     def _search_kwargs(self, user_id: str) -> dict[str, Any]:
         assert self.vectorstore is not None
+        kwargs = {k: v for k, v in self.search_kwargs.items() if k not in ("k", "filter")}
         if self.filter_builder is not None:
-            owned = self.filter_builder(user_id)
-        else:
-            owned = default_filter(self.vectorstore, self.user_key, user_id)
-        return {**self.search_kwargs, **owned}
+            return {**kwargs, **self.filter_builder(user_id)}
+        extra = self.search_kwargs.get("filter")
+        return {**kwargs, **default_filter(self.vectorstore, self.user_key, user_id, extra)}
 
     def _generator(self, callbacks: Callbacks) -> LangChainGenerator:
         return LangChainGenerator(self._llm(), callbacks, self._style())

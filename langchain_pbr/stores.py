@@ -173,20 +173,36 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
     return _Opaque(store, user_key)
 
 
-def default_filter(store: VectorStore, user_key: str, user_id: str) -> dict[str, Any]:
-    """The search keyword arguments that keep ``store`` to ``user_id``'s documents.
+def default_filter(
+    store: VectorStore, user_key: str, user_id: str, extra: Any = None
+) -> dict[str, Any]:
+    """The search keyword arguments that keep ``store`` to ``user_id``'s documents, ANDed with
+    ``extra`` (the ``filter`` of ``search_kwargs``), never replaced by it.
 
     ``InMemoryVectorStore`` filters with a callable on ``Document``; most other stores (Chroma,
-    FAISS, PGVector, ...) accept ``{"filter": {key: value}}``. Pass ``filter_builder`` for
-    anything else (e.g. a Qdrant ``Filter``).
+    FAISS, PGVector, ...) accept ``{"filter": {key: value}}`` (Chroma's ``$and`` combines two).
+    Pass ``filter_builder`` for anything else (e.g. a Qdrant ``Filter``).
     """
     if isinstance(store, InMemoryVectorStore):
+        if extra is not None and not callable(extra):
+            raise ValueError(
+                "InMemoryVectorStore filters with a callable on Document; the filter in "
+                f"search_kwargs is a {type(extra).__name__}"
+            )
 
         def owned(doc: Document) -> bool:
-            return bool(doc.metadata.get(user_key) == user_id)
+            mine = doc.metadata.get(user_key) == user_id
+            return bool(mine and (extra is None or extra(doc)))
 
         return {"filter": owned}
-    return {"filter": {user_key: user_id}}
+    if extra is None:
+        return {"filter": {user_key: user_id}}
+    if not isinstance(extra, dict):
+        raise ValueError(
+            f"the filter in search_kwargs is a {type(extra).__name__}; for this store pass a "
+            "filter_builder (user id -> search keyword arguments) that includes the user"
+        )
+    return {"filter": {"$and": [{user_key: user_id}, extra]}}
 
 
 def own_search(history: UserHistory | None, pq: PersonalizedQuery, k: int) -> Found:

@@ -1,0 +1,87 @@
+"""LangChain idioms the per-user retriever honours (VectorStoreRetriever's search_kwargs, typos)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from pydantic import ValidationError
+
+from langchain_pbr import PBRRetriever
+from langchain_pbr.stores import default_filter
+
+EMB = DeterministicFakeEmbedding(size=16)
+
+
+def make(**kwargs: object) -> PBRRetriever:
+    return PBRRetriever(llm=FakeListLLM(responses=["x"]), embeddings=EMB, **kwargs)
+
+
+def filled(**kwargs: object) -> PBRRetriever:
+    r = make(vectorstore=InMemoryVectorStore(EMB), **kwargs)
+    for user in ("ann", "ben"):
+        docs = [
+            Document(page_content=f"{user} note {i}", metadata={"kind": "a" if i % 2 else "b"})
+            for i in range(6)
+        ]
+        r.add_documents(docs, user_id=user)
+    return r
+
+
+@pytest.mark.parametrize(
+    "typo",
+    [{"embedding": EMB}, {"search_type": "mmr"}, {"config": {"fuson": "paper"}}],
+    ids=["embedding", "search_type", "config-key"],
+)
+def test_a_misspelt_or_unsupported_argument_is_an_error_not_a_silent_default(
+    typo: dict[str, object],
+) -> None:
+    with pytest.raises(ValidationError):
+        make(**typo)
+
+
+def test_search_kwargs_k_is_the_default_k_and_a_per_call_k_wins() -> None:
+    r = filled(search_kwargs={"k": 2})
+    assert len(r.invoke("note", user_id="ann")) == 2
+    assert len(r.invoke("note", user_id="ann", k=5)) == 5
+
+
+def test_a_filter_in_search_kwargs_narrows_the_users_results_and_never_widens_them() -> None:
+    r = filled(search_kwargs={"k": 10, "filter": lambda doc: doc.metadata["kind"] == "a"})
+    got = r.invoke("note", user_id="ann")
+    assert len(got) == 3
+    assert {d.metadata["kind"] for d in got} == {"a"}
+    assert {d.metadata["user_id"] for d in got} == {"ann"}
+
+
+class DictFilterStore(VectorStore):
+    """Any store other than the in-memory one (Chroma, PGVector, ...): dict filters."""
+
+    def add_texts(self, texts: Any, metadatas: Any = None, **kwargs: Any) -> list[str]:
+        return []
+
+    def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        return []
+
+    @classmethod
+    def from_texts(cls, texts: Any, embedding: Any, metadatas: Any = None, **kw: Any) -> Any:
+        return cls()
+
+
+def test_a_dict_filter_is_anded_with_the_user_for_stores_like_chroma() -> None:
+    store = DictFilterStore()
+    assert default_filter(store, "user_id", "ann") == {"filter": {"user_id": "ann"}}
+    assert default_filter(store, "user_id", "ann", {"kind": "a"}) == {
+        "filter": {"$and": [{"user_id": "ann"}, {"kind": "a"}]}
+    }
+    with pytest.raises(ValueError, match="filter_builder"):
+        default_filter(store, "user_id", "ann", lambda doc: True)
+
+
+def test_search_kwargs_without_a_vector_store_are_refused() -> None:
+    with pytest.raises(ValidationError, match="no vectorstore"):
+        make(search_kwargs={"k": 2})
