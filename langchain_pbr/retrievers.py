@@ -189,7 +189,8 @@ class PBRRetriever(BaseRetriever):
     """Optional cache of LLM answers keyed by (model, prompt)."""
     corpus: Corpus | None = None
     """Owner of every user's items (:class:`pbr_core.corpus.Corpus`): built from
-    ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies."""
+    ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies. Pass your own
+    to tune it, e.g. ``Corpus(host_records(store, "user_id"), max_staleness_s=1.0)``."""
 
     model_config = ConfigDict(extra="forbid")  # a typo (`embedding=`, `search_type=`) fails
 
@@ -206,6 +207,8 @@ class PBRRetriever(BaseRetriever):
             self.corpus = Corpus(
                 host, embedder=self._embedder(), cache=self.history, user_key=self.user_key
             )
+        else:  # your own Corpus (e.g. with max_staleness_s): its cache is the history
+            self.history = self.corpus.cache
         return self
 
     _check_prompts = field_validator("utterances_prompt", "reasoning_prompt")(

@@ -272,3 +272,30 @@ def test_a_llamaindex_store_that_cannot_list_reads_the_docstore_once_and_keeps_t
     assert got == ["ann memo 0", "ann memo 1", "ann memo 9"]
     ann.delete_nodes(["ben-0"])
     assert len(base.for_user("ben", similarity_top_k=10).retrieve("memo")) == 2
+
+
+def test_a_staleness_window_trades_other_workers_freshness_for_fewer_listings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pbr_core.corpus as corpus_mod
+    from langchain_pbr.stores import host_records
+    from pbr_core.corpus import Corpus
+
+    clock = [1000.0]
+    monkeypatch.setattr(corpus_mod.time, "monotonic", lambda: clock[0])
+    store = InMemoryVectorStore(EMB)
+    first = langchain_pbr.PBRRetriever(llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10)
+    lazy = Corpus(host_records(store, "user_id"), embedder=EMB, max_staleness_s=5.0)
+    second = langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, corpus=lazy
+    )
+    first.add_documents([Document(page_content="ann one")], user_id="ann", ids=["1"])
+    assert len(second.invoke("q", user_id="ann")) == 1  # listed now
+    first.add_documents([Document(page_content="ann two")], user_id="ann", ids=["2"])
+    assert len(second.invoke("q", user_id="ann")) == 1  # within 5 s: not listed again
+    second.add_documents([Document(page_content="ann three")], user_id="ann", ids=["3"])
+    assert len(second.invoke("q", user_id="ann")) == 2  # its own write: seen at once
+    clock[0] += 5.5
+    assert len(second.invoke("q", user_id="ann")) == 3  # the window is over: listed again
+    with pytest.raises(ValueError, match="max_staleness_s"):
+        Corpus(None, max_staleness_s=-1)
