@@ -9,13 +9,12 @@ Framework-free, like the rest of pbr_core.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
-from .history import HistoryStore
 from .pipeline import Explanation, _model_id
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "host_store_errors",
     "missing_terms",
     "model_id",
-    "require_items",
 ]
 
 #: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
@@ -117,18 +115,6 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
     if missing:
         events.append(("pbr.degraded", {**base, "missing": missing}))
     return events
-
-
-def require_items(store: HistoryStore, user_id: str, ids: Iterable[str]) -> None:
-    """Raise ``KeyError`` unless every id is an item of ``user_id``'s history.
-
-    Adapters check this *before* deleting from the host store, so that a refused delete touches
-    neither the store nor the history, and nobody deletes another user's documents by id.
-    """
-    history = store.get(user_id)
-    missing = sorted({i for i in ids if history.position(i) is None})
-    if missing:
-        raise KeyError(f"user {user_id!r} has no item(s) {missing}")
 
 
 # Transport failures of the HTTP clients vector-store SDKs use, recognised by class name so that
