@@ -11,6 +11,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import PromptTemplate
+from langchain_core.runnables import Runnable
 
 from pbr_core import CHAT_PROMPTS, COMPLETION_PROMPTS, HistoryItem, PersonalizedQuery, PromptSet
 from pbr_core.adapters_support import EXPLANATION_KEY, SCORE_KEY, explanation_payload, model_id
@@ -23,7 +24,7 @@ _REQUIRED_VARIABLES = ("history", "query")
 
 def prompt_style_of(llm: object, style: str | None) -> Literal["chat", "completion"]:
     """The prompt style: the one given, else the LLM's ``prompt_style``, else ``"chat"``."""
-    chosen = style if style is not None else getattr(llm, "prompt_style", "chat")
+    chosen = style if style is not None else getattr(underlying_model(llm), "prompt_style", "chat")
     return "completion" if chosen == "completion" else "chat"
 
 
@@ -64,17 +65,36 @@ class LangChainGenerator:
     it is built per request and never shared.
     """
 
-    def __init__(self, llm: BaseLanguageModel, callbacks: Callbacks, prompt_style: str) -> None:
+    def __init__(self, llm: LanguageModelLike, callbacks: Callbacks, prompt_style: str) -> None:
         self.llm = llm
         self.callbacks = callbacks
         self.prompt_style = prompt_style
-        self.model_id = model_id(llm)  # keys pbr_core's generation cache
+        self.model_id = model_id(underlying_model(llm))  # keys pbr_core's generation cache
 
     def generate(self, prompt: str) -> str:
         return text_of(self.llm.invoke(prompt, config={"callbacks": self.callbacks}))
 
     async def agenerate(self, prompt: str) -> str:
         return text_of(await self.llm.ainvoke(prompt, config={"callbacks": self.callbacks}))
+
+
+#: A chat model / LLM, or a Runnable around one (``with_retry()``, ``with_fallbacks()``,
+#: ``bind()``, ``with_config()``, configurable alternatives): anything that turns a prompt string
+#: into a message or a string.
+LanguageModelLike = BaseLanguageModel | Runnable[Any, Any]
+
+
+def underlying_model(llm: Any) -> Any:
+    """The model inside Runnable wrappers (``bound``, ``runnable``, ``default``), for its
+    identity (cache key) and ``prompt_style``; the wrapper itself is what gets invoked."""
+    for _ in range(8):
+        inner = next(
+            (getattr(llm, a) for a in ("bound", "runnable", "default") if hasattr(llm, a)), None
+        )
+        if inner is None or isinstance(llm, BaseLanguageModel):
+            return llm
+        llm = inner
+    return llm
 
 
 def text_of(out: Any) -> str:

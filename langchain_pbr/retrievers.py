@@ -14,7 +14,6 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig
@@ -43,6 +42,7 @@ from pbr_core.corpus import Corpus
 
 from ._bridge import (
     LangChainGenerator,
+    LanguageModelLike,
     check_prompt,
     default_llm,
     documents_of,
@@ -148,8 +148,10 @@ class PBRRetriever(BaseRetriever):
             chain.invoke("...", config={"configurable": {"user_id": "alice"}})
     """
 
-    llm: BaseLanguageModel | None = None
-    """The model for the two P-PRF calls; None = the embedded Gemma 3 270M."""
+    llm: LanguageModelLike | None = None
+    """The model for the two P-PRF calls (a chat model, an LLM, or a Runnable around one such as
+    ``chat.with_retry()`` / ``.with_fallbacks([...])`` / ``.bind(...)``); None = the embedded
+    Gemma 3 270M."""
     embeddings: Embeddings | Embedder | None = None
     """Embeds history and queries: LangChain ``Embeddings`` or any pbr_core ``Embedder`` (e.g.
     ``pbr_core.models.MiniLMEmbedder``); None = ``vectorstore.embeddings``, else the embedded
@@ -216,7 +218,7 @@ class PBRRetriever(BaseRetriever):
     )
 
     # -- the pieces of one request -------------------------------------------------------------
-    def _llm(self) -> BaseLanguageModel:
+    def _llm(self) -> LanguageModelLike:
         return self.llm if self.llm is not None else default_llm()
 
     def _embedder(self) -> Embeddings | Embedder | None:

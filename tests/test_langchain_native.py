@@ -85,3 +85,32 @@ def test_a_dict_filter_is_anded_with_the_user_for_stores_like_chroma() -> None:
 def test_search_kwargs_without_a_vector_store_are_refused() -> None:
     with pytest.raises(ValidationError, match="no vectorstore"):
         make(search_kwargs={"k": 2})
+
+
+def _wrapped_models() -> dict[str, Any]:
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import ConfigurableField
+
+    def chat() -> Any:
+        return GenericFakeChatModel(messages=iter([AIMessage('["a note on running"]')] * 50))
+
+    return {
+        "with_retry": chat().with_retry(stop_after_attempt=2),
+        "with_fallbacks": chat().with_fallbacks([chat()]),
+        "bind": chat().bind(stop=["\n\n"]),
+        "with_config": chat().with_config(tags=["pbr"]),
+        "configurable_alternatives": chat().configurable_alternatives(
+            ConfigurableField(id="llm"), other=chat()
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_wrapped_models()))
+def test_an_llm_wrapped_in_a_runnable_is_used_as_it_is(kind: str) -> None:
+    llm = _wrapped_models()[kind]
+    r = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=InMemoryVectorStore(EMB))
+    r.add_documents([Document(page_content=t) for t in ("runs daily", "likes tea")], user_id="a")
+    docs = r.invoke("what do I do?", user_id="a")
+    pbr = docs[0].metadata["pbr"]
+    assert pbr["pseudo_utterances"] == ["a note on running"]  # the wrapped model answered
