@@ -262,6 +262,14 @@ class Corpus:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
+        return {k: v for k, v in self.__dict__.items() if k not in ("_locks", "_locks_guard")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._locks = {}
+        self._locks_guard = threading.Lock()
+
     @property
     def verified(self) -> bool:
         """True when reads are checked against the host store (it can list its records)."""

@@ -103,6 +103,14 @@ class UserHistory:
         self._parents: dict[AnchorKey, tuple[AnchorResult, np.ndarray]] = {}
         self._lock = threading.Lock()
 
+    # Locks cannot be pickled or deep-copied: a copy gets fresh ones (and keeps the anchors).
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __len__(self) -> int:
         return len(self.items)
 
@@ -342,6 +350,14 @@ class HistoryStore:
         self._lock = threading.RLock()
 
     # -- reading -------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     def __contains__(self, user_id: object) -> bool:
         return user_id in self._users
 

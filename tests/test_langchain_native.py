@@ -114,3 +114,16 @@ def test_an_llm_wrapped_in_a_runnable_is_used_as_it_is(kind: str) -> None:
     docs = r.invoke("what do I do?", user_id="a")
     pbr = docs[0].metadata["pbr"]
     assert pbr["pseudo_utterances"] == ["a note on running"]  # the wrapped model answered
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_retriever_can_be_copied_and_pickled(how: str) -> None:
+    import copy
+    import pickle
+
+    r = filled()
+    before = [d.page_content for d in r.invoke("note", user_id="ann", k=3)]
+    twin = copy.deepcopy(r) if how == "deepcopy" else pickle.loads(pickle.dumps(r))
+    assert [d.page_content for d in twin.invoke("note", user_id="ann", k=3)] == before
+    twin.add_documents([Document(page_content="only in the copy")], user_id="ann")
+    assert len(r.invoke("note", user_id="ann", k=20)) == 6  # the original is untouched
