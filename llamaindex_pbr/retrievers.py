@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import llama_index.core.instrumentation as instrument
 from llama_index.core import Settings, StorageContext, VectorStoreIndex
@@ -420,7 +420,9 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """A view of this retriever for ``user_id``: cheap, and sharing every cache.
 
-        Unset arguments keep this view's values (``filters=None`` removes its filters).
+        Unset arguments keep this view's values, except that a view for *another* user starts
+        without this view's filters (they were chosen for this view's user); ``filters=None``
+        removes them.
         """
         view = copy.copy(self)
         view._user_id = check_user_id(user_id)
@@ -428,13 +430,32 @@ class PBRRetriever(BaseRetriever):
             view._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         if not isinstance(filters, _Keep):
             view._filters = filters
+        elif user_id != self._user_id:
+            view._filters = None
         if config is not None:
             view._config = config
         if strict is not None:
             view._strict = strict
         return view
 
-    # -- read-only views of the configuration ----------------------------------------------------
+    def retrieve(
+        self, str_or_query_bundle: str | QueryBundle, *, user_id: str | None = None
+    ) -> list[NodeWithScore]:
+        """Retrieve for this view's user, or for ``user_id`` (a view made for this call)."""
+        view = self if user_id is None or user_id == self._user_id else self.for_user(user_id)
+        # The base implementation undecorated: this override is itself the retrieval's span.
+        base: Any = BaseRetriever.retrieve
+        return cast(list[NodeWithScore], base.__wrapped__(view, str_or_query_bundle))
+
+    async def aretrieve(
+        self, str_or_query_bundle: str | QueryBundle, *, user_id: str | None = None
+    ) -> list[NodeWithScore]:
+        """Async :meth:`retrieve`."""
+        view = self if user_id is None or user_id == self._user_id else self.for_user(user_id)
+        base: Any = BaseRetriever.aretrieve
+        return cast(list[NodeWithScore], await base.__wrapped__(view, str_or_query_bundle))
+
+    # -- the view's configuration ------------------------------------------------------------------
     @property
     def user_id(self) -> str | None:
         return self._user_id
@@ -443,9 +464,17 @@ class PBRRetriever(BaseRetriever):
     def similarity_top_k(self) -> int:
         return self._top_k
 
+    @similarity_top_k.setter
+    def similarity_top_k(self, value: int) -> None:  # as VectorIndexRetriever / BM25Retriever
+        self._top_k = check_positive_int(value, "similarity_top_k")
+
     @property
     def filters(self) -> MetadataFilters | None:
         return self._filters
+
+    @filters.setter
+    def filters(self, value: MetadataFilters | None) -> None:  # this view's only
+        self._filters = value
 
     @property
     def config(self) -> PBRConfig:
@@ -710,6 +739,32 @@ class PBRRetriever(BaseRetriever):
         user_id = self._require_user("delete nodes")
         with host_store_errors(self._any_store(), "delete"):
             self._shared.corpus.delete(user_id, list(node_ids))
+
+    def delete_ref_doc(self, ref_doc_id: str) -> None:
+        """Remove this view's user's nodes that came from the document ``ref_doc_id`` (another
+        user's document of the same id is untouched, unlike ``index.delete_ref_doc``).
+
+        Raises:
+            KeyError: the user has no node of that document; nothing is removed.
+            NotImplementedError: the store cannot list its nodes; use :meth:`delete_nodes`.
+        """
+        user_id = self._require_user("delete a document's nodes")
+        host = self._shared.corpus.host
+        with host_store_errors(self._any_store(), "delete"):
+            if host is None or not host.can_list:
+                raise NotImplementedError(
+                    "this index's vector store cannot list its nodes; delete them by id with "
+                    "delete_nodes([...])"
+                )
+            refs = host.ref_doc_ids(user_id)  # type: ignore[attr-defined]
+            ids = [node_id for node_id, ref in refs.items() if ref == ref_doc_id]
+            if not ids:
+                raise KeyError(f"user {user_id!r} has no nodes of document {ref_doc_id!r}")
+            self._shared.corpus.delete(user_id, ids)
+
+    async def adelete_ref_doc(self, ref_doc_id: str) -> None:
+        """Async :meth:`delete_ref_doc`."""
+        await asyncio.to_thread(self.delete_ref_doc, ref_doc_id)
 
     async def adelete_nodes(self, node_ids: Sequence[str]) -> None:
         """Async :meth:`delete_nodes`."""

@@ -14,7 +14,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -196,6 +196,26 @@ class IndexRecords:
     ) -> Record | None:
         return Record.stored(key, text, metadata, vector, user_key=self.user_key, owner=self.owner)
 
+    def ref_doc_ids(self, user_id: str) -> dict[str, str]:
+        """The user's node ids (their own) -> the id of the document each node came from."""
+        store = self.index.vector_store
+        rows: Iterable[tuple[str, Mapping[str, Any]]]
+        if _is_chroma(store):
+            where = None if self.owner is not None else {self.user_key: user_id}
+            got = store._collection.get(where=where, include=["metadatas"])  # type: ignore[attr-defined]
+            rows = zip(got["ids"], (dict(m or {}) for m in got["metadatas"]))
+        elif isinstance(store, SimpleVectorStore):
+            rows = list(store.data.metadata_dict.items())
+        else:
+            raise NotImplementedError(f"{type(store).__name__} cannot list its nodes")
+        out: dict[str, str] = {}
+        for key, meta in rows:
+            owner = meta.get(self.user_key, self.owner)
+            ref = meta.get("ref_doc_id")
+            if owner == user_id and isinstance(ref, str) and ref != "None":
+                out[str(meta.get(ITEM_ID_KEY, key))] = ref
+        return out
+
 
 class PartitionRecords:
     """One index per user (``{user_id: index}``), routed by owner; ``new_index`` builds a new
@@ -259,6 +279,10 @@ class PartitionRecords:
     def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
         part = self._part(user_id)
         return [] if part is None else part.fetch(user_id, keys)
+
+    def ref_doc_ids(self, user_id: str) -> dict[str, str]:
+        part = self._part(user_id)
+        return {} if part is None else part.ref_doc_ids(user_id)
 
 
 def docstore_nodes(

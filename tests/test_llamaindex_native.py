@@ -1,0 +1,94 @@
+"""LlamaIndex idioms the per-user retriever honours (per-call user, settable top-k/filters,
+per-user delete_ref_doc)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.llms import MockLLM
+from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+
+from llamaindex_pbr import PBRRetriever
+from llamaindex_pbr.testing import HashEmbedding
+
+EMB = HashEmbedding(dim=32)
+
+
+def docs() -> list[Document]:
+    # Both users have a document "diary" (their own ids), two chunks each, with a topic.
+    return [
+        Document(text=f"{u} diary page {i}", id_="diary", metadata={"user_id": u, "topic": t})
+        for u in ("ann", "ben")
+        for i, t in enumerate(("food", "sport"))
+    ]
+
+
+def base_over(index: VectorStoreIndex | None = None) -> PBRRetriever:
+    if index is None:
+        return PBRRetriever.from_defaults(nodes=[], llm=MockLLM(max_tokens=4), embed_model=EMB)
+    return PBRRetriever(index, llm=MockLLM(max_tokens=4), embed_model=EMB)
+
+
+def add_docs(base: PBRRetriever) -> None:
+    for d in docs():  # split into nodes whose source document is "diary"
+        base.for_user(d.metadata["user_id"]).add_documents([d])
+
+
+def test_the_user_can_be_given_per_call() -> None:
+    base = base_over()
+    add_docs(base)
+    got = base.retrieve("diary", user_id="ben")
+    assert got and {n.node.metadata["user_id"] for n in got} == {"ben"}
+    with pytest.raises(ValueError, match="no user"):
+        base.retrieve("diary")
+
+
+def test_a_view_for_another_user_does_not_inherit_the_filters() -> None:
+    base = base_over()
+    add_docs(base)
+    food = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
+    ann_food = base.for_user("ann", filters=food, similarity_top_k=10)
+    assert {n.node.metadata["topic"] for n in ann_food.retrieve("diary")} == {"food"}
+    assert ann_food.for_user("ann").filters is food  # the same user keeps them
+    ben = ann_food.for_user("ben")
+    assert ben.filters is None
+    assert {n.node.metadata["topic"] for n in ben.retrieve("diary")} == {"food", "sport"}
+
+
+def test_top_k_and_filters_can_be_set_on_a_view() -> None:
+    base = base_over()
+    add_docs(base)
+    ann = base.for_user("ann")
+    ann.similarity_top_k = 1
+    assert len(ann.retrieve("diary")) == 1
+    ann.filters = MetadataFilters(filters=[MetadataFilter(key="topic", value="sport")])
+    ann.similarity_top_k = 10
+    assert [n.node.metadata["topic"] for n in ann.retrieve("diary")] == ["sport"]
+    with pytest.raises(ValueError, match="similarity_top_k"):
+        ann.similarity_top_k = 0
+    assert base.for_user("ann").similarity_top_k != 0
+
+
+@pytest.mark.parametrize("backend", ["simple", "chroma"])
+def test_delete_ref_doc_removes_only_the_users_own_document(backend: str, request: Any) -> None:
+    if backend == "chroma":
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        server = request.getfixturevalue("shared_chroma")
+        collection = server.client().create_collection(f"refdoc-{uuid.uuid4().hex[:8]}")
+        storage = StorageContext.from_defaults(
+            vector_store=ChromaVectorStore(chroma_collection=collection)
+        )
+        base = base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
+    else:
+        base = base_over()
+    add_docs(base)
+    ann, ben = base.for_user("ann", similarity_top_k=10), base.for_user("ben", similarity_top_k=10)
+    ann.delete_ref_doc("diary")
+    assert ann.retrieve("diary") == []
+    assert len(ben.retrieve("diary")) == 2  # ben's "diary" is another document
+    with pytest.raises(KeyError, match="diary"):
+        ann.delete_ref_doc("diary")
