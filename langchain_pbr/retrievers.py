@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -473,6 +474,15 @@ class PBRRetriever(BaseRetriever):
             embedder = kwargs["vectorstore"].embeddings
         store = Personalizer.load(str(path), embedder).store
         return cls(**{**kwargs, "history": store})
+
+    def as_plain(self) -> PBRRetriever:
+        """The same per-user retriever without personalization (``fusion="plain"``: no LLM call).
+
+        The fallback to use in ``with_fallbacks([...])`` or as the second member of an
+        ``EnsembleRetriever``: ``vectorstore.as_retriever()`` would search *every* user's
+        documents, this keeps the per-user filter and the user's own ids.
+        """
+        return self.model_copy(update={"config": dataclasses.replace(self.config, fusion="plain")})
 
     def get_prompts(self, config: RunnableConfig | None = None) -> list[BasePromptTemplate]:
         """The two P-PRF prompt templates in effect: ``[utterances, reasoning]``."""

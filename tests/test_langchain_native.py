@@ -127,3 +127,18 @@ def test_a_retriever_can_be_copied_and_pickled(how: str) -> None:
     assert [d.page_content for d in twin.invoke("note", user_id="ann", k=3)] == before
     twin.add_documents([Document(page_content="only in the copy")], user_id="ann")
     assert len(r.invoke("note", user_id="ann", k=20)) == 6  # the original is untouched
+
+
+def test_the_plain_fallback_stays_per_user_and_calls_no_llm() -> None:
+    from langchain_core.runnables import RunnableLambda
+
+    r = filled()
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("LLM down")
+
+    failing = r.model_copy(update={"llm": RunnableLambda(broken), "strict": True})
+    chain = failing.with_fallbacks([r.as_plain()])
+    got = chain.invoke("note", user_id="ben")  # the user travels to the fallback
+    assert got and {d.metadata["user_id"] for d in got} == {"ben"}
+    assert got[0].metadata["pbr"]["used"] == ["query"]
