@@ -60,8 +60,12 @@ _MISSING_USER = (
     "retriever.invoke(query, user_id='alice'), or make the field configurable with "
     "retriever.configurable_fields(user_id=ConfigurableField(id='user_id')) and call "
     ".invoke(query, config={'configurable': {'user_id': 'alice'}}) (that way also works in "
-    "batch with one config per input and inside chains)"
+    "batch with one config per input and inside chains), or give it as run metadata, "
+    "config={'metadata': {'user_id': 'alice'}}, which also reaches the retriever inside "
+    "compositions such as ContextualCompressionRetriever and MultiQueryRetriever"
 )
+#: The run-metadata key a request's user may come in (inherited by child runs).
+USER_METADATA_KEY = "user_id"
 
 
 class PBRRetriever(BaseRetriever):
@@ -250,7 +254,7 @@ class PBRRetriever(BaseRetriever):
         )
 
     def _request(
-        self, user_id: str | None, k: int | None, kwargs: dict[str, Any]
+        self, user_id: str | None, k: int | None, kwargs: dict[str, Any], run: Any
     ) -> tuple[str, int]:
         kwargs.pop("verbose", None)  # LangChain's own invoke option, not ours
         if kwargs:
@@ -260,6 +264,11 @@ class PBRRetriever(BaseRetriever):
                 "per-user filter in filter_builder)"
             )
         default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
+        if user_id is None and self.user_id is None:
+            # The run's metadata is inherited by child runs, so a user given as
+            # config={"metadata": {"user_id": ...}} reaches this retriever inside compositions
+            # that re-invoke it with callbacks only (ContextualCompressionRetriever, ...).
+            user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
         return self._user(user_id), check_positive_int(default if k is None else k, "k")
 
     def _user(self, user_id: str | None) -> str:
@@ -299,7 +308,7 @@ class PBRRetriever(BaseRetriever):
         user_id: str | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        uid, n = self._request(user_id, k, kwargs)
+        uid, n = self._request(user_id, k, kwargs, run_manager)
         with host_store_errors(self.vectorstore, "search"):
             history = self._corpus().history(uid)  # checked against the host store
         generator = self._generator(run_manager.get_child())
@@ -329,7 +338,7 @@ class PBRRetriever(BaseRetriever):
         user_id: str | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        uid, n = self._request(user_id, k, kwargs)
+        uid, n = self._request(user_id, k, kwargs, run_manager)
         with host_store_errors(self.vectorstore, "search"):
             history = await self._corpus().ahistory(uid)
         generator = self._generator(run_manager.get_child())

@@ -142,3 +142,25 @@ def test_the_plain_fallback_stays_per_user_and_calls_no_llm() -> None:
     got = chain.invoke("note", user_id="ben")  # the user travels to the fallback
     assert got and {d.metadata["user_id"] for d in got} == {"ben"}
     assert got[0].metadata["pbr"]["used"] == ["query"]
+
+
+def test_the_user_in_run_metadata_reaches_the_retriever_inside_compositions() -> None:
+    from langchain_classic.retrievers import ContextualCompressionRetriever, MultiQueryRetriever
+    from langchain_core.documents import BaseDocumentCompressor
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    class KeepTwo(BaseDocumentCompressor):
+        def compress_documents(self, documents: Any, query: str, callbacks: Any = None) -> Any:
+            return list(documents)[:2]
+
+    r = filled()
+    ccr = ContextualCompressionRetriever(base_compressor=KeepTwo(), base_retriever=r)
+    got = ccr.invoke("note", config={"metadata": {"user_id": "ben"}})
+    assert len(got) == 2 and {d.metadata["user_id"] for d in got} == {"ben"}
+    queries = GenericFakeChatModel(messages=iter([AIMessage("ben notes\nben things")]))
+    mqr = MultiQueryRetriever.from_llm(retriever=r, llm=queries)
+    got = mqr.invoke("note", config={"metadata": {"user_id": "ann"}})
+    assert got and {d.metadata["user_id"] for d in got} == {"ann"}
+    with pytest.raises(ValueError, match="needs the user"):
+        ccr.invoke("note")
