@@ -114,6 +114,13 @@ def from_persist_dir(
         if not folder.is_dir():
             raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
         vector_store = vector_store_loader(str(folder)) if vector_store_loader else None
+        if vector_store is None and not (folder / "default__vector_store.json").exists():
+            raise PersistenceError(
+                f"the index saved in {folder} keeps its vectors in a store that persists itself "
+                "(e.g. a Chroma server), so its folder holds none: pass "
+                "vector_store_loader=lambda folder: ChromaVectorStore(chroma_collection=...) "
+                "(or your store's own loader) to from_persist_dir"
+            )
         try:
             storage = StorageContext.from_defaults(
                 persist_dir=str(folder), vector_store=vector_store

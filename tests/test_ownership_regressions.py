@@ -299,3 +299,32 @@ def test_a_staleness_window_trades_other_workers_freshness_for_fewer_listings(
     assert len(second.invoke("q", user_id="ann")) == 3  # the window is over: listed again
     with pytest.raises(ValueError, match="max_staleness_s"):
         Corpus(None, max_staleness_s=-1)
+
+
+def test_loading_a_chroma_backed_save_without_a_loader_says_what_to_pass(
+    shared_chroma: Any, tmp_path: Path
+) -> None:
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    emb = HashEmbedding(dim=32)
+    collection = shared_chroma.client().create_collection(f"persist-{uuid.uuid4().hex[:8]}")
+    storage = StorageContext.from_defaults(
+        vector_store=ChromaVectorStore(chroma_collection=collection)
+    )
+    index = VectorStoreIndex([], storage_context=storage, embed_model=emb)
+    base = llamaindex_pbr.PBRRetriever(index, llm=MockLLM(max_tokens=4), embed_model=emb)
+    base.for_user("ann").add_nodes([TextNode(text="kept in chroma", id_="a1")])
+    base.persist(tmp_path / "pbr")
+    with pytest.raises(PersistenceError, match="vector_store_loader"):
+        llamaindex_pbr.PBRRetriever.from_persist_dir(
+            tmp_path / "pbr", llm=MockLLM(), embed_model=emb
+        )
+    loaded = llamaindex_pbr.PBRRetriever.from_persist_dir(
+        tmp_path / "pbr",
+        llm=MockLLM(max_tokens=4),
+        embed_model=emb,
+        vector_store_loader=lambda _folder: ChromaVectorStore(chroma_collection=collection),
+    )
+    assert [n.node.get_content() for n in loaded.retrieve("kept", user_id="ann")] == [
+        "kept in chroma"
+    ]
