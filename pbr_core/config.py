@@ -55,6 +55,16 @@ class PBRConfig:
         safe_history_gate: ``"safe"`` fusion: keep the plain query when the user's closest
             history item is closer to the query than every pseudo-feedback term (the query is
             already clear for this user; see :mod:`pbr_core.fusion`).
+        pre_gate: ``"safe"`` fusion: the *pre-generation gate*. When the query's cosine with the
+            user's closest history item is at or above this, the two P-PRF LLM calls are not
+            made and ``q*`` is the plain query, with the reason in ``explanation.skipped``: what
+            the history gate would most likely have kept after paying for the calls (it keeps
+            the plain query whenever that item is closer to the query than all the feedback).
+            ``None`` disables it; so does ``safe_history_gate=False`` (the gate predicts that
+            gate); ignored by the other fusion modes, whose ``q*`` without feedback is not
+            theirs. The default 0.60 was chosen by ``benchmarks/pre_gate.py`` on its tuning split
+            (LoCoMo turn level n30 seed 0 + PersonaBench 0.0's first 115 questions): the lowest
+            threshold that lost nothing there.
         max_query_chars: the query is cut to this many characters in the two prompts (like a
             history item, to ``max_item_chars``), so a huge query cannot make huge prompts. Only
             the prompts: the query's embedding ``q`` is made from the whole query.
@@ -86,6 +96,7 @@ class PBRConfig:
     trust_high: float = 0.7
     safe_min_shift: float = 0.2
     safe_history_gate: bool = True
+    pre_gate: float | None = 0.6
     max_query_chars: int = 800
     llm_timeout_s: float | None = 30.0
     max_concurrent_llm_calls: int = 16
@@ -117,6 +128,11 @@ class PBRConfig:
             )
         if not 0.0 <= self.safe_min_shift <= 1.0:
             problems.append(f"safe_min_shift must lie in [0, 1], got {self.safe_min_shift}")
+        gate = self.pre_gate
+        if gate is not None and (
+            isinstance(gate, bool) or not isinstance(gate, int | float) or not -1.0 <= gate <= 1.0
+        ):
+            problems.append(f"pre_gate is a cosine threshold in [-1, 1] (or None), got {gate!r}")
         if self.max_query_chars < 1:
             problems.append(f"max_query_chars must be >= 1, got {self.max_query_chars}")
         timeout = self.llm_timeout_s

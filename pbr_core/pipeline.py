@@ -78,12 +78,16 @@ class Explanation:
         dropped: term → reason it is not in ``q*`` (every absent term: failures, too little
             history, the fusion mode, and the deliberate choices also listed in ``skipped``).
         skipped: the subset of ``dropped`` that is a deliberate choice, not a failure:
-            ``"safe"`` fusion keeping the plain query (its history gate, or feedback it does not
-            trust). A request is *degraded* only by the other entries of ``dropped``.
+            ``"safe"`` fusion keeping the plain query (its history gate, feedback it does not
+            trust, or its pre-generation gate, ``PBRConfig.pre_gate``, which also skips the LLM
+            calls). A request is *degraded* only by the other entries of ``dropped``.
         trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1], the closest feedback and
             history cosines (see :class:`~pbr_core.fusion.FusionResult`) and ``"shift"``, the share
             of the paper's shift from ``q`` that ``q*`` applies.
-        timings_ms: milliseconds per stage.
+        timings_ms: milliseconds per stage (no ``"llm"`` stage when the pre-generation gate
+            skipped the LLM).
+        llm_calls: P-PRF prompts sent to the LLM by this request (0, 1 or 2).
+        llm_cached: P-PRF prompts answered from the generation cache instead.
     """
 
     user_id: str
@@ -100,6 +104,8 @@ class Explanation:
     skipped: dict[str, str] = field(default_factory=dict)
     trust: dict[str, float] = field(default_factory=dict)
     timings_ms: dict[str, float] = field(default_factory=dict)
+    llm_calls: int = 0
+    llm_cached: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         def hit(h: SearchHit) -> dict[str, Any]:
@@ -120,6 +126,8 @@ class Explanation:
             "skipped": dict(self.skipped),
             "trust": {k: round(v, 4) for k, v in self.trust.items()},
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
+            "llm_calls": self.llm_calls,
+            "llm_cached": self.llm_cached,
         }
 
 
@@ -169,6 +177,7 @@ class _Request:
     q: np.ndarray | None = None
     anchor: np.ndarray | None = None
     needs_llm: bool = False
+    pre_gated: bool = False  # the pre-generation gate fired: no LLM, q* = q
     prompts: PromptSet | None = None
     generator: TextGenerator | None = None  # the LLM of this request, once it is called
     sent: tuple[str, str] | None = None  # the (utterance, reasoning) prompts sent to it
@@ -426,7 +435,8 @@ class Personalizer:
             texts = self._generate(req)
         else:
             texts = (None, None)
-        req.watch.lap("llm")
+        if not req.pre_gated:
+            req.watch.lap("llm")
         parsed = self._parse(req, texts, feedback, strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
         vecs = embed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
@@ -470,7 +480,8 @@ class Personalizer:
             texts = await self._agenerate(req)
         else:
             texts = (None, None)
-        req.watch.lap("llm")
+        if not req.pre_gated:
+            req.watch.lap("llm")
         parsed = self._parse(req, texts, feedback, strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
         vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
@@ -539,6 +550,21 @@ class Personalizer:
         related = [_hit(history, i, s) for i, s in history.search(req.q, cfg.k1)]
         expl.related = related
         req.watch.lap("related_history")
+        # It predicts the history gate, so it is only on where that gate is.
+        gate = cfg.pre_gate if cfg.fusion == "safe" and cfg.safe_history_gate else None
+        if gate is not None and related and related[0].score >= gate:
+            # Decided before any LLM call: the query is already clear for this user, so the
+            # history gate would almost surely keep the plain query after paying for both
+            # calls. Given feedback is ignored alike, so the result never depends on its source.
+            why = (
+                f"pre-generation gate: safe fusion kept the plain query without calling the LLM: "
+                f"the user's closest history item (cosine {related[0].score:.2f}) is at or above "
+                f"pre_gate {gate:.2f}"
+            )
+            req.pre_gated = True
+            for term in TERMS:
+                expl.dropped[term] = why
+                expl.skipped[term] = why
         if want_anchor:
             if len(history) < 2:
                 expl.dropped["anchor"] = (
@@ -552,7 +578,7 @@ class Personalizer:
                     _hit(history, i, s) for i, s in result.top_items(cfg.top_anchor_items)
                 ]
         req.watch.lap("anchor")
-        if want_f or want_r:
+        if (want_f or want_r) and not req.pre_gated:
             if not related:
                 for term, wanted in (("utterances", want_f), ("reasoning", want_r)):
                     if wanted:
@@ -649,6 +675,8 @@ class Personalizer:
                     _log.debug("ignoring a cached LLM answer that does not parse; asking again")
         todo = [i for i, out in enumerate(outs) if out is None]
         req.fresh = tuple(todo)
+        req.explanation.llm_calls = len(todo)
+        req.explanation.llm_cached = len(outs) - len(todo)
         return outs, todo
 
     def _keep(

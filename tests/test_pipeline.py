@@ -259,8 +259,9 @@ def test_a_saved_personalizer_refuses_another_embedding_model(tmp_path) -> None:
 def test_safe_fusion_reports_its_trust_and_shift_and_never_uses_the_anchor_alone() -> None:
     table = TABLE
     cfg = PBRConfig(
-        theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9, safe_min_shift=0.25
-    )
+        theta=0.0, k2=2, fusion="safe", trust_low=0.5, trust_high=0.9, safe_min_shift=0.25,
+        pre_gate=None,  # cos(q, h1) = 0.69: the pre-generation gate would skip the feedback
+    )  # fmt: skip
     p = Personalizer(TableEmbedder(table), config=cfg)
     p.add_texts("u", ["h1", "h2", "h3"])
     got = p.personalize("u", "q", feedback=PseudoFeedback(["u1", "u2"], "reason"))
