@@ -62,7 +62,9 @@ class LangChainGenerator:
     """One request's :class:`~pbr_core.protocols.TextGenerator` over a LangChain model.
 
     It carries that request's callbacks, so each LLM call is a child run of the retriever run;
-    it is built per request and never shared.
+    it is built per request and never shared. It has no ``agenerate``: a model without native
+    async would run its sync code in asyncio's default executor, where a hung call holds a
+    thread pbr cannot account for. pbr then calls :meth:`generate` in its own bounded executor.
     """
 
     def __init__(self, llm: LanguageModelLike, callbacks: Callbacks, prompt_style: str) -> None:
@@ -74,8 +76,43 @@ class LangChainGenerator:
     def generate(self, prompt: str) -> str:
         return text_of(self.llm.invoke(prompt, config={"callbacks": self.callbacks}))
 
+
+class AsyncLangChainGenerator(LangChainGenerator):
+    """:class:`LangChainGenerator` over a model with native async: awaited, and cancelled at
+    pbr's timeout."""
+
     async def agenerate(self, prompt: str) -> str:
         return text_of(await self.llm.ainvoke(prompt, config={"callbacks": self.callbacks}))
+
+
+def generator_for(
+    llm: LanguageModelLike, callbacks: Callbacks, prompt_style: str
+) -> LangChainGenerator:
+    """The generator of one request: async only where the model is natively async."""
+    cls = AsyncLangChainGenerator if natively_async(llm) else LangChainGenerator
+    return cls(llm, callbacks, prompt_style)
+
+
+def natively_async(llm: Any) -> bool:
+    """Whether ``llm.ainvoke`` is the model's own async code (not its sync code in a thread).
+
+    A chat model or LLM counts when its class overrides LangChain's async hooks
+    (``_agenerate`` / ``_astream``, ``_acall`` for an ``LLM``); any other Runnable is taken at
+    its word.
+    """
+    from langchain_core.language_models import BaseChatModel, BaseLLM
+    from langchain_core.language_models.llms import LLM
+
+    model, cls = underlying_model(llm), type(underlying_model(llm))
+    if isinstance(model, BaseChatModel):
+        return cls._agenerate is not BaseChatModel._agenerate or (
+            cls._astream is not BaseChatModel._astream
+        )
+    if isinstance(model, LLM):
+        return cls._acall is not LLM._acall or cls._astream is not BaseLLM._astream
+    if isinstance(model, BaseLLM):
+        return cls._agenerate is not BaseLLM._agenerate or cls._astream is not BaseLLM._astream
+    return True
 
 
 #: A chat model / LLM, or a Runnable around one (``with_retry()``, ``with_fallbacks()``,

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.callbacks import (
-    AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import BaseChatModel
@@ -133,12 +131,5 @@ class LocalGemmaChatModel(BaseChatModel):
         text = self._generator(stop).generate(flatten_messages(messages))
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        # The forward passes run in a worker thread: the event loop keeps serving.
-        return await asyncio.to_thread(self._generate, messages, stop, None, **kwargs)
+    # No _agenerate of its own: the forward passes are sync compute. LangChain runs them in a
+    # worker thread for ainvoke, and PBRRetriever calls them in its own bounded executor.

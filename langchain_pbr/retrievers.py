@@ -47,6 +47,7 @@ from ._bridge import (
     check_prompt,
     default_llm,
     documents_of,
+    generator_for,
     items_of,
     prompt_set,
     prompt_style_of,
@@ -286,7 +287,7 @@ class PBRRetriever(BaseRetriever):
         return {**kwargs, **default_filter(self.vectorstore, self.user_key, user_id, extra)}
 
     def _generator(self, callbacks: Callbacks) -> LangChainGenerator:
-        return LangChainGenerator(self._llm(), callbacks, self._style())
+        return generator_for(self._llm(), callbacks, self._style())
 
     def _unknown_user(self) -> Literal["raise", "plain"]:
         return "raise" if self.strict else "plain"

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from langchain_pbr import PBRRetriever
 from langchain_pbr.stores import default_filter
@@ -164,3 +165,51 @@ def test_the_user_in_run_metadata_reaches_the_retriever_inside_compositions() ->
     assert got and {d.metadata["user_id"] for d in got} == {"ann"}
     with pytest.raises(ValueError, match="needs the user"):
         ccr.invoke("note")
+
+
+class HungChat(BaseChatModel):
+    """A chat model with sync code only, stuck until released."""
+
+    release: Any = None
+    threads: list[str] = Field(default_factory=list)  # where each call ran
+
+    @property
+    def _llm_type(self) -> str:
+        return "hung"
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+        import threading
+
+        from langchain_core.messages import AIMessage
+        from langchain_core.outputs import ChatGeneration, ChatResult
+
+        self.threads.append(threading.current_thread().name)
+        self.release.wait(30)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content='["late"]'))])
+
+
+async def test_hung_sync_llms_under_asyncio_leave_the_default_executor_free() -> None:
+    import asyncio
+    import threading
+
+    from pbr_core import PBRConfig
+
+    release = threading.Event()
+    hung = HungChat(release=release)
+    r = PBRRetriever(
+        llm=hung,
+        embeddings=EMB,
+        vectorstore=InMemoryVectorStore(EMB),
+        config=PBRConfig(llm_timeout_s=0.3, pre_gate=None),
+    )
+    r.add_documents([Document(page_content=t) for t in ("runs", "tea", "jazz")], user_id="a")
+    try:
+        results = await asyncio.gather(*(r.ainvoke("what?", user_id="a") for _ in range(8)))
+        assert all(d[0].metadata["pbr"]["degraded"] for d in results)
+        assert "timed out" in results[0][0].metadata["pbr"]["missing"]["utterances"]
+        # 16 hung calls, none in asyncio's default executor (6 threads on 2 cores): it still
+        # serves an unrelated task at once.
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 42), timeout=2.0) == 42
+        assert hung.threads and not any(name.startswith("asyncio") for name in hung.threads)
+    finally:
+        release.set()
