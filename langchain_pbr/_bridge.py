@@ -72,6 +72,7 @@ class LangChainGenerator:
         self.callbacks = callbacks
         self.prompt_style = prompt_style
         self.model_id = model_id(underlying_model(llm))  # keys pbr_core's generation cache
+        self.in_process = bool(getattr(underlying_model(llm), "in_process", False))
 
     def generate(self, prompt: str) -> str:
         return text_of(self.llm.invoke(prompt, config={"callbacks": self.callbacks}))

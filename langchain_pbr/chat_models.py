@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
@@ -84,6 +84,8 @@ class LocalGemmaChatModel(BaseChatModel):
     """Weights' dtype: ``"bfloat16"`` decodes fastest on CPU; ``"float32"`` shares the salience
     scorer's copy of the model."""
     prompt_style: Literal["completion"] = "completion"
+    #: In-process compute: pbr gives it no ``llm_timeout_s`` (its first call loads the model).
+    in_process: ClassVar[bool] = True
     """Read by :class:`~langchain_pbr.PBRRetriever`: this model needs completion prompts."""
 
     @property

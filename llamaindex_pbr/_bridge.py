@@ -104,6 +104,7 @@ class LlamaIndexGenerator:
     ) -> None:
         self.llm = llm
         self.prompt_style: PromptStyle = llm_prompt_style(llm, prompt_style)
+        self.in_process = bool(getattr(llm, "in_process", False))  # see pbr's llm_timeout_s
         self.model_id = llm_model_id(llm)
         self._context = context
 

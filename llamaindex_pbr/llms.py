@@ -70,6 +70,8 @@ class LocalGemmaLLM(CustomLLM):
 
     #: Read by :class:`~llamaindex_pbr.PBRRetriever`: this model needs completion prompts.
     prompt_style: ClassVar[str] = "completion"
+    #: In-process compute: pbr gives it no ``llm_timeout_s`` (its first call loads the model).
+    in_process: ClassVar[bool] = True
 
     max_new_tokens: int = Field(default=160, ge=1, description="Most tokens generated per call.")
     temperature: float = Field(default=0.8, gt=0)

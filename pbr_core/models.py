@@ -427,6 +427,8 @@ class LocalGemmaGenerator:
     """
 
     prompt_style: str = "completion"
+    #: Compute in this process, not a network call: not given ``PBRConfig.llm_timeout_s``.
+    in_process: bool = True
 
     def __init__(
         self,

@@ -611,7 +611,7 @@ class Personalizer:
         gen, prompts = req.generator, req.sent
         assert gen is not None and prompts is not None
         outs, todo = self._from_cache(req)
-        timeout = req.config.llm_timeout_s
+        timeout = _timeout_for(gen, req.config)
         executor = self.llm_executor
         batch = getattr(gen, "generate_batch", None)
         if len(todo) == 2 and batch is not None:
@@ -627,7 +627,7 @@ class Personalizer:
         gen, prompts = req.generator, req.sent
         assert gen is not None and prompts is not None
         outs, todo = self._from_cache(req)
-        timeout = req.config.llm_timeout_s
+        timeout = _timeout_for(gen, req.config)
         executor = self.llm_executor
         batch = getattr(gen, "generate_batch", None)
         abatch = getattr(gen, "agenerate_batch", None)
@@ -947,3 +947,10 @@ def _describe(exc: BaseException) -> str:
 
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _timeout_for(generator: object, config: PBRConfig) -> float | None:
+    """``config.llm_timeout_s``, except for a generator that computes in this process
+    (``in_process = True``: the embedded Gemma / SmolLM2). Its call cannot hang on a network, and
+    its first call loads the model, which can take longer than a remote call's timeout."""
+    return None if getattr(generator, "in_process", False) else config.llm_timeout_s

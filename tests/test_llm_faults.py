@@ -512,3 +512,29 @@ def test_a_langchain_retriever_with_a_hung_model_answers_degraded(gate: threadin
     pbr = got[0].metadata["pbr"]
     assert pbr["degraded"] is True
     assert pbr["missing"]["utterances"] == f"the LLM call timed out after {TIMEOUT:g} s"
+
+
+class SlowLocal(ScriptedGenerator):
+    """An in-process model (like the embedded Gemma): slower than the timeout, never hung."""
+
+    in_process = True
+
+    def generate(self, prompt: str) -> str:
+        time.sleep(TIMEOUT * 2)
+        return super().generate(prompt)
+
+
+def test_an_in_process_model_is_not_timed_out() -> None:
+    expl = make(SlowLocal(UTTER, REASON)).search(USER, "dinner?", k=2).personalized.explanation
+    assert "utterances" in expl.used and "reasoning" in expl.used
+    assert not any("timed out" in reason for reason in expl.dropped.values())
+
+
+def test_the_embedded_models_adapters_say_they_run_in_process() -> None:
+    from langchain_pbr import LocalGemmaChatModel
+    from langchain_pbr._bridge import generator_for
+    from llamaindex_pbr import LocalGemmaLLM
+    from llamaindex_pbr._bridge import LlamaIndexGenerator
+
+    assert generator_for(LocalGemmaChatModel(), None, "completion").in_process  # model not loaded
+    assert LlamaIndexGenerator(LocalGemmaLLM()).in_process
