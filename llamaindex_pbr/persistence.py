@@ -24,8 +24,9 @@ from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import GenerationCache, HistoryStore, PBRConfig, PersistenceError, PromptSet
 from pbr_core.persist import current_snapshot, write_atomically
+from pbr_core.vectors import check_dimension
 
-from ._bridge import default_embed_model, settings_embed_model
+from ._bridge import LlamaIndexEmbedder, default_embed_model, settings_embed_model
 
 if TYPE_CHECKING:
     from .retrievers import PBRRetriever, VectorStoreFactory
@@ -109,6 +110,7 @@ def from_persist_dir(
     callback_manager = callback_manager or Settings.callback_manager
     embed_model = embed_model or settings_embed_model() or default_embed_model(callback_manager)
     history = HistoryStore.load(root / "history")
+    check_dimension(LlamaIndexEmbedder(embed_model), history.dim, str(root))
 
     def load(folder: Path) -> VectorStoreIndex:
         if not folder.is_dir():

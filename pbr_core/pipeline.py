@@ -47,7 +47,7 @@ from .prf import (
     parse_utterances,
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
-from .vectors import aembed_documents, aembed_query, embed_documents, embed_query
+from .vectors import aembed_documents, aembed_query, check_dimension, embed_documents, embed_query
 
 _log = logging.getLogger("pbr.pipeline")
 
@@ -381,6 +381,8 @@ class Personalizer:
                     f"{path} holds vectors of {store.embedding_model_id!r}, but the embedder is "
                     f"{current!r}; re-add the history with this embedder instead"
                 )
+        if embedder is not None:
+            check_dimension(embedder, store.dim, str(path))
         return cls(embedder, store=store, **kwargs)
 
     # -- the method ----------------------------------------------------------------------------

@@ -98,3 +98,22 @@ def _checked_batch(out: Any, n: int, dim: int | None) -> np.ndarray:
     if arr.shape[0] != n:
         raise EmbeddingError(f"the embedder returned {arr.shape[0]} vectors for {n} texts")
     return arr
+
+
+def check_dimension(embedder: Embedder, dim: int | None, where: str) -> None:
+    """Raise :class:`~pbr_core.errors.PersistenceError` unless ``embedder`` makes vectors of
+    ``dim`` (the saved vectors' dimension; None: nothing saved yet, nothing to check).
+
+    One embedding of a short probe text: paid at load, so that a wrong embedder fails there,
+    with the saved folder named, rather than at the first query.
+    """
+    if dim is None:
+        return
+    from .errors import PersistenceError
+
+    got = np.asarray(embedder.embed_query("pbr dimension check"), dtype=np.float32).reshape(-1)
+    if got.shape[0] != dim:
+        raise PersistenceError(
+            f"{where} holds vectors of dimension {dim}, but the embedder makes vectors of "
+            f"dimension {got.shape[0]}; load it with the embedding model that built it"
+        )

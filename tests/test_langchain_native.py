@@ -213,3 +213,15 @@ async def test_hung_sync_llms_under_asyncio_leave_the_default_executor_free() ->
         assert hung.threads and not any(name.startswith("asyncio") for name in hung.threads)
     finally:
         release.set()
+
+
+def test_loading_with_an_embedder_of_another_dimension_fails_at_load(tmp_path: Any) -> None:
+    from pbr_core import PersistenceError
+
+    r = make()
+    r.add_documents([Document(page_content=t) for t in ("runs", "tea")], user_id="a")
+    r.save(tmp_path / "pbr")
+    with pytest.raises(PersistenceError, match="dimension 16"):
+        PBRRetriever.load(tmp_path / "pbr", embeddings=DeterministicFakeEmbedding(size=8))
+    loaded = PBRRetriever.load(tmp_path / "pbr", embeddings=EMB, llm=FakeListLLM(responses=["x"]))
+    assert len(loaded.invoke("q", user_id="a")) == 2
