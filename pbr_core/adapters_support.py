@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from .corpus import check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
 from .pipeline import Explanation, _model_id
@@ -42,13 +43,6 @@ def model_id(model: object) -> str:
     Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
     """
     return _model_id(model)
-
-
-def check_user_id(user_id: object) -> str:
-    """``user_id`` if it is a non-empty string; every adapter's one rule for user ids."""
-    if not isinstance(user_id, str) or not user_id:
-        raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
-    return user_id
 
 
 def check_positive_int(value: object, name: str) -> int:

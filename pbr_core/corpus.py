@@ -55,6 +55,7 @@ __all__ = [
     "HostRecords",
     "Record",
     "ScoredRecord",
+    "check_user_id",
     "revision",
     "scoped_key",
 ]
@@ -65,6 +66,13 @@ ITEM_ID_KEY = "pbr_id"
 RAW_SCORE_KEY = "store_score"
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
+
+
+def check_user_id(user_id: object) -> str:
+    """``user_id`` if it is a non-empty string: the one rule for user ids, core and adapters."""
+    if not isinstance(user_id, str) or not user_id:
+        raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
+    return user_id
 
 
 def scoped_key(user_id: str, item_id: str) -> str:
@@ -324,7 +332,7 @@ class Corpus:
         }
         given = dict(vectors or {})
         for user, items in todo.items():
-            self._check_user(user)
+            check_user_id(user)
             given[user] = await self._aembed(user, items)
         plan = self._plan(groups, given, extras)
         return await asyncio.to_thread(self._commit, plan, write_host=write_host)
@@ -336,7 +344,7 @@ class Corpus:
             KeyError: an id is not one of this user's items (another user's id included);
                 nothing is removed.
         """
-        self._check_user(user_id)
+        check_user_id(user_id)
         ids = [str(i) for i in ids]
         with self._user_lock(user_id):
             history = self._refresh(user_id) if self.verified else self.cache._current(user_id)
@@ -370,7 +378,7 @@ class Corpus:
     # -- reading -------------------------------------------------------------------------------
     def history(self, user_id: str) -> UserHistory | None:
         """The user's current history, checked against the host store; None if they have none."""
-        self._check_user(user_id)
+        check_user_id(user_id)
         if not self.verified:
             return self.cache._current(user_id)
         checked = self._verified_at.get(user_id)
@@ -446,10 +454,6 @@ class Corpus:
         return meta
 
     # -- internals -----------------------------------------------------------------------------
-    def _check_user(self, user_id: object) -> None:
-        if not isinstance(user_id, str) or not user_id:
-            raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
-
     def _user_lock(self, user_id: str) -> threading.Lock:
         with self._locks_guard:
             lock = self._locks.get(user_id)
@@ -461,7 +465,9 @@ class Corpus:
         known = self.cache.known_vectors(user_id, items)
         todo = [i for i, v in enumerate(known) if v is None]
         fresh = (
-            embed_documents(self._embedder(), [items[i].text for i in todo], dim=self.cache.dim)
+            embed_documents(
+                self.resolved_embedder(), [items[i].text for i in todo], dim=self.cache.dim
+            )
             if todo
             else np.zeros((0, self.cache.dim or 1), dtype=np.float32)
         )
@@ -473,11 +479,12 @@ class Corpus:
         if not todo:
             return merge_vectors(known, todo, np.zeros((0, 1), dtype=np.float32))
         fresh = await aembed_documents(
-            self._embedder(), [items[i].text for i in todo], dim=self.cache.dim
+            self.resolved_embedder(), [items[i].text for i in todo], dim=self.cache.dim
         )
         return merge_vectors(known, todo, fresh)
 
-    def _embedder(self) -> Embedder:
+    def resolved_embedder(self) -> Embedder:
+        """:attr:`embedder`, or the embedded MiniLM (loaded now) when none was given."""
         if self.embedder is None:  # the embedded MiniLM, loaded only when something needs it
             from .models import default_embedder
 
@@ -495,7 +502,7 @@ class Corpus:
         plan: list[_Group] = []
         dim = self.cache.dim
         for user_id, items in groups.items():
-            self._check_user(user_id)
+            check_user_id(user_id)
             items = list(items)
             if not items:
                 continue
@@ -645,7 +652,7 @@ class Corpus:
         todo = [i for i, v in enumerate(rows) if v is None]
         if todo:
             fresh = embed_documents(
-                self._embedder(), [records[i].text for i in todo], dim=self.cache.dim
+                self.resolved_embedder(), [records[i].text for i in todo], dim=self.cache.dim
             )
             for j, i in enumerate(todo):
                 rows[i] = fresh[j]

@@ -31,7 +31,7 @@ import numpy as np
 
 from .cache import GenerationCache
 from .config import PBRConfig
-from .corpus import Corpus, merge_vectors
+from .corpus import Corpus
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
@@ -221,11 +221,11 @@ class Personalizer:
         strict: bool = False,
         llm_executor: LLMExecutor | None = None,
     ) -> None:
-        self._embedder = embedder
         self._generator = generator
         self.config = config or PBRConfig()
         self.store = store if store is not None else HistoryStore()  # an empty store is falsy
         # The one write path for items (validation, ownership): pbr's own store as the record.
+        # It holds the embedder too, so items and queries are embedded by the same model.
         self.corpus = Corpus(None, embedder=embedder, cache=self.store)
         self.prompts = prompts
         self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
@@ -236,11 +236,8 @@ class Personalizer:
     # -- collaborators -------------------------------------------------------------------------
     @property
     def embedder(self) -> Embedder:
-        if self._embedder is None:
-            from .models import default_embedder
-
-            self._embedder = default_embedder()
-        return self._embedder
+        """The corpus's embedder (the embedded MiniLM, loaded on first use, when none given)."""
+        return self.corpus.resolved_embedder()
 
     @property
     def generator(self) -> TextGenerator:
@@ -286,52 +283,9 @@ class Personalizer:
             vectors: the items' embeddings when the host already has them (e.g. read back from
                 its vector store); they are checked and normalised like any other.
         """
-        items = list(items)
-        if vectors is None:
-            vectors = self._vectors(user_id, items)
-        self._record_model()
-        return self.corpus.add(user_id, items, vectors=vectors)
-
-    def item_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> np.ndarray:
-        """The vectors :meth:`add_items` would store for ``items``, checked; nothing is stored.
-
-        Embeds only the items whose (id, text) is not stored yet, and raises on whatever
-        :meth:`add_items` would refuse (duplicate ids, empty text, a wrong dimension, NaN/zero
-        vectors). An adapter calls it before writing to its host vector store, then
-        ``add_items(..., vectors=...)`` once that write succeeded: a failed host write leaves the
-        history unchanged, and the history write cannot fail after the host write.
-
-        Returns:
-            One unit row per item, float32, shape ``(len(items), dim)``.
-        """
-        items = list(items)
-        return self._checked(user_id, items, self._vectors(user_id, items))
-
-    async def aitem_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> np.ndarray:
-        """Async :meth:`item_vectors` (native async embedder when it has one)."""
-        items = list(items)
-        return self._checked(user_id, items, await self._avectors(user_id, items))
-
-    def _vectors(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
-        """Stored vectors of unchanged items, fresh embeddings for the others."""
-        known = self.store.known_vectors(user_id, items)
-        todo = [i for i, v in enumerate(known) if v is None]
-        fresh = embed_documents(self.embedder, [items[i].text for i in todo], dim=self.store.dim)
-        return merge_vectors(known, todo, fresh)
-
-    async def _avectors(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
-        known = self.store.known_vectors(user_id, items)
-        todo = [i for i, v in enumerate(known) if v is None]
-        fresh = await aembed_documents(
-            self.embedder, [items[i].text for i in todo], dim=self.store.dim
-        )
-        return merge_vectors(known, todo, fresh)
-
-    def _checked(self, user_id: str, items: list[HistoryItem], vectors: np.ndarray) -> np.ndarray:
-        # The store's own validation, run on a scratch store of the same dimension: one set of
-        # rules, and the real store is not touched.
-        scratch = HistoryStore(dim=self.store.dim).upsert(user_id, items, vectors)
-        return np.array(scratch.vectors, dtype=np.float32)
+        # The corpus embeds what is not cached yet (same id and text), validates, and records
+        # the embedding model: one write path for every caller.
+        return self.corpus.add(user_id, list(items), vectors=vectors)
 
     async def aadd_texts(
         self,
@@ -345,19 +299,12 @@ class Personalizer:
         return await self.aadd_items(user_id, _items(texts, ids, metadatas, timestamps))
 
     async def aadd_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
-        items = list(items)
-        vectors = await self._avectors(user_id, items)
-        self._record_model()
-        return self.corpus.add(user_id, items, vectors=vectors)
+        added = await self.corpus.aadd_many({user_id: list(items)})
+        return added.get(user_id, [])
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Remove items (``KeyError`` for an id the user lacks; nothing removed)."""
         self.corpus.delete(user_id, ids)
-
-    def _record_model(self) -> None:
-        # Only a configured embedder names the model: recording must never load the default.
-        if self.store.embedding_model_id is None and self._embedder is not None:
-            self.store.embedding_model_id = _model_id(self._embedder)
 
     def save(self, path: str) -> None:
         self.store.save(path)

@@ -217,7 +217,7 @@ def test_bad_requests_fail_clearly() -> None:
 def test_an_embedder_that_changes_dimension_or_returns_nan_corrupts_nothing() -> None:
     p = make()
     before = p.store.get("alice")
-    p._embedder = HashEmbedder(dim=8)
+    p.corpus.embedder = HashEmbedder(dim=8)
     with pytest.raises(EmbeddingError, match="dimension 8"):
         p.personalize("alice", "dinner?")
     with pytest.raises(EmbeddingError, match="dimension 8"):
@@ -227,7 +227,7 @@ def test_an_embedder_that_changes_dimension_or_returns_nan_corrupts_nothing() ->
         def embed_documents(self, texts):
             return [[float("nan")] * 16 for _ in texts]
 
-    p._embedder = NaNEmbedder()
+    p.corpus.embedder = NaNEmbedder()
     with pytest.raises(EmbeddingError, match="NaN"):
         p.add_texts("alice", ["new item"])
     assert p.store.get("alice") is before
