@@ -292,10 +292,22 @@ class PBRRetriever(BaseRetriever):
     def _unknown_user(self) -> Literal["raise", "plain"]:
         return "raise" if self.strict else "plain"
 
+    def _owner_only(self) -> bool:
+        """Whether the store's search is restricted by owner alone (so pbr can check that it
+        returned the user's nearest items; see :meth:`pbr_core.corpus.Corpus.scored`)."""
+        return self.filter_builder is None and set(self.search_kwargs) <= {"k"}
+
     def _documents(
-        self, uid: str, history: UserHistory | None, pq: PersonalizedQuery, found: Found, t0: float
+        self,
+        uid: str,
+        history: UserHistory | None,
+        pq: PersonalizedQuery,
+        found: Found,
+        t0: float,
+        k: int,
     ) -> list[Document]:
-        scored = self._corpus().scored(uid, history, pq.vector, found)
+        complete_to = k if self.vectorstore is not None and self._owner_only() else None
+        scored = self._corpus().scored(uid, history, pq.vector, found, complete_to=complete_to)
         pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
         return documents_of(scored, pq)
 
@@ -324,7 +336,7 @@ class PBRRetriever(BaseRetriever):
                 found = store_search(
                     self.vectorstore, pq.vector.tolist(), n, self._search_kwargs(uid)
                 )
-        docs = self._documents(uid, history, pq, found, t0)
+        docs = self._documents(uid, history, pq, found, t0, n)
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
@@ -353,7 +365,7 @@ class PBRRetriever(BaseRetriever):
             with host_store_errors(self.vectorstore, "search"):
                 kw = self._search_kwargs(uid)
                 found = await astore_search(self.vectorstore, pq.vector.tolist(), n, kw)
-        docs = self._documents(uid, history, pq, found, t0)
+        docs = self._documents(uid, history, pq, found, t0, n)
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)

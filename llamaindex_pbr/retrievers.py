@@ -640,8 +640,19 @@ class PBRRetriever(BaseRetriever):
         payload = explanation_payload(pq.explanation)
         by_key = {nws.node.node_id: nws.node for nws in nodes}
         found = [(nws.node.node_id, nws.node.metadata, nws.score) for nws in nodes]
+        corpus = self._shared.corpus
+        owner_only = self._filters is None and not self._shared.retriever_kwargs
+        results = corpus.scored(
+            user_id, history, pq.vector, found, complete_to=self._top_k if owner_only else None
+        )
+        filled = [r.key for r in results if r.filled]
+        if filled and corpus.host is not None:  # nodes the store's search missed: read by key
+            with self._store_errors(user_id):
+                by_key.update(corpus.host.nodes(user_id, filled))  # type: ignore[attr-defined]
         out = []
-        for scored in self._shared.corpus.scored(user_id, history, pq.vector, found):
+        for scored in results:
+            if scored.key not in by_key:
+                continue  # deleted since the query started
             node = user_node(by_key[scored.key], scored.hit.id)
             copied = node.model_copy(
                 update={

@@ -196,6 +196,23 @@ class IndexRecords:
     ) -> Record | None:
         return Record.stored(key, text, metadata, vector, user_key=self.user_key, owner=self.owner)
 
+    def nodes(self, user_id: str, keys: Sequence[str]) -> dict[str, BaseNode]:
+        """The stored nodes of ``keys`` (store keys) that belong to ``user_id``, as a search
+        returns them (text and relationships restored, no embedding)."""
+        store = self.index.vector_store
+        found: list[BaseNode] = []
+        if _is_chroma(store):
+            got = store._collection.get(ids=list(keys), include=["documents", "metadatas"])  # type: ignore[attr-defined]
+            for key, meta, text in zip(got["ids"], got["metadatas"], got["documents"]):
+                try:
+                    node = metadata_dict_to_node(dict(meta or {}), text=text or "")
+                except (ValueError, TypeError):  # written by something other than LlamaIndex
+                    node = TextNode(text=text or "", metadata=dict(meta or {}))
+                found.append(node.model_copy(update={"id_": key}))
+        else:
+            found = [n for n in self.index.docstore.get_nodes(list(keys), raise_error=False) if n]
+        return {n.node_id: n for n in found if n.metadata.get(self.user_key, self.owner) == user_id}
+
     def ref_doc_ids(self, user_id: str) -> dict[str, str]:
         """The user's node ids (their own) -> the id of the document each node came from."""
         store = self.index.vector_store
@@ -279,6 +296,10 @@ class PartitionRecords:
     def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
         part = self._part(user_id)
         return [] if part is None else part.fetch(user_id, keys)
+
+    def nodes(self, user_id: str, keys: Sequence[str]) -> dict[str, BaseNode]:
+        part = self._part(user_id)
+        return {} if part is None else part.nodes(user_id, keys)
 
     def ref_doc_ids(self, user_id: str) -> dict[str, str]:
         part = self._part(user_id)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -64,6 +65,10 @@ __all__ = [
 ITEM_ID_KEY = "pbr_id"
 #: Metadata key of the host store's own score (a distance for some stores, e.g. Chroma).
 RAW_SCORE_KEY = "store_score"
+
+# Float32 cosines of the same vectors differ by ~1e-7 between the store's kernel and numpy's.
+_SCORE_TOLERANCE = 1e-5
+logger = logging.getLogger("pbr")
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
 
@@ -152,11 +157,14 @@ class ScoredRecord:
 
     ``score`` is the cosine similarity of the item with the search vector (higher is better,
     the same for every store); ``raw_score`` is what the store reported (a distance for Chroma).
+    ``filled``: the store's search did not return the item, pbr's exact search did (see
+    :meth:`Corpus.scored`); the adapter reads its full record from the store by ``key``.
     """
 
     hit: SearchHit
     key: str
     raw_score: float | None
+    filled: bool = False
 
 
 @runtime_checkable
@@ -267,6 +275,7 @@ class Corpus:
         self.user_key = user_key
         self._default_embedder = False
         self._known: dict[str, _Known] = {}
+        self._warned_incomplete = False
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -275,6 +284,7 @@ class Corpus:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_warned_incomplete", False)
         self._locks = {}
         self._locks_guard = threading.Lock()
 
@@ -408,6 +418,8 @@ class Corpus:
         history: UserHistory | None,
         vector: np.ndarray,
         found: Sequence[tuple[str, Mapping[str, Any], float | None]],
+        *,
+        complete_to: int | None = None,
     ) -> list[ScoredRecord]:
         """Map a host search's results back to the user's items, with cosine scores.
 
@@ -416,6 +428,12 @@ class Corpus:
             history: the snapshot the query was personalized with (:meth:`history`).
             vector: the unit search vector.
             found: ``(store key, store metadata, store score)`` per result, best first.
+            complete_to: the ``k`` the host was asked for, when its search was restricted to the
+                user and nothing else (no view filter, no other search mode). Then the answer is
+                checked against pbr's exact search over the user's verified vectors, and items
+                the host's approximate index missed are merged in (``raw_score`` None,
+                ``filled`` True): an ANN index can lose live records for good, e.g. Chroma's
+                HNSW after deletes and upserts (chroma-core/chroma#7758).
 
         A result whose owner is not ``user_id`` is dropped (defence in depth: the search was
         filtered by owner already), and so is a result the snapshot does not know (written after
@@ -442,7 +460,49 @@ class Corpus:
             score = float(history.vectors[pos] @ query)
             hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
             out.append(ScoredRecord(hit=hit, key=key, raw_score=raw))
+        if complete_to is not None and self.verified:
+            out = self._complete(user_id, history, query, out, seen, complete_to)
         return out
+
+    def _complete(
+        self,
+        user_id: str,
+        history: UserHistory,
+        query: np.ndarray,
+        out: list[ScoredRecord],
+        seen: set[str],
+        k: int,
+    ) -> list[ScoredRecord]:
+        """``out`` with the exact top-``k`` items it lacks merged in, best first."""
+        worst = min((r.hit.score for r in out), default=float("inf"))
+        known = self._known.get(user_id)
+        missed: list[ScoredRecord] = []
+        for pos, score in history.search(query, k):
+            item = history.items[pos]
+            if item.id in seen or (len(out) >= k and score <= worst + _SCORE_TOLERANCE):
+                continue
+            key = known.key_of.get(item.id) if known is not None else None
+            hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
+            missed.append(
+                ScoredRecord(
+                    hit=hit, key=key or scoped_key(user_id, item.id), raw_score=None, filled=True
+                )
+            )
+        if not missed:
+            return out
+        level = logging.WARNING if not self._warned_incomplete else logging.DEBUG
+        self._warned_incomplete = True
+        logger.log(
+            level,
+            "the vector store's search for user %r missed %d of the %d nearest items (its "
+            "approximate index can lose live records, e.g. chroma-core/chroma#7758); pbr "
+            "merged them in from its exact search over the user's verified vectors",
+            user_id,
+            len(missed),
+            k,
+        )
+        merged = sorted(out + missed, key=lambda r: -r.hit.score)
+        return merged[:k]
 
     def host_metadata(self, user_id: str, item: HistoryItem) -> dict[str, Any]:
         """The metadata a host record of ``item`` carries: the item's, the owner and its id."""
