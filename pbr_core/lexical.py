@@ -1,0 +1,269 @@
+"""A per-user BM25 lexical index over the items of one user's history.
+
+Dense retrieval misses exact words (names, codes, years) that a user's own items share with the
+query; BM25 over the same items catches them. The index is an immutable snapshot, like the
+history it mirrors: a change makes a new index with :meth:`LexicalIndex.derived`, cheaply, and
+the old one stays valid for the threads still reading it.
+
+Scoring is BM25 as Lucene computes it (``bm25s``' default ``method="lucene"``), for a query term
+``t`` of weight ``w`` and an item ``d``::
+
+    idf(t)     = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+    score(d)  += w · idf(t) · tf(t, d) / (tf(t, d) + k1 · (1 - b + b · dl(d) / avgdl))
+
+with ``N`` items, ``df`` the number of items containing ``t``, ``tf`` the raw count of ``t`` in
+``d``, ``dl`` the item's length in tokens (after stop-word removal) and ``avgdl`` their mean.
+``idf`` and ``avgdl`` change with every added or removed item, so only raw counts are stored and
+the formula is evaluated at query time over the postings of the query's terms alone.
+
+Tokenization matches ``bm25s.tokenize`` without a stemmer: lower-case the text, take the matches
+of ``(?u)\\b\\w\\w+\\b`` (scikit-learn's and bm25s' default pattern: runs of two or more word
+characters, so single letters and punctuation are dropped and "don't" gives "don"), then drop
+:data:`ENGLISH_STOP_WORDS`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["ENGLISH_STOP_WORDS", "LexicalIndex", "query_terms", "tokenize"]
+
+# Alphabetical, one initial letter a line.
+_STOP_WORDS = """
+    a about above after again against ain all also am an and any are aren as at
+    be because been before being below between both but by
+    can could couldn
+    did didn do does doesn doing don down during
+    each either
+    few for from further
+    had hadn has hasn have haven having he her here hers herself him himself his how
+    i if in into is isn it its itself
+    just
+    ll
+    me might mightn more most must mustn my myself
+    needn neither no nor not now
+    of off on once only or other ought our ours ourselves out over own
+    re
+    same shall shan she should shouldn so some such
+    than that the their theirs them themselves then there these they this those through to too
+    under until up upon us
+    ve very
+    was wasn we were weren what whatever when where whether which while who whom whose why will
+    with within without would wouldn
+    yet you your yours yourself yourselves
+"""
+#: Function words that say nothing about what an item is about, lower-case. A list of our own in
+#: the spirit of the NLTK and Lucene English lists, with the fragments the token pattern leaves of
+#: contractions ("don't" -> "don", "I'll" -> "ll"), but not "won" ("won't"), which is also a
+#: content word, nor "may", which is also a month. Single letters never survive the token pattern
+#: and are listed only for completeness.
+ENGLISH_STOP_WORDS: frozenset[str] = frozenset(_STOP_WORDS.split())
+
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+def tokenize(text: str) -> list[str]:
+    """The index terms of ``text``, in order, repeats kept (they are the term frequencies).
+
+    Lower-cased before matching, as bm25s does, so that an item and a query written in different
+    case meet; digit runs ("2023") are terms like any other.
+    """
+    return [t for t in _TOKEN.findall(text.lower()) if t not in ENGLISH_STOP_WORDS]
+
+
+def query_terms(parts: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """A weighted query from several texts: term -> sum over parts of weight × count in part.
+
+    Lets the user's own words count more than generated expansions, e.g.
+    ``[(query, 1.0), (pseudo_utterance, 0.3)]``. Terms keep their first-appearance order, which
+    fixes the order of the floating-point sums in :meth:`LexicalIndex.scores`.
+    """
+    weights: dict[str, float] = {}
+    for text, weight in parts:
+        w = float(weight)
+        for term, count in Counter(tokenize(text)).items():
+            weights[term] = weights.get(term, 0.0) + w * count
+    return weights
+
+
+def _count(texts: Sequence[str], vocab: dict[str, int]) -> tuple[sp.csc_matrix, np.ndarray]:
+    """Raw term counts of ``texts`` (items × terms, CSC) and their lengths in tokens.
+
+    New terms are appended to ``vocab`` (mutated) as new columns, so a dict's insertion order is
+    always its column order.
+    """
+    cols: list[int] = []
+    lengths: list[int] = []
+    for text in texts:
+        tokens = tokenize(text)
+        lengths.append(len(tokens))
+        cols.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
+    dl = np.asarray(lengths, dtype=np.int32)
+    rows = np.repeat(np.arange(len(texts), dtype=np.int32), dl)
+    ones = np.ones(len(cols), dtype=np.int32)
+    counts = sp.coo_matrix(
+        (ones, (rows, np.asarray(cols, dtype=np.int32))), shape=(len(texts), len(vocab))
+    ).tocsc()  # sums the repeats of a term within an item: the term frequencies
+    counts.sum_duplicates()
+    return counts, dl
+
+
+class LexicalIndex:
+    """BM25 (Lucene variant, as bm25s' default ``method="lucene"``:
+    ``idf = ln(1 + (N - df + 0.5)/(df + 0.5))``, term part
+    ``tf / (tf + k1 * (1 - b + b * dl / avgdl))``) over one user's items.
+
+    Immutable: build one with :meth:`build`, change it with :meth:`derived`. Stores a vocabulary
+    (term -> column), the raw term frequencies as a CSC matrix (items × terms, so a term's
+    postings are one contiguous slice) and the item lengths in tokens; nothing that depends on
+    ``N`` or ``avgdl``. Safe to read from several threads, and picklable.
+
+    Attributes:
+        k1: term-frequency saturation (≥ 0; 0 makes BM25 count presence only).
+        b: length normalisation in [0, 1] (0: none, 1: full).
+    """
+
+    k1: float
+    b: float
+
+    def __init__(
+        self, vocab: dict[str, int], tf: sp.csc_matrix, dl: np.ndarray, *, k1: float, b: float
+    ) -> None:
+        """Wrap prepared parts (use :meth:`build`); the arguments are owned by the index."""
+        self.k1 = k1
+        self.b = b
+        self._vocab = vocab
+        self._tf = tf
+        self._dl = dl
+        n = int(dl.shape[0])
+        total = int(dl.sum(dtype=np.int64))
+        # The length part of the BM25 denominator, per item. It depends on avgdl, so it is
+        # recomputed for every snapshot (O(N), from the stored lengths), never stored in ``_tf``.
+        # Without any token there are no postings and it is never read.
+        avgdl = total / n if total else 1.0
+        self._norm: np.ndarray = k1 * (1.0 - b + b * (dl.astype(np.float64) / avgdl))
+
+    @classmethod
+    def build(cls, texts: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> LexicalIndex:
+        """An index over ``texts``, item ``i`` being ``texts[i]``; bm25s' defaults for k1 and b."""
+        if not (math.isfinite(k1) and k1 >= 0.0):
+            raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
+        if not (0.0 <= b <= 1.0):
+            raise ValueError(f"b must lie in [0, 1], got {b!r}")
+        vocab: dict[str, int] = {}
+        tf, dl = _count(texts, vocab)
+        return cls(vocab, tf, dl, k1=float(k1), b=float(b))
+
+    def __len__(self) -> int:
+        """Number of items (rows), including those without any term."""
+        return int(self._dl.shape[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"LexicalIndex(items={len(self)}, terms={len(self._vocab)}, "
+            f"postings={self._tf.nnz}, k1={self.k1}, b={self.b})"
+        )
+
+    def derived(self, keep: Sequence[int] | np.ndarray, added: Sequence[str]) -> LexicalIndex:
+        """A new index over ``self``'s items ``keep`` (in that order), then the ``added`` texts.
+
+        ``self`` is left as it was: snapshots are shared between threads. Only ``added`` is
+        tokenized; kept items are copied as counts, so the cost is O(len(added) tokens) in Python
+        plus O(nnz + terms) in numpy/scipy. Scores equal :meth:`build` over the same texts in the
+        same order, to the bit (column numbers may differ; scores do not depend on them). Terms no
+        item uses any more are dropped once they outnumber the live ones, so a long run of
+        replacements does not grow the vocabulary without bound.
+
+        Raises:
+            TypeError: ``keep`` is not integer (a boolean mask is refused, not read as 0/1).
+            IndexError: an index of ``keep`` is not in ``range(len(self))``.
+        """
+        rows = _as_rows(keep, len(self))
+        kept = self._tf[rows, :]
+        vocab = dict(self._vocab)
+        new, new_dl = _count(added, vocab)
+        n_cols = len(vocab)
+        if kept.shape[1] != n_cols:  # the new terms are new, empty columns of the kept part
+            pad = np.full(n_cols - kept.shape[1], kept.indptr[-1], dtype=kept.indptr.dtype)
+            kept = sp.csc_matrix(
+                (kept.data, kept.indices, np.concatenate([kept.indptr, pad])),
+                shape=(kept.shape[0], n_cols),
+            )
+        tf = sp.csc_matrix(sp.vstack([kept, new], format="csc", dtype=np.int32))
+        dl = np.concatenate([self._dl[rows], new_dl])
+        live = np.flatnonzero(np.diff(tf.indptr))
+        if n_cols - live.size > live.size:
+            tf = sp.csc_matrix(tf[:, live])
+            terms = list(vocab)  # insertion order is column order
+            vocab = {terms[c]: i for i, c in enumerate(live.tolist())}
+        return LexicalIndex(vocab, tf, dl, k1=self.k1, b=self.b)
+
+    def scores(self, query: str | Mapping[str, float]) -> np.ndarray:
+        """BM25 score of every item for ``query``: float32, shape ``(len(self),)``.
+
+        A ``str`` is tokenized like the items; a repeated word counts once per occurrence (weight
+        = count). A mapping is term -> weight (as from :func:`query_terms`; its keys are used as
+        they are, not tokenized). Unknown terms, and items sharing no term with the query, score
+        0. Only the postings of the query's terms are read, so the cost grows with how many items
+        contain them, not with the size of the vocabulary. Summed in float64, in the query's term
+        order, then rounded to float32.
+        """
+        weights = query_terms([(query, 1.0)]) if isinstance(query, str) else query
+        n = len(self)
+        acc = np.zeros(n, dtype=np.float64)
+        indptr, indices, data = self._tf.indptr, self._tf.indices, self._tf.data
+        for term, weight in weights.items():
+            col = self._vocab.get(term)
+            if col is None or weight == 0:
+                continue
+            start, end = int(indptr[col]), int(indptr[col + 1])
+            df = end - start
+            if df == 0:
+                continue
+            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            rows = indices[start:end]
+            tf = data[start:end].astype(np.float64)
+            acc[rows] += (float(weight) * idf) * (tf / (tf + self._norm[rows]))
+        return acc.astype(np.float32)
+
+    def ceiling(self, query: str | Mapping[str, float]) -> float:
+        """The highest score any item could get for ``query``: ``Σ weight · idf`` over its terms.
+
+        BM25's term part tends to 1 as a term's count grows, so no item reaches this bound; a
+        score divided by it says how much of the query an item covers (between 0 and 1),
+        comparably across queries and users. A term no item holds counts with ``df = 0``: an item
+        that matches one word of a four-word query covers little of it.
+        """
+        weights = query_terms([(query, 1.0)]) if isinstance(query, str) else query
+        n = len(self)
+        indptr = self._tf.indptr
+        total = 0.0
+        for term, weight in weights.items():
+            col = self._vocab.get(term)
+            df = 0 if col is None else int(indptr[col + 1] - indptr[col])
+            total += float(weight) * math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        return total
+
+
+def _as_rows(keep: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    """``keep`` as a checked 1-D intp array of row numbers."""
+    if isinstance(keep, range):
+        rows = np.arange(keep.start, keep.stop, keep.step, dtype=np.intp)
+    else:
+        rows = np.asarray(keep)
+        if rows.size == 0:
+            rows = rows.astype(np.intp).reshape(0)
+        elif rows.dtype == np.bool_ or not np.issubdtype(rows.dtype, np.integer):
+            raise TypeError(f"keep must hold integer row numbers, got dtype {rows.dtype}")
+        rows = rows.astype(np.intp, copy=False)
+    if rows.ndim != 1:
+        raise ValueError(f"keep must be one-dimensional, got shape {rows.shape}")
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise IndexError(f"keep holds row numbers outside range({n})")
+    return rows
