@@ -14,7 +14,13 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
 
 from pbr_core import CHAT_PROMPTS, COMPLETION_PROMPTS, HistoryItem, PersonalizedQuery, PromptSet
-from pbr_core.adapters_support import EXPLANATION_KEY, SCORE_KEY, explanation_payload, model_id
+from pbr_core.adapters_support import (
+    EXPLANATION_KEY,
+    SCORE_KEY,
+    SEARCH_KEY,
+    explanation_payload,
+    model_id,
+)
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
 
 #: The variables a PBR prompt template may use (the core fills them in).
@@ -192,8 +198,11 @@ def items_of(
     return items
 
 
-def documents_of(scored: list[ScoredRecord], pq: PersonalizedQuery) -> list[Document]:
-    """The found items as documents with the user's id, ``score`` (cosine) and ``pbr``."""
+def documents_of(
+    scored: list[ScoredRecord], pq: PersonalizedQuery, mode: str = "dense"
+) -> list[Document]:
+    """The found items as documents with the user's id, ``score`` (what ``mode`` ranks by),
+    ``pbr_search`` (both legs' scores and ranks) and ``pbr`` (the explanation)."""
     payload = explanation_payload(pq.explanation)
     return [
         Document(
@@ -203,6 +212,7 @@ def documents_of(scored: list[ScoredRecord], pq: PersonalizedQuery) -> list[Docu
                 **s.hit.metadata,
                 SCORE_KEY: s.hit.score,
                 RAW_SCORE_KEY: s.raw_score,
+                SEARCH_KEY: {"mode": mode, **(s.hit.legs or {})},
                 EXPLANATION_KEY: payload,
             },
         )

@@ -40,6 +40,7 @@ from pbr_core.adapters_support import (
     model_id,
 )
 from pbr_core.corpus import Corpus
+from pbr_core.hybrid import host_candidates, lexical_terms
 
 from ._bridge import (
     LangChainGenerator,
@@ -52,7 +53,7 @@ from ._bridge import (
     prompt_set,
     prompt_style_of,
 )
-from .stores import Found, astore_search, default_filter, host_records, own_search, store_search
+from .stores import Found, astore_search, default_filter, host_records, store_search
 
 __all__ = ["PBRRetriever"]
 
@@ -292,24 +293,30 @@ class PBRRetriever(BaseRetriever):
     def _unknown_user(self) -> Literal["raise", "plain"]:
         return "raise" if self.strict else "plain"
 
-    def _owner_only(self) -> bool:
-        """Whether the store's search is restricted by owner alone (so pbr can check that it
-        returned the user's nearest items; see :meth:`pbr_core.corpus.Corpus.scored`)."""
-        return self.filter_builder is None and set(self.search_kwargs) <= {"k"}
+    def _pbr_ranks_all(self, history: UserHistory | None) -> bool:
+        """Whether pbr ranks all of the user's items itself (exact, both legs) instead of the
+        store's search: no store, or a store pbr verifies against with no view filter."""
+        if self.vectorstore is None or history is None:
+            return True
+        only_owner = self.filter_builder is None and set(self.search_kwargs) <= {"k"}
+        return only_owner and self._corpus().verified
 
-    def _documents(
+    def _rank(
         self,
         uid: str,
         history: UserHistory | None,
         pq: PersonalizedQuery,
-        found: Found,
+        n: int,
+        found: Found | None,
         t0: float,
-        k: int,
     ) -> list[Document]:
-        complete_to = k if self.vectorstore is not None and self._owner_only() else None
-        scored = self._corpus().scored(uid, history, pq.vector, found, complete_to=complete_to)
+        cfg = self.config
+        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
+        scored = self._corpus().search(
+            uid, history, pq.vector, terms, n, mode=cfg.search, found=found
+        )
         pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
-        return documents_of(scored, pq)
+        return documents_of(scored, pq, cfg.search)
 
     # -- retrieval -----------------------------------------------------------------------------
     def _get_relevant_documents(
@@ -329,14 +336,14 @@ class PBRRetriever(BaseRetriever):
             uid, query, generator=generator, unknown_user=self._unknown_user()
         )
         t0 = time.perf_counter()
-        if self.vectorstore is None or history is None:
-            found = own_search(history, pq, n)
-        else:
+        found = None
+        if not self._pbr_ranks_all(history):
+            assert self.vectorstore is not None
+            wanted = host_candidates(n, self.config.search)
             with host_store_errors(self.vectorstore, "search"):
-                found = store_search(
-                    self.vectorstore, pq.vector.tolist(), n, self._search_kwargs(uid)
-                )
-        docs = self._documents(uid, history, pq, found, t0, n)
+                kw = self._search_kwargs(uid)
+                found = store_search(self.vectorstore, pq.vector.tolist(), wanted, kw)
+        docs = self._rank(uid, history, pq, n, found, t0)
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
@@ -359,13 +366,14 @@ class PBRRetriever(BaseRetriever):
             uid, query, generator=generator, unknown_user=self._unknown_user()
         )
         t0 = time.perf_counter()
-        if self.vectorstore is None or history is None:
-            found = own_search(history, pq, n)  # in-process: microseconds
-        else:
+        found = None
+        if not self._pbr_ranks_all(history):
+            assert self.vectorstore is not None
+            wanted = host_candidates(n, self.config.search)
             with host_store_errors(self.vectorstore, "search"):
                 kw = self._search_kwargs(uid)
-                found = await astore_search(self.vectorstore, pq.vector.tolist(), n, kw)
-        docs = self._documents(uid, history, pq, found, t0, n)
+                found = await astore_search(self.vectorstore, pq.vector.tolist(), wanted, kw)
+        docs = self._rank(uid, history, pq, n, found, t0)  # in-process: microseconds
         child = run_manager.get_child()
         for name, data in explanation_events(pq.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)

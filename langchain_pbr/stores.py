@@ -21,10 +21,9 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from pbr_core import PersonalizedQuery, UserHistory
-from pbr_core.corpus import ITEM_ID_KEY, Record
+from pbr_core.corpus import Record
 
-__all__ = ["Found", "astore_search", "default_filter", "host_records", "own_search", "store_search"]
+__all__ = ["Found", "astore_search", "default_filter", "host_records", "store_search"]
 
 #: ``(store key, store metadata, store score)`` per search result, best first.
 Found = list[tuple[str, dict[str, Any], float | None]]
@@ -203,17 +202,6 @@ def default_filter(
             "filter_builder (user id -> search keyword arguments) that includes the user"
         )
     return {"filter": {"$and": [{user_key: user_id}, extra]}}
-
-
-def own_search(history: UserHistory | None, pq: PersonalizedQuery, k: int) -> Found:
-    """pbr's own exact search over the user's (verified) vectors."""
-    if history is None:
-        return []
-    found: Found = []
-    for pos, score in history.search(pq.vector, k):
-        item = history.items[pos]
-        found.append((item.id, {ITEM_ID_KEY: item.id, **item.metadata}, score))
-    return found
 
 
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:

@@ -8,6 +8,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from pydantic import Field
 
 from pbr_core.models import MiniLMEmbedder, default_embedder
+from pbr_core.windows import Window
 
 __all__ = ["LocalMiniLMEmbedding"]
 
@@ -42,6 +43,10 @@ class LocalMiniLMEmbedding(BaseEmbedding):
     @classmethod
     def class_name(cls) -> str:
         return "LocalMiniLMEmbedding"
+
+    def window(self) -> Window | None:
+        """What the model reads per input, for pbr's long-item windows (:mod:`pbr_core.windows`)."""
+        return default_embedder().window()
 
     def _get_query_embedding(self, query: str) -> list[float]:
         return default_embedder().embed_query(query)

@@ -48,6 +48,7 @@ from pbr_core import (
 )
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
+    SEARCH_KEY,
     check_positive_int,
     check_user_id,
     explanation_events,
@@ -56,6 +57,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.corpus import RAW_SCORE_KEY, Corpus
 from pbr_core.history import UserHistory
+from pbr_core.hybrid import host_candidates, lexical_terms
 
 from . import persistence
 from ._bridge import (
@@ -73,6 +75,9 @@ from ._bridge import (
 )
 from .events import event_for
 from .stores import IndexRecords, PartitionRecords, docstore_nodes, user_node
+
+# pbr's per-result metadata: never embedded, never shown to the LLM.
+_HIDDEN_KEYS = (EXPLANATION_KEY, RAW_SCORE_KEY, SEARCH_KEY)
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
@@ -508,14 +513,18 @@ class PBRRetriever(BaseRetriever):
         with self._store_errors(user_id):
             history = self._shared.corpus.history(user_id)  # checked against the index
         pq = self._personalize(user_id, query)
-        inner = self._inner_retriever(user_id) if history is not None else None
-        nodes: list[NodeWithScore] = []
-        if inner is not None:
-            start = time.perf_counter()
-            with self._store_errors(user_id):
-                nodes = inner.retrieve(bundle_for(query, pq))
-            pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return self._annotate(user_id, history, nodes, pq)
+        start = time.perf_counter()
+        nodes: list[NodeWithScore] | None = None
+        if history is not None and not self._pbr_ranks_all():
+            inner = self._inner_retriever(user_id)
+            nodes = []
+            if inner is not None:
+                with self._store_errors(user_id):
+                    nodes = inner.retrieve(bundle_for(query, pq))
+        with self._store_errors(user_id):
+            out = self._annotate(user_id, history, nodes, pq)
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return out
 
     @dispatcher.span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -523,14 +532,18 @@ class PBRRetriever(BaseRetriever):
         with self._store_errors(user_id):
             history = await self._shared.corpus.ahistory(user_id)
         pq = await self._apersonalize(user_id, query)
-        inner = self._inner_retriever(user_id) if history is not None else None
-        nodes: list[NodeWithScore] = []
-        if inner is not None:
-            start = time.perf_counter()
-            with self._store_errors(user_id):
-                nodes = await inner.aretrieve(bundle_for(query, pq))
-            pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return self._annotate(user_id, history, nodes, pq)
+        start = time.perf_counter()
+        nodes: list[NodeWithScore] | None = None
+        if history is not None and not self._pbr_ranks_all():
+            inner = self._inner_retriever(user_id)
+            nodes = []
+            if inner is not None:
+                with self._store_errors(user_id):
+                    nodes = await inner.aretrieve(bundle_for(query, pq))
+        with self._store_errors(user_id):
+            out = await asyncio.to_thread(self._annotate, user_id, history, nodes, pq)
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return out
 
     def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
         """The request's user and query, validated; nothing of it is stored on ``self``."""
@@ -602,9 +615,16 @@ class PBRRetriever(BaseRetriever):
             assert shared.index is not None
             index = shared.index
             filters = and_user(shared.user_id_key, user_id, self._filters)
+        top_k = host_candidates(self._top_k, self.config.search)
         return index.as_retriever(
-            similarity_top_k=self._top_k, filters=filters, **shared.retriever_kwargs
+            similarity_top_k=top_k, filters=filters, **shared.retriever_kwargs
         )
+
+    def _pbr_ranks_all(self) -> bool:
+        """Whether pbr ranks all of the user's nodes itself (exact, both legs) instead of the
+        index's search: an index it verifies against, with no view filter."""
+        owner_only = self._filters is None and not self._shared.retriever_kwargs
+        return owner_only and self._shared.corpus.verified
 
     @contextlib.contextmanager
     def _store_errors(self, user_id: str) -> Iterator[None]:
@@ -632,23 +652,25 @@ class PBRRetriever(BaseRetriever):
         self,
         user_id: str,
         history: UserHistory | None,
-        nodes: list[NodeWithScore],
+        nodes: list[NodeWithScore] | None,
         pq: PersonalizedQuery,
     ) -> list[NodeWithScore]:
-        """The user's nodes (their own ids), cosine scores, the explanation (hidden from the
-        LLM)."""
+        """pbr's ranking of the user's nodes (all of them, or the index search's ``nodes``):
+        their own ids, the mode's score, both legs and the explanation (hidden from the LLM)."""
         payload = explanation_payload(pq.explanation)
-        by_key = {nws.node.node_id: nws.node for nws in nodes}
-        found = [(nws.node.node_id, nws.node.metadata, nws.score) for nws in nodes]
+        cfg = self.config
         corpus = self._shared.corpus
-        owner_only = self._filters is None and not self._shared.retriever_kwargs
-        results = corpus.scored(
-            user_id, history, pq.vector, found, complete_to=self._top_k if owner_only else None
+        by_key = {nws.node.node_id: nws.node for nws in nodes or []}
+        found = (
+            None if nodes is None else [(n.node.node_id, n.node.metadata, n.score) for n in nodes]
         )
-        filled = [r.key for r in results if r.filled]
-        if filled and corpus.host is not None:  # nodes the store's search missed: read by key
-            with self._store_errors(user_id):
-                by_key.update(corpus.host.nodes(user_id, filled))  # type: ignore[attr-defined]
+        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
+        results = corpus.search(
+            user_id, history, pq.vector, terms, self._top_k, mode=cfg.search, found=found
+        )
+        unread = [r.key for r in results if r.key not in by_key]
+        if unread and corpus.host is not None:  # ranked by pbr: read the nodes back by key
+            by_key.update(corpus.host.nodes(user_id, unread))  # type: ignore[attr-defined]
         out = []
         for scored in results:
             if scored.key not in by_key:
@@ -659,13 +681,14 @@ class PBRRetriever(BaseRetriever):
                     "metadata": {
                         **node.metadata,
                         RAW_SCORE_KEY: scored.raw_score,
+                        SEARCH_KEY: {"mode": cfg.search, **(scored.hit.legs or {})},
                         EXPLANATION_KEY: payload,
                     },
                     "excluded_llm_metadata_keys": with_keys(
-                        node.excluded_llm_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
+                        node.excluded_llm_metadata_keys, *_HIDDEN_KEYS
                     ),
                     "excluded_embed_metadata_keys": with_keys(
-                        node.excluded_embed_metadata_keys, EXPLANATION_KEY, RAW_SCORE_KEY
+                        node.excluded_embed_metadata_keys, *_HIDDEN_KEYS
                     ),
                 }
             )

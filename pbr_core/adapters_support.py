@@ -21,6 +21,7 @@ from .pipeline import Explanation, _model_id
 __all__ = [
     "EXPLANATION_KEY",
     "SCORE_KEY",
+    "SEARCH_KEY",
     "TERMS",
     "check_positive_int",
     "check_user_id",
@@ -35,6 +36,9 @@ __all__ = [
 SCORE_KEY = "score"
 #: Metadata key of the request's explanation (:func:`explanation_payload`).
 EXPLANATION_KEY = "pbr"
+#: Metadata key of how pbr ranked a result: ``{"mode", "dense", "dense_rank", "lexical",
+#: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`).
+SEARCH_KEY = "pbr_search"
 
 
 def model_id(model: object) -> str:

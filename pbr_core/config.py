@@ -26,6 +26,10 @@ FUSION_MODES: tuple[FusionMode, ...] = (
     "safe",
 )
 
+# How a user's items are ranked for the personalized query (see pbr_core.hybrid).
+SearchMode = Literal["hybrid", "dense", "lexical"]
+SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "lexical")
+
 
 @dataclass(frozen=True)
 class PBRConfig:
@@ -82,6 +86,12 @@ class PBRConfig:
             rate-limited API allows. A per-call config does not resize an existing executor.
         max_answer_chars: an LLM answer is cut to this many characters before it is parsed
             (10 utterances of ~40 words need ~3,000), so a runaway answer costs bounded time.
+        search: how the user's items are ranked for ``q*`` (:mod:`pbr_core.hybrid`):
+            ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, averaged),
+            ``"dense"`` (cosine only, the paper's setting) or ``"lexical"`` (BM25 only).
+        lexical_feedback_weight: in the lexical leg, the weight of each P-PRF text that entered
+            ``q*`` (pseudo utterances, reasoning) next to the user's own words (weight 1).
+            0 (the default) searches with the user's words alone; see ``docs/hybrid.md``.
     """
 
     k1: int = 5
@@ -104,6 +114,8 @@ class PBRConfig:
     llm_timeout_s: float | None = 30.0
     max_concurrent_llm_calls: int = 16
     max_answer_chars: int = 20_000
+    search: SearchMode = "hybrid"
+    lexical_feedback_weight: float = 0.0
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -153,6 +165,11 @@ class PBRConfig:
             )
         if self.max_answer_chars < 1:
             problems.append(f"max_answer_chars must be >= 1, got {self.max_answer_chars}")
+        if self.search not in SEARCH_MODES:
+            problems.append(f"search must be one of {SEARCH_MODES}, got {self.search!r}")
+        weight = self.lexical_feedback_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+            problems.append(f"lexical_feedback_weight must be a number >= 0, got {weight!r}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

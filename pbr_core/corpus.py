@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import logging
 import threading
 import time
 import uuid
@@ -44,10 +43,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .config import SearchMode
 from .errors import UnknownUserError
 from .history import HistoryItem, HistoryStore, UserHistory, check_serialisable
+from .hybrid import rank
 from .protocols import Embedder, SearchHit, model_id_of
 from .vectors import aembed_documents, as_unit_rows, embed_documents
+from .windows import Window, split, window_of
 
 __all__ = [
     "ITEM_ID_KEY",
@@ -66,9 +68,6 @@ ITEM_ID_KEY = "pbr_id"
 #: Metadata key of the host store's own score (a distance for some stores, e.g. Chroma).
 RAW_SCORE_KEY = "store_score"
 
-# Float32 cosines of the same vectors differ by ~1e-7 between the store's kernel and numpy's.
-_SCORE_TOLERANCE = 1e-5
-logger = logging.getLogger("pbr")
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
 
@@ -157,14 +156,13 @@ class ScoredRecord:
 
     ``score`` is the cosine similarity of the item with the search vector (higher is better,
     the same for every store); ``raw_score`` is what the store reported (a distance for Chroma).
-    ``filled``: the store's search did not return the item, pbr's exact search did (see
-    :meth:`Corpus.scored`); the adapter reads its full record from the store by ``key``.
+    ``raw_score`` is None when pbr ranked the item without a host search (see
+    :meth:`Corpus.search`); the adapter then reads the record back by ``key`` if it needs more.
     """
 
     hit: SearchHit
     key: str
     raw_score: float | None
-    filled: bool = False
 
 
 @runtime_checkable
@@ -275,16 +273,17 @@ class Corpus:
         self.user_key = user_key
         self._default_embedder = False
         self._known: dict[str, _Known] = {}
-        self._warned_incomplete = False
+        self._window_of: tuple[object, Window | None] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
-        return {k: v for k, v in self.__dict__.items() if k not in ("_locks", "_locks_guard")}
+        skip = ("_locks", "_locks_guard", "_window_of")  # locks; a tokenizer closure
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("_warned_incomplete", False)
+        self._window_of = None
         self._locks = {}
         self._locks_guard = threading.Lock()
 
@@ -412,97 +411,72 @@ class Corpus:
         """Users pbr has seen (cached or written); a host may hold more, found on first read."""
         return self.cache.users()
 
-    def scored(
+    def search(
         self,
         user_id: str,
         history: UserHistory | None,
         vector: np.ndarray,
-        found: Sequence[tuple[str, Mapping[str, Any], float | None]],
+        terms: Mapping[str, float],
+        k: int,
         *,
-        complete_to: int | None = None,
+        mode: SearchMode = "hybrid",
+        found: Sequence[tuple[str, Mapping[str, Any], float | None]] | None = None,
     ) -> list[ScoredRecord]:
-        """Map a host search's results back to the user's items, with cosine scores.
+        """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`).
 
         Args:
-            user_id: whose search it was.
+            user_id: whose search it is.
             history: the snapshot the query was personalized with (:meth:`history`).
-            vector: the unit search vector.
-            found: ``(store key, store metadata, store score)`` per result, best first.
-            complete_to: the ``k`` the host was asked for, when its search was restricted to the
-                user and nothing else (no view filter, no other search mode). Then the answer is
-                checked against pbr's exact search over the user's verified vectors, and items
-                the host's approximate index missed are merged in (``raw_score`` None,
-                ``filled`` True): an ANN index can lose live records for good, e.g. Chroma's
-                HNSW after deletes and upserts (chroma-core/chroma#7758).
+            vector: the unit search vector ``q*``.
+            terms: the lexical query (:func:`pbr_core.hybrid.lexical_terms`).
+            k: how many results.
+            mode: ``"hybrid"``, ``"dense"`` or ``"lexical"``.
+            found: a host search's results ``(store key, store metadata, store score)``, when
+                the host had to search (a view filter pbr cannot evaluate, or a store that cannot
+                list): only those items are ranked. None ranks all of the user's items, exactly,
+                so an approximate index cannot make an item unreachable (Chroma's HNSW can leave
+                live records that ``query()`` never returns: chroma-core/chroma#7758).
 
-        A result whose owner is not ``user_id`` is dropped (defence in depth: the search was
-        filtered by owner already), and so is a result the snapshot does not know (written after
-        the query started). ``score`` is recomputed as the cosine with the item's vector, so it
-        means the same with every store.
+        A host result whose owner is not ``user_id`` is dropped (defence in depth: the search
+        was filtered by owner already), and so is one the snapshot does not know (written after
+        the query started) or a shadowed duplicate of an item.
         """
-        out: list[ScoredRecord] = []
-        if history is None:
-            return out
-        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if history is None or k <= 0:
+            return []
         known = self._known.get(user_id)
-        seen: set[str] = set()
-        for key, metadata, raw in found:
-            if metadata.get(self.user_key) not in (None, user_id):
-                continue
-            item_id = str(metadata.get(ITEM_ID_KEY, key))
-            pos = history.position(item_id)
-            if pos is None or item_id in seen:
-                continue
-            if known is not None and known.key_of.get(item_id, key) != key:
-                continue  # a shadowed duplicate of the item (see _refresh)
-            seen.add(item_id)
-            item = history.items[pos]
-            score = float(history.vectors[pos] @ query)
-            hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
-            out.append(ScoredRecord(hit=hit, key=key, raw_score=raw))
-        if complete_to is not None and self.verified:
-            out = self._complete(user_id, history, query, out, seen, complete_to)
+        raw: dict[int, tuple[str, float | None]] = {}
+        if found is not None:
+            for key, metadata, score in found:
+                if metadata.get(self.user_key) not in (None, user_id):
+                    continue
+                item_id = str(metadata.get(ITEM_ID_KEY, key))
+                pos = history.position(item_id)
+                if pos is None or pos in raw:
+                    continue
+                if known is not None and known.key_of.get(item_id, key) != key:
+                    continue  # a shadowed duplicate of the item (see _refresh)
+                raw[pos] = (key, score)
+        candidates = list(raw) if found is not None else None
+        out: list[ScoredRecord] = []
+        for r in rank(history, vector, terms, k, mode=mode, candidates=candidates):
+            item = history.items[r.position]
+            if r.position in raw:
+                key, score = raw[r.position]
+            else:
+                key = self.key_of(user_id, item.id)
+                score = None
+            hit = SearchHit(item.id, r.score, item.text, item.metadata, legs=r.legs())
+            out.append(ScoredRecord(hit=hit, key=key, raw_score=score))
         return out
 
-    def _complete(
-        self,
-        user_id: str,
-        history: UserHistory,
-        query: np.ndarray,
-        out: list[ScoredRecord],
-        seen: set[str],
-        k: int,
-    ) -> list[ScoredRecord]:
-        """``out`` with the exact top-``k`` items it lacks merged in, best first."""
-        worst = min((r.hit.score for r in out), default=float("inf"))
+    def key_of(self, user_id: str, item_id: str) -> str:
+        """The host store's key of the user's item (its scoped key, or the key a record
+        written before pbr was listed under); the item id itself without a host."""
         known = self._known.get(user_id)
-        missed: list[ScoredRecord] = []
-        for pos, score in history.search(query, k):
-            item = history.items[pos]
-            if item.id in seen or (len(out) >= k and score <= worst + _SCORE_TOLERANCE):
-                continue
-            key = known.key_of.get(item.id) if known is not None else None
-            hit = SearchHit(id=item.id, score=score, text=item.text, metadata=item.metadata)
-            missed.append(
-                ScoredRecord(
-                    hit=hit, key=key or scoped_key(user_id, item.id), raw_score=None, filled=True
-                )
-            )
-        if not missed:
-            return out
-        level = logging.WARNING if not self._warned_incomplete else logging.DEBUG
-        self._warned_incomplete = True
-        logger.log(
-            level,
-            "the vector store's search for user %r missed %d of the %d nearest items (its "
-            "approximate index can lose live records, e.g. chroma-core/chroma#7758); pbr "
-            "merged them in from its exact search over the user's verified vectors",
-            user_id,
-            len(missed),
-            k,
-        )
-        merged = sorted(out + missed, key=lambda r: -r.hit.score)
-        return merged[:k]
+        listed = known.key_of.get(item_id) if known is not None else None
+        if listed is not None:
+            return listed
+        return scoped_key(user_id, item_id) if self.host is not None else item_id
 
     def host_metadata(self, user_id: str, item: HistoryItem) -> dict[str, Any]:
         """The metadata a host record of ``item`` carries: the item's, the owner and its id."""
@@ -631,9 +605,10 @@ class Corpus:
         configured = self.embedder is not None and not self._default_embedder
         if self.cache.embedding_model_id is None and configured:
             self.cache.embedding_model_id = model_id_of(self.embedder)
+        windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
         for user_id, items, unit, _ in plan:
             with self._user_lock(user_id):
-                self.cache.upsert(user_id, items, unit)
+                self.cache.upsert(user_id, items, unit, windows[user_id])
                 if self.host is not None:
                     known = self._known.setdefault(user_id, _Known())
                     for record in by_user[user_id]:
@@ -691,7 +666,8 @@ class Corpus:
             self.cache.delete(user_id, stale)
         if changed:
             vectors = self._vectors_of(user_id, changed)
-            self.cache.upsert(user_id, [r.item() for r in changed], vectors)
+            items = [r.item() for r in changed]
+            self.cache.upsert(user_id, items, vectors, self._windows(user_id, items))
         known.revisions = revisions
         known.key_of = {item_id: r.key for item_id, r in current.items()}
         self._drop_if_empty(user_id)
@@ -721,6 +697,43 @@ class Corpus:
             dim=self.cache.dim,
             what=f"stored vectors of user {user_id!r}",
         )
+
+    def _windows(self, user_id: str, items: Sequence[HistoryItem]) -> dict[str, np.ndarray]:
+        """Window vectors of the items longer than the embedder reads (pbr_core.windows), for
+        those not windowed already with the same text."""
+        window = self._window()
+        if window is None:
+            return {}
+        current = self.cache._current(user_id)
+        long: list[HistoryItem] = []
+        for item in items:
+            if len(item.text.encode("utf-8")) <= window.max_tokens:
+                continue  # no tokenizer makes more tokens than bytes
+            if current is not None and item.id in current.windows:
+                pos = current.position(item.id)
+                if pos is not None and current.items[pos].text == item.text:
+                    continue  # windowed already
+            if not window.fits(item.text):
+                long.append(item)
+        if not long:
+            return {}
+        pieces = [split(item.text, window) for item in long]
+        flat = [text for texts in pieces for text in texts]
+        rows = embed_documents(self.resolved_embedder(), flat, dim=self.cache.dim)
+        out: dict[str, np.ndarray] = {}
+        start = 0
+        for item, texts in zip(long, pieces):
+            out[item.id] = rows[start : start + len(texts)]
+            start += len(texts)
+        return out
+
+    def _window(self) -> Window | None:
+        """The embedder's window, read once per embedder."""
+        embedder = self.resolved_embedder()
+        cached = self._window_of
+        if cached is None or cached[0] is not embedder:
+            cached = self._window_of = (embedder, window_of(embedder))
+        return cached[1]
 
     def _drop_if_empty(self, user_id: str) -> None:
         # A host lists no empty users, so there an emptied user is an unknown one; pbr's own

@@ -1,4 +1,10 @@
-"""``pbr demo``: two users ask the same ambiguous questions; plain vs personalized retrieval.
+"""``pbr demo``: two users ask the same questions; dense, lexical, hybrid and personalized.
+
+Each question is answered four ways from the asking user's own notes: dense (cosine with the
+plain query), lexical (BM25), hybrid (both, fused: pbr's default search) and hybrid + PBR (the
+query personalized first). Generic questions ("what should I make for dinner?") show what
+personalization adds; specific ones ("which sauce did I buy at the market?") show what the
+lexical leg adds.
 
 Runs on the embedded defaults (all-MiniLM-L6-v2 and Gemma 3 270M, both shipped as PyPI
 packages), fully offline. Generations are cached on disk, so a second run takes seconds.
@@ -51,37 +57,37 @@ def build_personalizer(
 def _cell(hits: list[SearchHit], width: int) -> list[str]:
     lines: list[str] = []
     for rank, hit in enumerate(hits, 1):
-        wrapped = textwrap.wrap(hit.text, width - 4) or [""]
+        wrapped = textwrap.wrap(hit.text, width - 3) or [""]
         lines.append(f"{rank}. {wrapped[0]}")
         lines.extend(f"   {w}" for w in wrapped[1:2])
     return lines
 
 
-def render(user: str, question: str, plain: list[SearchHit], res: SearchResult) -> str:
-    """One user's plain and personalized top results side by side, then the explanation."""
-    width = max(80, min(shutil.get_terminal_size((120, 20)).columns, 140))
-    col = (width - 3) // 2
-    left = _cell(plain, col)
-    right = _cell(res.hits, col)
+COLUMNS = ("dense", "lexical (BM25)", "hybrid", "hybrid + PBR")
+
+
+def render(user: str, question: str, columns: list[list[SearchHit]], res: SearchResult) -> str:
+    """One user's top results, one column per search (:data:`COLUMNS`), then the explanation
+    of the personalized one (``res``, the last column)."""
+    width = max(100, min(shutil.get_terminal_size((140, 20)).columns, 180))
+    col = (width - 3 * (len(columns) - 1)) // len(columns)
+    cells = [_cell(hits, col) for hits in columns]
     out = [f"── {user}: {question} " + "─" * max(0, width - len(user) - len(question) - 6)]
-    out.append(f"{'plain query':<{col}} │ personalized (PBR)")
-    for i in range(max(len(left), len(right))):
-        a = left[i] if i < len(left) else ""
-        b = right[i] if i < len(right) else ""
-        out.append(f"{a[:col]:<{col}} │ {b[:col]}")
+    out.append(" │ ".join(f"{name:<{col}}" for name in COLUMNS[: len(columns)]).rstrip())
+    for i in range(max(len(c) for c in cells)):
+        row = [(c[i] if i < len(c) else "")[:col] for c in cells]
+        out.append(" │ ".join(f"{x:<{col}}" for x in row).rstrip())
     e = res.personalized.explanation
     w = " ".join(
         f"{name}={value:.2f}" for name, value in (("w1", e.w1), ("w2", e.w2)) if value is not None
     )
-    out.append(f"  terms: {' + '.join(e.used)}   {w}")
-    for utter in e.pseudo_utterances[:3]:
+    out.append(f"  PBR terms: {' + '.join(e.used)}   {w}")
+    for utter in e.pseudo_utterances[:2]:
         out.append("  pseudo utterance: " + textwrap.shorten(utter, width - 22))
     if e.reasoning:
         out.append("  reasoning: " + textwrap.shorten(e.reasoning, width - 14))
-    if e.anchor_items:
-        out.append("  anchor: " + textwrap.shorten(e.anchor_items[0].text, width - 12))
     for term, why in e.dropped.items():
-        out.append(f"  dropped {term}: {why}")
+        out.append("  " + textwrap.shorten(f"dropped {term}: {why}", width - 2))
     llm_ms = e.timings_ms.get("llm", 0.0)
     out.append(f"  time: {e.timings_ms.get('total', 0.0) / 1000:.1f} s (LLM {llm_ms / 1000:.1f} s)")
     return "\n".join(out)
@@ -109,22 +115,27 @@ def run_demo(
     asked = corpus.questions[: questions or len(corpus.questions)]
     rows: list[dict[str, Any]] = []
     jobs = [(q, user) for q in asked for user in corpus.users]
+    plain = p.config.with_(fusion="plain")
     with tqdm(jobs, desc="pbr demo: personalizing", unit="query", file=sys.stderr) as bar:
         for question, user in bar:
-            plain = p.search(user, question, k, config=p.config.with_(fusion="plain")).hits
+            dense = p.search(user, question, k, config=plain.with_(search="dense")).hits
+            lexical = p.search(user, question, k, config=plain.with_(search="lexical")).hits
+            hybrid = p.search(user, question, k, config=plain).hits
             res = p.search(user, question, k)
             rows.append(
                 {
                     "user": user,
                     "question": question,
-                    "plain": [h.id for h in plain],
+                    "dense": [h.id for h in dense],
+                    "lexical": [h.id for h in lexical],
+                    "plain": [h.id for h in hybrid],
                     "personalized": [h.id for h in res.hits],
                     "explanation": res.personalized.explanation.to_dict(),
                 }
             )
             bar.clear()
-            print(render(user, question, plain, res), file=stream, flush=True)
-            print(file=stream)
+            print(render(user, question, [dense, lexical, hybrid, res.hits], res), file=stream)
+            print(file=stream, flush=True)
     print(summary(rows, k, p.config.fusion), file=stream)
     return rows
 
@@ -136,6 +147,13 @@ def summary(rows: list[dict[str, Any]], k: int, fusion: FusionMode) -> str:
     lines = [
         f"{changed} of {len(rows)} top-{k} rankings changed once personalized ({fusion} fusion)."
     ]
+    if rows and "dense" in rows[0]:
+        hybrid = sum(r["plain"] != r["dense"] for r in rows)
+        lexical = sum(r["lexical"] != r["dense"] for r in rows)
+        lines.append(
+            f"Hybrid search changed the dense top-{k} for {hybrid} of {len(rows)} (BM25 alone: "
+            f"{lexical}); `PBRConfig(search=...)` picks hybrid (default), dense or lexical."
+        )
     if kept:
         lines.append(
             f"Safe fusion kept the plain query for {kept} of {len(rows)}, judging the pseudo "

@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from .anchor import AnchorResult, compute_anchor, update_anchor
 from .config import PBRConfig
 from .errors import EmbeddingError, PersistenceError, UnknownUserError
+from .lexical import LexicalIndex
 from .persist import current_snapshot, write_atomically
 from .vectors import as_unit_rows
 
@@ -89,7 +90,12 @@ class UserHistory:
     """An immutable snapshot of one user's history."""
 
     def __init__(
-        self, user_id: str, items: Sequence[HistoryItem], vectors: np.ndarray, version: int
+        self,
+        user_id: str,
+        items: Sequence[HistoryItem],
+        vectors: np.ndarray,
+        version: int,
+        windows: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.user_id = user_id
         self.items: tuple[HistoryItem, ...] = tuple(items)
@@ -97,6 +103,16 @@ class UserHistory:
         self.vectors.setflags(write=False)
         self.version = version
         self._positions = {item.id: i for i, item in enumerate(self.items)}
+        # Items longer than the embedder reads: item id -> unit vectors of its windows (see
+        # pbr_core.windows). Their dense score is their best window's.
+        self.windows: dict[str, np.ndarray] = {
+            i: w for i, w in (windows or {}).items() if i in self._positions
+        }
+        self._window_rows: tuple[np.ndarray, np.ndarray] | None = None
+        self._lexical: LexicalIndex | None = None
+        # The previous snapshot's lexical index to derive ours from, and where each of our rows
+        # was in it (-1: new or changed text).
+        self._lexical_parent: tuple[LexicalIndex, np.ndarray] | None = None
         self._anchors: dict[AnchorKey, AnchorResult | None] = {}
         # Anchors of an earlier snapshot to derive ours from: key -> (anchor, old_positions),
         # old_positions[i] = row i's position in that snapshot, -1 for a new or changed row.
@@ -143,6 +159,70 @@ class UserHistory:
         top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
         top = top[np.lexsort((top, -scores[top]))]
         return [(int(i), float(scores[i])) for i in top]
+
+    def dense_scores(self, vector: np.ndarray) -> np.ndarray:
+        """Cosine of every item with the unit ``vector`` (float32): an item with windows scores
+        as its best window, so a long item is found by any part of it."""
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        scores = self.vectors @ query if len(self.items) else np.zeros(0, dtype=np.float32)
+        if self.windows:
+            owners, rows = self._windowed()
+            best = np.full(len(self.items), -np.inf, dtype=np.float32)
+            np.maximum.at(best, owners, rows @ query)
+            scores = np.maximum(scores, best)
+        return scores
+
+    def _windowed(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._window_rows is None:
+            owners = np.concatenate(
+                [
+                    np.full(len(w), self._positions[i], dtype=np.int64)
+                    for i, w in self.windows.items()
+                ]
+            )
+            rows = np.concatenate([np.asarray(w, dtype=np.float32) for w in self.windows.values()])
+            self._window_rows = (owners, rows)
+        return self._window_rows
+
+    def lexical(self) -> LexicalIndex:
+        """The BM25 index of the items' texts, built once per snapshot (derived from the
+        previous snapshot's index when there is one: only changed items are tokenized)."""
+        index = self._lexical
+        if index is not None:
+            return index
+        with self._lock:
+            if self._lexical is None:
+                parent = self._lexical_parent
+                texts = [item.text for item in self.items]
+                if parent is None:
+                    self._lexical = LexicalIndex.build(texts)
+                else:
+                    previous, old_positions = parent
+                    kept = np.flatnonzero(old_positions >= 0)
+                    added = np.flatnonzero(old_positions < 0)
+                    staged = previous.derived(old_positions[kept], [texts[i] for i in added])
+                    order = np.empty(len(texts), dtype=np.int64)  # our row i is staged row order[i]
+                    order[kept] = np.arange(kept.size)
+                    order[added] = kept.size + np.arange(added.size)
+                    identity = bool((order == np.arange(len(texts))).all())
+                    self._lexical = staged if identity else staged.derived(order, [])
+                self._lexical_parent = None  # release the previous index
+            return self._lexical
+
+    def _inherit_lexical(self, previous: UserHistory, old_positions: np.ndarray) -> None:
+        """Remember ``previous``'s lexical index (built or pending) to derive ours from."""
+        positions = np.array(old_positions, dtype=np.int64)
+        for i, p in enumerate(positions):  # same row, other text: re-tokenized
+            if p >= 0 and previous.items[p].text != self.items[i].text:
+                positions[i] = -1
+        if previous._lexical is not None:
+            self._lexical_parent = (previous._lexical, positions)
+        elif previous._lexical_parent is not None:
+            index, older = previous._lexical_parent
+            kept = positions >= 0
+            chained = np.full(positions.shape, -1, dtype=np.int64)
+            chained[kept] = older[positions[kept]]
+            self._lexical_parent = (index, chained)
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:
         """The anchor for ``config``'s graph parameters, computed once per snapshot.
@@ -399,8 +479,17 @@ class HistoryStore:
         return out
 
     # -- writing -------------------------------------------------------------------------------
-    def upsert(self, user_id: str, items: Sequence[HistoryItem], vectors: Any) -> UserHistory:
+    def upsert(
+        self,
+        user_id: str,
+        items: Sequence[HistoryItem],
+        vectors: Any,
+        windows: Mapping[str, np.ndarray] | None = None,
+    ) -> UserHistory:
         """Add items (replacing those with the same id) and return the new snapshot.
+
+        ``windows``: item id -> unit vectors of the windows of an item longer than the embedder
+        reads (:mod:`pbr_core.windows`); a replaced item's old windows are dropped with its text.
 
         Everything is validated before anything changes: duplicate ids in the batch, a count
         mismatch, NaN/inf or zero vectors, a wrong dimension, or a value that could not be saved
@@ -454,7 +543,7 @@ class HistoryStore:
             new_vectors = np.concatenate([base, rows[fresh]]) if fresh else base
             if self.dim is None:
                 self.dim = int(rows.shape[1])
-            return self._replace(user_id, merged_items, new_vectors, old_positions)
+            return self._replace(user_id, merged_items, new_vectors, old_positions, windows)
 
     def delete(self, user_id: str, ids: Iterable[str]) -> UserHistory:
         """Remove items by id; unknown ids raise ``KeyError`` and nothing is removed."""
@@ -486,11 +575,23 @@ class HistoryStore:
         items: Sequence[HistoryItem],
         vectors: np.ndarray,
         old_positions: np.ndarray | None = None,
+        windows: Mapping[str, np.ndarray] | None = None,
     ) -> UserHistory:
         old = self._current(user_id)
-        snapshot = UserHistory(user_id, items, vectors, version=(old.version + 1) if old else 1)
+        kept = {}
+        if old is not None:  # windows of items whose text did not change
+            texts = {item.id: item.text for item in items}
+            kept = {i: w for i, w in old.windows.items() if texts.get(i) == old.item(i).text}
+        snapshot = UserHistory(
+            user_id,
+            items,
+            vectors,
+            version=(old.version + 1) if old else 1,
+            windows={**kept, **(windows or {})},
+        )
         if old is not None and old_positions is not None:
             snapshot._inherit_anchors(old, old_positions)
+            snapshot._inherit_lexical(old, old_positions)
         self._users[user_id] = snapshot
         return snapshot
 
@@ -703,14 +804,51 @@ def _read_user(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserH
             f"damaged history in {folder}: NaN/inf in {vectors_path.name}, the vectors of "
             f"user {user_id!r}; {_RESTORE}"
         )
+    windows = _read_windows(users / f"{key}.windows.npz", entry, user_id, dim)
     snapshot = UserHistory(
-        user_id, items, vectors.astype(np.float32, copy=False), int(entry.get("version", 1))
+        user_id,
+        items,
+        vectors.astype(np.float32, copy=False),
+        int(entry.get("version", 1)),
+        windows=windows,
     )
     if entry.get("anchors"):
         snapshot._anchors.update(
             _load_anchors(users / f"{key}.anchors.npz", entry["anchors"], snapshot)
         )
     return snapshot
+
+
+def _read_windows(
+    path: Path, entry: Mapping[str, Any], user_id: str, dim: int | None
+) -> dict[str, np.ndarray]:
+    """The window vectors of a user's long items (none in a save without them)."""
+    ids = entry.get("windows")
+    if not ids:
+        return {}
+    try:
+        with np.load(path) as z:
+            counts, vectors = z["counts"], z["vectors"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise PersistenceError(
+            f"damaged history: cannot read {path.name}, the window vectors of user "
+            f"{user_id!r} ({exc}); {_RESTORE}"
+        ) from exc
+    if (
+        len(counts) != len(ids)
+        or vectors.ndim != 2
+        or vectors.shape[0] != int(counts.sum())
+        or (dim is not None and vectors.shape[1] != dim)
+        or not np.isfinite(vectors).all()
+    ):
+        raise PersistenceError(
+            f"damaged history: {path.name} does not hold the window vectors the manifest lists "
+            f"for user {user_id!r}; {_RESTORE}"
+        )
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return {
+        str(i): vectors[bounds[j] : bounds[j + 1]].astype(np.float32) for j, i in enumerate(ids)
+    }
 
 
 def _read_items(path: Path, user_id: str) -> list[HistoryItem]:
@@ -788,15 +926,23 @@ def _write_user(snap: UserHistory, users: Path) -> dict[str, Any]:
     anchors = [(k, a) for k, a in list(snap._anchors.items()) if a is not None]
     if anchors:
         entry["anchors"] = _save_anchors(users / f"{key}.anchors.npz", anchors)
+    if snap.windows:
+        ids = list(snap.windows)
+        np.savez(
+            users / f"{key}.windows.npz",
+            counts=np.array([len(snap.windows[i]) for i in ids], dtype=np.int64),
+            vectors=np.concatenate([np.asarray(snap.windows[i]) for i in ids]),
+        )
+        entry["windows"] = ids
     return entry
 
 
 def _copy_user(saved: _Saved, users: Path) -> dict[str, Any]:
     """Copy an unread user's files into a new save; return its manifest entry."""
     key = str(saved.entry["key"])
-    names = [f"{key}.jsonl", f"{key}.npy"] + (
-        [f"{key}.anchors.npz"] if saved.entry.get("anchors") else []
-    )
+    names = [f"{key}.jsonl", f"{key}.npy"]
+    names += [f"{key}.anchors.npz"] if saved.entry.get("anchors") else []
+    names += [f"{key}.windows.npz"] if saved.entry.get("windows") else []
     try:
         for name in names:
             shutil.copyfile(saved.folder / USERS_DIR / name, users / name)

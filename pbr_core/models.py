@@ -53,6 +53,8 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from .windows import Window
+
 __all__ = [
     "DEFAULT_STOP",
     "LocalGemmaGenerator",
@@ -185,6 +187,12 @@ class MiniLMEmbedder:
                 show_progress_bar=False,
             )
         return np.asarray(out, dtype=np.float32).reshape(len(texts), self.dimension)
+
+    def window(self) -> Window | None:
+        """What the model reads per input (256 word pieces less [CLS]/[SEP]); loads the model."""
+        from .windows import _sentence_transformer_window
+
+        return _sentence_transformer_window(self._load())
 
     def embed_query(self, text: str) -> list[float]:
         """One text to one unit vector (384 floats)."""

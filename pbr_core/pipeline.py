@@ -36,6 +36,8 @@ from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUse
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
+from .hybrid import hits as ranked_hits
+from .hybrid import lexical_terms, rank
 from .prf import (
     CHAT_PROMPTS,
     COMPLETION_PROMPTS,
@@ -463,14 +465,15 @@ class Personalizer:
         """Personalize, then search the user's corpus with ``q*`` (keyword args as
         :meth:`personalize`)."""
         pq = self.personalize(user_id, query, **kwargs)
-        return SearchResult(self._final_search(user_id, pq, k), pq)
+        return SearchResult(self._final_search(user_id, pq, k, kwargs.get("config")), pq)
 
     async def asearch(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
         pq = await self.apersonalize(user_id, query, **kwargs)
+        config = kwargs.get("config")
         if self.vector_search is None:
-            hits = self._final_search(user_id, pq, k)  # in-process faiss: microseconds
+            hits = self._final_search(user_id, pq, k, config)  # in-process: microseconds
         else:
-            hits = await asyncio.to_thread(self._final_search, user_id, pq, k)
+            hits = await asyncio.to_thread(self._final_search, user_id, pq, k, config)
         return SearchResult(hits, pq)
 
     # -- steps ---------------------------------------------------------------------------------
@@ -760,15 +763,22 @@ class Personalizer:
         expl.timings_ms["total"] = (time.perf_counter() - req.started) * 1000.0
         return PersonalizedQuery(vector=vector, query_vector=req.q, explanation=expl)
 
-    def _final_search(self, user_id: str, pq: PersonalizedQuery, k: int) -> list[SearchHit]:
+    def _final_search(
+        self, user_id: str, pq: PersonalizedQuery, k: int, config: PBRConfig | None = None
+    ) -> list[SearchHit]:
+        """The user's ``k`` best items for ``q*``: ranked by pbr (``config.search``: hybrid,
+        dense or lexical) over its own store, or by the given :class:`VectorSearch`."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        cfg = config or self.config
         start = time.perf_counter()
         if self.vector_search is not None:
             hits = self.vector_search.search(user_id, pq.vector.tolist(), k)
         else:
             history = self.store.get(user_id)
-            hits = [_hit(history, i, s) for i, s in history.search(pq.vector, k)]
+            terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
+            ranked = rank(history, pq.vector, terms, k, mode=cfg.search)
+            hits = ranked_hits(history, ranked)
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return hits
 

@@ -59,6 +59,9 @@ class SearchHit:
     score: float
     text: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: How a hybrid search ranked it (:mod:`pbr_core.hybrid`): ``dense`` (cosine), ``dense_rank``,
+    #: ``lexical`` (BM25), ``lexical_rank`` (None: no query word); None for a host's search.
+    legs: Mapping[str, Any] | None = None
 
 
 @runtime_checkable

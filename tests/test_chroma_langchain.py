@@ -32,11 +32,13 @@ from langchain_core.runnables import ConfigurableField
 
 from langchain_pbr import PBRRetriever
 from pbr_core import (
+    PBRConfig,
     Personalizer,
     PseudoFeedback,
     VectorStoreUnavailableError,
 )
 from pbr_core.corpus import scoped_key
+from pbr_core.hybrid import lexical_terms, rank
 
 DIM = 32
 USERS = [f"u{i:02d}" for i in range(50)]
@@ -116,11 +118,39 @@ def check(r: PBRRetriever, user: str, docs: list[Document], k: int = K) -> None:
 
 @pytest.fixture(scope="module")
 def world(shared_chroma: ChromaServer) -> tuple[PBRRetriever, str]:
-    """50 users, 12 items each, in one collection, written interleaved through the retriever."""
+    """50 users, 12 items each, in one collection, written interleaved through the retriever.
+
+    Dense search with a view filter (``n >= 0``, every item): the filter makes Chroma search
+    (pbr ranks within what it returns), so the user filter is Chroma's and its distances are
+    checked against pbr's cosines."""
     name = f"lc-isolation-{uuid.uuid4().hex[:8]}"
-    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    r = retriever_on(
+        chroma_store(shared_chroma, name, EMB),
+        EMB,
+        config=PBRConfig(search="dense"),
+        search_kwargs={"filter": {"n": {"$gte": 0}}},
+    )
     add_interleaved(r, USERS)
     return r, name
+
+
+def test_without_a_view_filter_pbr_ranks_every_item_of_the_user_itself(
+    world: tuple[PBRRetriever, str],
+) -> None:
+    """Hybrid (the default) over the same collection: the adapter's ranking is the core's over
+    the user's verified items; no store score, as Chroma did not search."""
+    r, _ = world
+    hybrid = r.model_copy(update={"config": PBRConfig(), "search_kwargs": {}})
+    for user in USERS[:10]:
+        docs = hybrid.invoke(QUERY, user_id=user)
+        pbr = docs[0].metadata["pbr"]
+        feedback = PseudoFeedback(pbr["pseudo_utterances"], pbr["reasoning"])
+        pq = Personalizer(r.embeddings, store=r.history).personalize(user, QUERY, feedback=feedback)
+        history = r.history.get(user)
+        want = rank(history, pq.vector, lexical_terms(pq.explanation, 0.0), K)
+        assert [d.id for d in docs] == [history.items[x.position].id for x in want]
+        assert all(d.metadata["store_score"] is None for d in docs)
+        assert all(d.metadata["pbr_search"]["mode"] == "hybrid" for d in docs)
 
 
 # -- isolation -------------------------------------------------------------------------------------

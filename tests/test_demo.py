@@ -37,6 +37,33 @@ def test_summary_without_fallbacks_says_nothing_about_them() -> None:
     assert "kept the plain query" not in text
 
 
+def test_summary_says_what_the_lexical_leg_changed() -> None:
+    rows = [
+        {**row(["a", "b"], ["a", "b"], None), "dense": ["a", "b"], "lexical": ["b", "c"]},
+        {**row(["c", "a"], ["c", "a"], None), "dense": ["a", "c"], "lexical": ["c", "a"]},
+    ]
+    assert "Hybrid search changed the dense top-2 for 1 of 2 (BM25 alone: 2)" in summary(
+        rows, 2, "safe"
+    )
+
+
+def test_every_question_is_answered_four_ways_with_the_users_own_items(tmp_path) -> None:
+    out = io.StringIO()
+    rows = run_demo(
+        k=3,
+        generator=ScriptedGenerator(UTTER, REASON),
+        cache_path=str(tmp_path / "gen.jsonl"),
+        stream=out,
+    )
+    text = out.getvalue()
+    assert all(name in text for name in ("dense", "lexical (BM25)", "hybrid", "hybrid + PBR"))
+    for r in rows:
+        for column in ("dense", "lexical", "plain", "personalized"):
+            assert len(r[column]) == 3 and all(i.startswith(r["user"]) for i in r[column])
+    # the specific questions are where the lexical leg shows: hybrid differs from dense there
+    assert any(r["plain"] != r["dense"] for r in rows if "sauce" in r["question"])
+
+
 def test_demo_runs_the_requested_fusion_mode(tmp_path) -> None:
     out = io.StringIO()
     rows = run_demo(

@@ -401,8 +401,12 @@ def test_one_shared_store_that_cannot_filter_is_refused_with_advice(
     storage = StorageContext.from_defaults(vector_store=FilterlessStore())
     index = VectorStoreIndex(_nodes(), storage_context=storage, embed_model=embed_model)
     retriever = PBRRetriever.from_defaults(index=index, user_id="u1", llm=MockLLM())
+    # pbr lists the store and ranks the user's nodes itself: no filter is sent, nothing refused
+    assert {_owner(n) for n in retriever.retrieve(QUERY)} == {"u1"}
+    # a view filter makes the store search, with the user filter it cannot apply
+    wanted = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
     with pytest.raises(ValueError, match="one index per user"):
-        retriever.retrieve(QUERY)
+        retriever.for_user("u1", filters=wanted).retrieve(QUERY)
 
 
 # -- your index, your nodes ----------------------------------------------------------------------
@@ -612,10 +616,8 @@ async def test_spans_and_events_nest_under_the_retrieval(
     assert personalize.parent_id == _span(spans, outer).id_
     llm_spans = [s for s in spans.completed_spans if s.id_.startswith(f"MockLLM.{llm_call}-")]
     assert len(llm_spans) == 2 and {s.parent_id for s in llm_spans} == {personalize.id_}
-    search = _span(
-        spans, "VectorIndexRetriever." + ("aretrieve" if mode == "async" else "retrieve")
-    )
-    assert search.parent_id == _span(spans, outer).id_
+    # without a view filter pbr ranks the user's nodes itself: no index search runs
+    assert not [s for s in spans.completed_spans if s.id_.startswith("VectorIndexRetriever.")]
     pbr = [e for e in events.events if isinstance(e, PBREvent)]
     assert [e.name for e in pbr] == [
         "pbr.anchor",
@@ -658,7 +660,7 @@ async def test_legacy_callback_events_nest_under_retrieve(
         return False
 
     nested = [(t, i) for t, i, _ in recorder.starts if i != retrieve_id]
-    assert {t for t, _ in nested} >= {CBEventType.LLM, CBEventType.EMBEDDING, CBEventType.RETRIEVE}
+    assert {t for t, _ in nested} >= {CBEventType.LLM, CBEventType.EMBEDDING}
     assert all(under_retrieve(i) for _, i in nested)
     assert [t for t, _ in nested].count(CBEventType.LLM) == 2
 

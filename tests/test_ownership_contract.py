@@ -69,6 +69,7 @@ class Hit:
     score: float
     related: list[str] = field(default_factory=list)
     raw: float | None = None  # the store's own score
+    search: dict[str, Any] = field(default_factory=dict)  # how pbr ranked it (both legs)
 
 
 class Harness:
@@ -139,6 +140,7 @@ class LangChainHarness(Harness):
                 d.metadata["score"],
                 _related(d.metadata["pbr"]),
                 d.metadata["store_score"],
+                d.metadata["pbr_search"],
             )
             for d in docs
         ]
@@ -221,6 +223,7 @@ class LlamaIndexHarness(Harness):
                 float(n.score or 0),
                 _related(n.node.metadata["pbr"]),
                 n.node.metadata["store_score"],
+                n.node.metadata["pbr_search"],
             )
             for n in got
         ]
@@ -440,18 +443,21 @@ def test_re_adding_an_item_written_before_pbr_replaces_it_and_a_delete_removes_b
 
 
 # -- one meaning of score ------------------------------------------------------------------------
-def test_score_is_the_cosine_similarity_higher_is_better_on_every_store(harness: Harness) -> None:
+def test_scores_mean_the_same_on_every_store(harness: Harness) -> None:
+    """pbr ranks the user's items itself on every store (hybrid by default): ``score`` is the
+    fused score in [0, 1], best first; the dense leg is the cosine with ``q*`` and the lexical
+    leg BM25, whatever the store; no store score, as no store search ran."""
     harness.add("alice", ALICE + BOB, ["1", "2", "3", "4", "5", "6"])
     hits = harness.query("alice", "pin")
     scores = [h.score for h in hits]
     assert len(scores) == 6 and scores == sorted(scores, reverse=True)
-    raw = np.array([h.raw for h in hits], dtype=float)
-    if harness.backend == "chroma" and harness.adapter == "langchain":
-        np.testing.assert_allclose(scores, 1.0 - raw, atol=1e-4)  # raw: the cosine distance d
-    elif harness.backend == "chroma":
-        np.testing.assert_allclose(scores, 1.0 + np.log(raw), atol=1e-4)  # raw: exp(-d)
-    else:  # the in-memory stores and pbr's own search report the cosine itself
-        np.testing.assert_allclose(scores, raw, atol=1e-4)
+    assert all(0.0 <= x <= 1.0 for x in scores) and all(h.raw is None for h in hits)
+    assert hits[0].text == "alice pin is 4321"  # the only item with the query's word
+    assert hits[0].search["lexical_rank"] == 1 and hits[0].search["lexical"] > 0
+    assert all(h.search["lexical_rank"] is None for h in hits[1:])
+    assert all(h.search["mode"] == "hybrid" and -1 <= h.search["dense"] <= 1 for h in hits)
+    dense_order = sorted(hits, key=lambda h: -h.search["dense"])
+    assert [h.search["dense_rank"] for h in dense_order] == [1, 2, 3, 4, 5, 6]
 
 
 def _item(item_id: str, text: str) -> Any:

@@ -1,0 +1,130 @@
+"""Long items are never silently truncated: windows the embedder can read whole.
+
+all-MiniLM-L6-v2 reads 256 word pieces; a LoCoMo session is thousands. Embedded whole, a long
+item is its first few paragraphs, and a question about its end cannot find it (LoCoMo session
+level: dense R@5 .46 truncated, .70 with windows). pbr splits such an item into windows of at
+most the embedder's length (whole lines first, a line longer than a window by words), embeds
+each window, and scores the item by its best window (:meth:`UserHistory.dense_scores`). The
+item's own vector (what a host store holds, what the anchor and the related history use) stays
+the embedder's embedding of the whole text, as the host would compute it.
+
+The window is read from the model, never assumed: an embedder may say it itself
+(``window() -> Window | None``), else pbr looks for a sentence-transformers model inside it
+(``max_seq_length`` and its tokenizer: LangChain's ``HuggingFaceEmbeddings``, LlamaIndex's
+``HuggingFaceEmbedding``, pbr's embedded MiniLM). An embedder whose window cannot be read (an
+API model with a long context) gets no windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Window", "split", "window_of"]
+
+# Attributes under which wrappers keep the model they wrap (pbr's bridges, LangChain's
+# HuggingFaceEmbeddings ``_client``, LlamaIndex's HuggingFaceEmbedding ``_model``, ...).
+_INNER = (
+    "embed_model",
+    "embeddings",
+    "embedder",
+    "_embedder",
+    "_model",
+    "model",
+    "_client",
+    "client",
+)
+
+
+@dataclass(frozen=True)
+class Window:
+    """How much text an embedder reads.
+
+    Attributes:
+        max_tokens: tokens of text per input (the model's limit less its special tokens).
+        count: the number of tokens of a text, as the embedder's tokenizer counts them.
+    """
+
+    max_tokens: int
+    count: Callable[[str], int]
+
+    def fits(self, text: str) -> bool:
+        return self.count(text) <= self.max_tokens
+
+
+def _sentence_transformer_window(model: Any) -> Window | None:
+    limit = getattr(model, "max_seq_length", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    if not isinstance(limit, int) or limit <= 0 or tokenizer is None:
+        return None
+    if not hasattr(tokenizer, "tokenize"):
+        return None
+    special = getattr(tokenizer, "num_special_tokens_to_add", None)
+    reserved = int(special()) if callable(special) else 2
+    return Window(max(1, limit - reserved), lambda text: len(tokenizer.tokenize(text)))
+
+
+def window_of(embedder: object, _depth: int = 0) -> Window | None:
+    """The embedder's window, or None when it cannot be read (then items are not split)."""
+    own = getattr(embedder, "window", None)
+    if callable(own) and not isinstance(embedder, type):
+        found = own()
+        if found is None or isinstance(found, Window):
+            return found
+    window = _sentence_transformer_window(embedder)
+    if window is not None or _depth >= 3:
+        return window
+    for name in _INNER:
+        try:
+            inner = getattr(embedder, name, None)
+        except Exception:  # a lazy property that fails: no window from it
+            inner = None
+        if inner is not None and inner is not embedder and not isinstance(inner, (str, int)):
+            window = window_of(inner, _depth + 1)
+            if window is not None:
+                return window
+    return None
+
+
+def split(text: str, window: Window) -> list[str]:
+    """``text`` as consecutive windows that each fit ``window``: whole lines packed greedily, a
+    line longer than a window cut by words. A text that fits is one window, itself."""
+    if window.fits(text):
+        return [text]
+    out: list[str] = []
+    lines: list[str] = []
+    used = 0
+    for line in (ln for ln in text.split("\n") if ln.strip()):
+        n = window.count(line)
+        if n > window.max_tokens:
+            if lines:
+                out.append("\n".join(lines))
+                lines, used = [], 0
+            out.extend(_cut_words(line, window))
+            continue
+        if lines and used + n > window.max_tokens:
+            out.append("\n".join(lines))
+            lines, used = [], 0
+        lines.append(line)
+        used += n
+    if lines:
+        out.append("\n".join(lines))
+    return out
+
+
+def _cut_words(line: str, window: Window) -> list[str]:
+    """A line too long for one window, as runs of words that each fit (sized from the line's
+    tokens per word, shrunk where a run still does not fit)."""
+    words = line.split()
+    per_word = window.count(line) / max(1, len(words))
+    step = max(1, int(window.max_tokens / max(per_word, 1e-9)))
+    out: list[str] = []
+    start = 0
+    while start < len(words):
+        size = step
+        while size > 1 and not window.fits(" ".join(words[start : start + size])):
+            size = max(1, int(size * 0.85))
+        out.append(" ".join(words[start : start + size]))
+        start += size
+    return out

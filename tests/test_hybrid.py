@@ -1,0 +1,288 @@
+"""Hybrid search over one user's items: dense and BM25 legs, fused per query, long items windowed.
+
+The embedders here are small and exact on purpose: a bag-of-words embedder (a word's vector is
+fixed by a hash of the word) makes "this window mentions the query's word" a measurable cosine,
+so every expected ranking below follows from the math, not from a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError, Personalizer
+from pbr_core.hybrid import fuse, host_candidates, lexical_query, rank
+from pbr_core.lexical import LexicalIndex
+from pbr_core.windows import Window, split, window_of
+
+DIM = 64
+
+
+def word_vector(word: str) -> np.ndarray:
+    seed = int(hashlib.sha256(word.lower().encode()).hexdigest(), 16) % 2**32
+    return np.random.default_rng(seed).normal(size=DIM)
+
+
+class BagOfWords:
+    """Sum of per-word vectors: texts sharing words are close; reads ``max_words`` words only
+    (like a model's window), and says so through ``window()``."""
+
+    model_id = "test/bag-of-words"
+
+    def __init__(self, max_words: int | None = None) -> None:
+        self.max_words = max_words
+        self.seen: list[str] = []
+
+    def _embed(self, text: str) -> list[float]:
+        words = text.split()[: self.max_words] if self.max_words else text.split()
+        v = sum((word_vector(w) for w in words), np.zeros(DIM))
+        return (v / (np.linalg.norm(v) or 1.0)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self._embed(text)
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        self.seen.extend(texts)
+        return [self._embed(t) for t in texts]
+
+    def window(self) -> Window | None:
+        if self.max_words is None:
+            return None
+        return Window(self.max_words, lambda text: len(text.split()))
+
+
+ITEMS = [
+    ("a", "we talked about jazz and the trip to Lisbon"),
+    ("b", "my sister bakes sourdough every weekend"),
+    ("c", "the dentist appointment moved to Thursday"),
+    ("d", "I prefer window seats on long flights"),
+]
+
+
+def snapshot(items: Sequence[tuple[str, str]] = ITEMS, emb: BagOfWords | None = None):  # type: ignore[no-untyped-def]
+    emb = emb or BagOfWords()
+    store = HistoryStore()
+    rows = [HistoryItem(id=i, text=t) for i, t in items]
+    return store.upsert("u", rows, emb.embed_documents([t for _, t in items])), emb
+
+
+# -- the fusion rule -----------------------------------------------------------------------------
+def test_fuse_averages_the_two_legs_each_scaled_to_unit_range() -> None:
+    fused = fuse(np.array([0.2, 0.6, 1.0]), np.array([4.0, 0.0, 2.0]))
+    np.testing.assert_allclose(fused, [0.5 * 0 + 0.5 * 1, 0.5 * 0.5 + 0, 0.5 * 1 + 0.5 * 0.5])
+
+
+def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:
+    dense = np.array([0.1, 0.9, 0.5])
+    assert list(np.argsort(-fuse(dense, np.zeros(3)))) == [1, 2, 0]
+
+
+def test_host_candidates_leave_the_lexical_leg_room_to_rerank() -> None:
+    assert host_candidates(5, "dense") == 5
+    assert host_candidates(5, "hybrid") == 40 and host_candidates(20, "lexical") == 80
+
+
+# -- ranking one user's items ---------------------------------------------------------------------
+def test_dense_mode_is_the_exact_cosine_ranking() -> None:
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("sourdough bread recipe"))
+    got = rank(history, q, lexical_query("sourdough bread recipe"), 4, mode="dense")
+    assert [r.position for r in got] == [p for p, _ in history.search(q, 4)]
+    assert [r.score for r in got] == [r.dense for r in got]
+
+
+def test_lexical_mode_puts_items_with_the_query_words_first() -> None:
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("when is the dentist"))
+    got = rank(history, q, lexical_query("when is the dentist"), 4, mode="lexical")
+    assert history.items[got[0].position].id == "c"
+    assert got[0].lexical_rank == 1 and all(r.lexical_rank is None for r in got[1:])
+
+
+def test_hybrid_finds_a_named_item_the_dense_leg_ranks_low() -> None:
+    """A question that shares one rare word (a name) with an item and many words with another."""
+    items = [
+        ("x", "the trip and the plan and the talk about the trip"),
+        ("y", "Lisbon"),
+        ("z", "groceries for the week"),
+    ]
+    history, emb = snapshot(items)
+    query = "the plan for the trip to Lisbon"
+    q = np.asarray(emb.embed_query(query))
+    dense = rank(history, q, lexical_query(query), 3, mode="dense")
+    hybrid = rank(history, q, lexical_query(query), 3, mode="hybrid")
+    assert history.items[dense[0].position].id == "x"
+    ids = [history.items[r.position].id for r in hybrid]
+    assert ids.index("y") < ids.index("z")
+    assert all(0.0 <= r.score <= 1.0 for r in hybrid)
+    assert [r.dense_rank for r in sorted(hybrid, key=lambda r: -r.dense)] == [1, 2, 3]
+
+
+def test_candidates_restrict_the_ranking_to_a_host_searchs_results() -> None:
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("dentist"))
+    got = rank(history, q, lexical_query("dentist"), 4, candidates=[0, 1, 3])
+    assert sorted(r.position for r in got) == [0, 1, 3]
+
+
+def test_an_empty_history_or_k_zero_ranks_nothing() -> None:
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("x"))
+    assert rank(history, q, {}, 0) == [] and rank(history, q, {}, 3, candidates=[]) == []
+
+
+def test_feedback_words_count_at_their_weight_next_to_the_users_own() -> None:
+    terms = lexical_query("jazz trip", ["jazz concert in Lisbon"], feedback_weight=0.25)
+    assert terms == {"jazz": 1.25, "trip": 1.0, "concert": 0.25, "lisbon": 0.25}
+    assert lexical_query("jazz trip", ["concert"], feedback_weight=0.0) == {
+        "jazz": 1.0,
+        "trip": 1.0,
+    }
+
+
+def test_config_names_the_search_mode_and_refuses_unknown_ones() -> None:
+    assert PBRConfig().search == "hybrid"
+    with pytest.raises(ValueError, match="search must be one of"):
+        PBRConfig(search="bm42")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lexical_feedback_weight"):
+        PBRConfig(lexical_feedback_weight=-1)
+
+
+def test_personalizer_search_reports_both_legs_for_every_hit() -> None:
+    p = Personalizer(BagOfWords(), config=PBRConfig(fusion="plain"))
+    p.add_texts("u", [t for _, t in ITEMS], ids=[i for i, _ in ITEMS])
+    res = p.search("u", "dentist on Thursday", k=4)
+    assert res.hits[0].id == "c"
+    assert all(
+        set(h.legs or {}) == {"dense", "dense_rank", "lexical", "lexical_rank"} for h in res.hits
+    )
+    dense = p.search(
+        "u", "dentist on Thursday", k=4, config=PBRConfig(fusion="plain", search="dense")
+    )
+    assert [h.score for h in dense.hits] == sorted((h.score for h in dense.hits), reverse=True)
+
+
+# -- the lexical index follows the snapshots ------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "replace", "delete"]),
+            st.integers(0, 7),
+            st.sampled_from(["jazz trip", "sourdough bread", "dentist thursday", "seat flight"]),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> None:  # type: ignore[no-untyped-def]
+    emb = BagOfWords()
+    store = HistoryStore()
+    history = store.upsert(
+        "u", [HistoryItem(id="i0", text="start here")], emb.embed_documents(["start here"])
+    )
+    history.lexical()
+    for op, n, text in ops:
+        item_id = f"i{n}"
+        if op == "delete":
+            if history.position(item_id) is not None and len(history) > 1:
+                history = store.delete("u", [item_id])
+        else:
+            body = f"{text} {n}" if op == "add" else f"{text} again {n}"
+            history = store.upsert(
+                "u", [HistoryItem(id=item_id, text=body)], emb.embed_documents([body])
+            )
+        if n % 2:  # sometimes a query in between, sometimes a chain of pending changes
+            history.lexical()
+        built = LexicalIndex.build([it.text for it in history.items])
+        for query in ("jazz", "bread again", "thursday 3", "start"):
+            np.testing.assert_array_equal(history.lexical().scores(query), built.scores(query))
+
+
+# -- long items ----------------------------------------------------------------------------------
+def test_split_packs_whole_lines_and_cuts_only_a_line_longer_than_a_window() -> None:
+    window = Window(5, lambda text: len(text.split()))
+    text = "one two\nthree four five\nsix\n" + " ".join(f"w{i}" for i in range(12))
+    parts = split(text, window)
+    assert parts[:2] == ["one two\nthree four five", "six"]
+    assert all(window.fits(p) for p in parts)
+    assert " ".join(" ".join(parts).split()) == " ".join(text.split())  # nothing lost
+    assert split("short text", window) == ["short text"]
+
+
+def test_a_long_item_is_found_by_its_end_not_only_its_beginning() -> None:
+    emb = BagOfWords(max_words=6)  # reads 6 words, like a model's 256 word pieces
+    long = "we met at the station early\n" * 5 + "and then we booked the ferry to Tangier"
+    p = Personalizer(emb, config=PBRConfig(fusion="plain", search="dense"))
+    p.add_texts("u", [long, "ferry schedule to Tangier posted"], ids=["long", "short"])
+    history = p.store.get("u")
+    assert set(history.windows) == {"long"} and len(history.windows["long"]) == 5 + 2
+    q = np.asarray(emb.embed_query("booked the ferry to Tangier"))
+    windowed = history.dense_scores(q)[history.position("long")]
+    truncated = float(history.vectors[history.position("long")] @ q)
+    assert windowed > truncated + 0.3  # its best window is its end
+    assert p.search("u", "booked the ferry to Tangier", k=1).hits[0].id == "long"
+
+
+def test_windows_are_embedded_once_and_dropped_with_the_text_they_came_from() -> None:
+    emb = BagOfWords(max_words=4)
+    p = Personalizer(emb, config=PBRConfig(fusion="plain"))
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    p.add_texts("u", [text], ids=["x"])
+    embedded = len(emb.seen)
+    p.add_texts("u", [text], ids=["x"])  # the same text again: nothing re-embedded
+    assert len(emb.seen) == embedded
+    p.add_texts("u", ["now short"], ids=["x"])
+    assert p.store.get("u").windows == {}
+
+
+def test_an_embedder_without_a_readable_window_gets_no_windows() -> None:
+    assert window_of(BagOfWords()) is None
+    assert window_of(object()) is None
+    found = window_of(type("Wrapper", (), {"embed_model": BagOfWords(max_words=9)})())
+    assert found is not None and found.max_tokens == 9
+
+
+def test_snapshots_with_windows_pickle() -> None:
+    emb = BagOfWords(max_words=3)
+    p = Personalizer(emb, config=PBRConfig(fusion="plain"))
+    p.add_texts("u", ["one two three four five six"], ids=["x"])
+    history = pickle.loads(pickle.dumps(p.store.get("u")))
+    assert len(history.windows["x"]) == 2
+
+
+def test_window_vectors_survive_a_save_and_a_lazy_load(tmp_path: Path) -> None:
+    emb = BagOfWords(max_words=3)
+    p = Personalizer(emb, config=PBRConfig(fusion="plain"))
+    p.add_texts("u", ["one two three four five six", "short one"], ids=["x", "y"])
+    p.add_texts("v", ["seven eight nine ten"], ids=["z"])
+    p.store.save(tmp_path / "saved")
+    for lazy in (False, True):
+        loaded = HistoryStore.load(tmp_path / "saved", lazy=lazy)
+        for user in ("u", "v"):
+            want, got = p.store.get(user).windows, loaded.get(user).windows
+            assert set(got) == set(want)
+            for item_id in want:
+                np.testing.assert_array_equal(got[item_id], want[item_id])
+    # a lazily loaded user that is saved again without being read keeps its windows
+    lazy_store = HistoryStore.load(tmp_path / "saved", lazy=True)
+    lazy_store.save(tmp_path / "again")
+    assert set(HistoryStore.load(tmp_path / "again").get("u").windows) == {"x"}
+
+
+def test_a_damaged_windows_file_is_named(tmp_path: Path) -> None:
+    emb = BagOfWords(max_words=3)
+    p = Personalizer(emb, config=PBRConfig(fusion="plain"))
+    p.add_texts("u", ["one two three four five six"], ids=["x"])
+    folder = p.store.save(tmp_path / "saved")
+    (damaged,) = list(Path(folder).rglob("*.windows.npz"))
+    damaged.write_bytes(b"not a zip")
+    with pytest.raises(PersistenceError, match=r"\.windows\.npz"):
+        HistoryStore.load(tmp_path / "saved").get("u")
