@@ -122,12 +122,11 @@ def hits(history: UserHistory, ranked: Sequence[Ranked]) -> list[SearchHit]:
     return out
 
 
-def _ranks(scores: np.ndarray) -> np.ndarray:
-    """1-based ranks, best first; equal scores keep item order."""
-    order = np.argsort(-scores, kind="stable")
-    out = np.empty(len(scores), dtype=np.int64)
-    out[order] = np.arange(1, len(scores) + 1)
-    return out
+def _rank_of(scores: np.ndarray, i: int) -> int:
+    """1-based rank of item ``i`` in ``scores``, best first, equal scores in item order: O(n),
+    so the legs' ranks of the k results cost no full sort."""
+    s = scores[i]
+    return int(np.count_nonzero(scores > s) + np.count_nonzero(scores[:i] == s)) + 1
 
 
 def fuse(dense: np.ndarray, lexical: np.ndarray) -> np.ndarray:
@@ -172,17 +171,20 @@ def rank(
         score = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
     else:
         score = fuse(dense, lexical)
-    order = np.argsort(-score, kind="stable")[: min(k, rows.size)]
-    dense_rank = _ranks(dense)
-    lexical_rank = _ranks(lexical)
+    take = min(k, rows.size)
+    if take < rows.size:  # the k best in O(n), then only those sorted
+        top = np.argpartition(-score, take - 1)[:take]
+        order = top[np.lexsort((top, -score[top]))]
+    else:
+        order = np.argsort(-score, kind="stable")
     return [
         Ranked(
             position=int(rows[i]),
             score=float(lexical[i]) if mode == "lexical" else float(score[i]),
             dense=float(dense[i]),
             lexical=float(lexical[i]),
-            dense_rank=int(dense_rank[i]),
-            lexical_rank=int(lexical_rank[i]) if lexical[i] > 0 else None,
+            dense_rank=_rank_of(dense, int(i)),
+            lexical_rank=_rank_of(lexical, int(i)) if lexical[i] > 0 else None,
         )
         for i in order
     ]
