@@ -21,7 +21,7 @@ Sections (each can be skipped with ``--skip``):
 Run (a shared 2-core machine: the load average is recorded with every figure):
 
     python benchmarks/perf.py --quick        # under a minute
-    python benchmarks/perf.py                # the README figures (about half an hour)
+    python benchmarks/perf.py                # the docs/performance.md figures (about half an hour)
     python benchmarks/perf.py --skip users --sizes 1000 10000 --approx-sizes 10000
 
 Prints a table and writes ``benchmarks/results/perf.json``, ``perf.csv`` (the scaling rows),
@@ -780,7 +780,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if quick else ""  # a quick run never overwrites the README's figures
+    suffix = "_quick" if quick else ""  # a quick run never overwrites docs/performance.md's figures
 
     results: dict[str, Any] = {"machine": machine(), "quick": quick, "args": {}}
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

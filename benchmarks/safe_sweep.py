@@ -2,7 +2,7 @@
 
 The grid also switches the history gate (``safe_history_gate``) on and off, so the CSV shows what
 the gate costs on PersonaBench, where it was not needed (its queries rarely match a history item
-closely; the gate was added for LoCoMo's, see the README).
+closely; the gate was added for LoCoMo's, see docs/benchmarks.md, "Safe personalization").
 
 For each LLM source (the authors' gpt-4o-mini generations on all 230 scored questions; the
 embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their ``pbr bench run --limit`` runs
@@ -14,7 +14,7 @@ A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the
 and at noise 0.0 (the only level the paper reports) with the authors' generations at least the
 paper's PBR (.4516 / .3855). Among admissible ramps the one with the largest worst-case R@5 gain
 over plain wins (ties: mean gain). The library's defaults are the winner with the history gate on
-over all 230 questions of noise 0.0 (README, "How the parameters were chosen"):
+over all 230 questions of noise 0.0 (docs/benchmarks.md, "How the parameters were chosen"):
 
     python benchmarks/safe_sweep.py --noise 0.0 --gemma-limit 0 --smollm2-limit 0 \
         --out benchmarks/results/personabench-0.0/safe_sweep__all

@@ -31,7 +31,7 @@ ApproximateKnn = Literal["ivf", "hnsw"]
 #: IVF parameters of the approximate kNN (see :func:`knn_search`): ``nlist = IVF_LISTS_PER_ROOT_N
 #: · √n`` inverted lists, each row probes its ``IVF_NPROBE`` nearest lists; k-means is trained on
 #: ``IVF_TRAIN_PER_LIST`` sampled rows per list for ``IVF_TRAIN_ITERATIONS`` steps. Measured on
-#: clustered 384-d data in ``benchmarks/perf.py`` (README, "Speed and scale").
+#: clustered 384-d data in ``benchmarks/perf.py`` (docs/performance.md, "Anchor build").
 IVF_LISTS_PER_ROOT_N = 4.0
 IVF_NPROBE = 8
 IVF_TRAIN_PER_LIST = 8

@@ -47,7 +47,8 @@ class PBRConfig:
         pagerank_tol: stop when the L2 change of the PageRank vector falls below this.
         pagerank_max_iter: step cap of the power iteration.
         exact_knn_max_items: up to this many history items the kNN graph is exact (faiss flat
-            inner product); above it an IVF index approximates it (README, "Speed and scale").
+            inner product); above it an IVF index approximates it (docs/performance.md,
+            "Anchor build").
         fusion: which terms enter the personalized query (spec §2.4, §2.5).
         top_anchor_items: how many highest-PageRank items the explanation lists.
         trust_low: ``"safe"`` fusion: a pseudo-feedback term whose cosine with the query is at or

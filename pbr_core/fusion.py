@@ -22,7 +22,7 @@ pseudo-feedback term (``history_gate``): pseudo-relevance feedback stands in for
 the query did not find, and a query that already matches one of the user's items well (a *clear*
 query, in query-performance-prediction terms) is more likely moved away from that item than
 towards a better one. The gate has no
-parameter; the benchmarks that motivated it are in the README ("Safe personalization").
+parameter; the benchmarks that motivated it are in docs/benchmarks.md ("Safe personalization").
 """
 
 from __future__ import annotations

@@ -459,7 +459,7 @@ def default_scorer(
     the packaged GGUF has never been converted). The same arguments return the same scorer, so
     its tokenized-item cache is shared by every caller (the adapters call this when given no
     scorer). Throughput: ~5 sequences per second on 2 quiet CPU cores (notes §7), several times
-    less when other processes compete for the cores; see the README, "Bayes-factor salience".
+    less when other processes compete for the cores; see docs/salience.md, "Cost".
     """
     model, tok = _default_lm()
     return TransformersLogProbScorer(
