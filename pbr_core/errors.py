@@ -30,6 +30,13 @@ class PersistenceError(PBRError, OSError):
     """A persisted folder is missing or damaged."""
 
 
+class NonFiniteLogProbError(PBRError, FloatingPointError):
+    """The language model produced NaN or ±inf log-probabilities, so no ranking can be trusted.
+
+    Raised by salience scoring (:mod:`pbr_core.salience`), which re-exports it.
+    """
+
+
 class GenerationError(PBRError):
     """The LLM failed or its answer could not be used (raised only in strict mode)."""
 

@@ -1,0 +1,153 @@
+"""One call for the LangChain and LlamaIndex adapters: score, then re-rank or gate.
+
+Kept in pbr_core so both adapters decide alike; they only map documents / nodes to texts and
+back. Lenient about retrieved metadata (missing dense scores or timestamps) where
+:func:`~pbr_core.salience.rerank` and :func:`~pbr_core.salience.gate` are strict. Scores in nats
+(re-rank) or nats per query token (gate), as there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .loading import default_scorer
+from .protocol import LogProbScorer
+from .score import Reduction, SalienceScores, _as_texts, _empty, salience
+from .select import GateDecision, Reranked, RerankMethod, gate, rerank
+
+__all__ = [
+    "SELECT_OPTIONS",
+    "SalienceSelection",
+    "as_scorer",
+    "select_by_salience",
+]
+
+Mode = Literal["rerank", "gate"]
+_MODES: tuple[str, ...] = ("rerank", "gate")
+
+
+@dataclass(frozen=True)
+class SalienceSelection:
+    """What :func:`select_by_salience` kept, in output order, with everything it computed.
+
+    Attributes:
+        indices: positions (in the input) of the kept items, in output order.
+        scores: per kept item, the score that ranked it (re-rank: salience / RRF / z-sum) or
+            gated it (gate: the ``reduction`` salience).
+        salience: the salience of *every* input item.
+        reranked: the full re-ranking (re-rank mode), else ``None``.
+        decision: the gate decision (gate mode), else ``None``.
+    """
+
+    indices: np.ndarray
+    scores: np.ndarray
+    salience: SalienceScores
+    reranked: Reranked[int] | None = None
+    decision: GateDecision[int] | None = None
+
+
+#: The options of :func:`select_by_salience` that the adapters expose as their own fields.
+SELECT_OPTIONS: tuple[str, ...] = (
+    "mode",
+    "method",
+    "top_n",
+    "rrf_k",
+    "weight",
+    "tau",
+    "max_items",
+    "reduction",
+)
+
+
+def as_scorer(value: Any) -> LogProbScorer:
+    """``value`` if it implements :class:`LogProbScorer`; ``None`` gives :func:`default_scorer`."""
+    if value is None:
+        return default_scorer()
+    if not isinstance(value, LogProbScorer):
+        raise TypeError(
+            "scorer must implement pbr_core.salience.LogProbScorer (a model_id attribute and a "
+            f"logprobs(contexts, targets) method), got {type(value).__name__}"
+        )
+    return value
+
+
+def _usable_dense(values: Sequence[Any] | np.ndarray | None) -> np.ndarray | None:
+    """Dense scores if every item has a real number, else ``None`` (rank by input order)."""
+    if values is None:
+        return None
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
+        return np.asarray(values, dtype=np.float64)
+    return None
+
+
+def _usable_timestamps(values: Sequence[Any] | None, what: str) -> list[Hashable] | None:
+    """Timestamps if every item has one; none at all: ``None``; some missing: warn, ``None``."""
+    if values is None or all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        warnings.warn(
+            f"only some items have a timestamp ({what}); the gate keeps input order instead of "
+            "chronological order",
+            UserWarning,
+            stacklevel=4,
+        )
+        return None
+    return list(values)
+
+
+def select_by_salience(
+    scorer: LogProbScorer | None,
+    query: str,
+    texts: Sequence[str],
+    *,
+    mode: Mode = "rerank",
+    method: RerankMethod = "salience",
+    top_n: int | None = None,
+    rrf_k: int = 60,
+    weight: float = 0.5,
+    tau: float = 0.0,
+    max_items: int | None = None,
+    reduction: Reduction = "mean",
+    dense_scores: Sequence[float | None] | np.ndarray | None = None,
+    timestamps: Sequence[Hashable | None] | None = None,
+    timestamp_source: str = "timestamps",
+) -> SalienceSelection:
+    """Score ``texts`` for ``query``, then re-rank them (keep ``top_n``) or gate them.
+
+    This is the whole post-processing step that the LangChain compressor and the LlamaIndex
+    postprocessor run; they only map documents / nodes to texts and back. Re-rank mode: see
+    :func:`rerank` (``top_n=None`` keeps all). Gate mode: see :func:`gate` (a closed gate keeps
+    nothing).
+
+    Lenient where :func:`rerank` and :func:`gate` are strict, because retrieved items come
+    with whatever metadata they have: ``scorer=None`` uses :func:`default_scorer`; dense scores
+    with a missing (``None``) entry are ignored (RRF then uses the input order, z-sum fails);
+    timestamps with a missing entry are ignored with a warning that names ``timestamp_source``.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if top_n is not None and top_n < 1:
+        raise ValueError(f"top_n must be >= 1 or None (keep all), got {top_n}")
+    texts = _as_texts(texts)
+    if not texts:  # nothing to score: do not load a model for it
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("salience needs a non-empty query; got " + repr(query))
+        model_id = getattr(scorer, "model_id", "")
+        return SalienceSelection(np.zeros(0, dtype=np.int64), np.zeros(0), _empty(query, model_id))
+    sal = salience(as_scorer(scorer), query, texts)
+    positions = list(range(len(texts)))
+    if mode == "rerank":
+        dense = _usable_dense(dense_scores)
+        ranked = rerank(positions, sal, method, rrf_k, weight, dense_scores=dense)
+        keep = len(positions) if top_n is None else top_n
+        return SalienceSelection(ranked.order[:keep], ranked.scores[:keep], sal, reranked=ranked)
+    times = _usable_timestamps(timestamps, timestamp_source)
+    decision = gate(positions, sal, tau, max_items, times, reduction=reduction)
+    return SalienceSelection(
+        decision.indices, decision.scores[decision.indices], sal, decision=decision
+    )
