@@ -3,7 +3,7 @@
 all-MiniLM-L6-v2 reads 256 word pieces; a LoCoMo session is thousands. Embedded whole, a long
 item is its first few paragraphs, and a question about its end cannot find it (LoCoMo session
 level: dense R@5 .46 truncated, .70 with windows). pbr splits such an item into windows of at
-most the embedder's length (whole lines first, a line longer than a window by words), embeds
+most the embedder's length (of about equal size, cut between words), embeds
 each window, and scores the item by its best window (:meth:`UserHistory.dense_scores`). The
 item's own vector (what a host store holds, what the anchor and the related history use) stays
 the embedder's embedding of the whole text, as the host would compute it.
@@ -17,6 +17,9 @@ API model with a long context) gets no windows.
 
 from __future__ import annotations
 
+import itertools
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,43 +91,22 @@ def window_of(embedder: object, _depth: int = 0) -> Window | None:
 
 
 def split(text: str, window: Window) -> list[str]:
-    """``text`` as consecutive windows that each fit ``window``: whole lines packed greedily, a
-    line longer than a window cut by words. A text that fits is one window, itself."""
+    """``text`` as consecutive windows of about equal length that each fit ``window``; a text
+    that fits is one window, itself.
+
+    Equal, not greedy: greedy packing leaves a short last window, and a fragment of a few words
+    can match a query better than any whole part of the item (max-pooling then rewards length;
+    LoCoMo session level, tuning split: R@5 .860 greedy, .867 equal, with hybrid search). Cut
+    between words, the text's own whitespace (line breaks) kept inside each window.
+    """
     if window.fits(text):
         return [text]
-    out: list[str] = []
-    lines: list[str] = []
-    used = 0
-    for line in (ln for ln in text.split("\n") if ln.strip()):
-        n = window.count(line)
-        if n > window.max_tokens:
-            if lines:
-                out.append("\n".join(lines))
-                lines, used = [], 0
-            out.extend(_cut_words(line, window))
-            continue
-        if lines and used + n > window.max_tokens:
-            out.append("\n".join(lines))
-            lines, used = [], 0
-        lines.append(line)
-        used += n
-    if lines:
-        out.append("\n".join(lines))
-    return out
-
-
-def _cut_words(line: str, window: Window) -> list[str]:
-    """A line too long for one window, as runs of words that each fit (sized from the line's
-    tokens per word, shrunk where a run still does not fit)."""
-    words = line.split()
-    per_word = window.count(line) / max(1, len(words))
-    step = max(1, int(window.max_tokens / max(per_word, 1e-9)))
-    out: list[str] = []
-    start = 0
-    while start < len(words):
-        size = step
-        while size > 1 and not window.fits(" ".join(words[start : start + size])):
-            size = max(1, int(size * 0.85))
-        out.append(" ".join(words[start : start + size]))
-        start += size
-    return out
+    pieces = re.findall(r"\S+\s*", text)
+    n = max(2, math.ceil(window.count(text) / window.max_tokens))
+    while True:
+        n = min(n, len(pieces))
+        bounds = [round(i * len(pieces) / n) for i in range(n + 1)]  # sizes differ by <= 1
+        parts = ["".join(pieces[a:b]).strip() for a, b in itertools.pairwise(bounds)]
+        if n == len(pieces) or all(window.fits(p) for p in parts):
+            return [p for p in parts if p]
+        n += 1

@@ -207,14 +207,16 @@ def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> No
 
 
 # -- long items ----------------------------------------------------------------------------------
-def test_split_packs_whole_lines_and_cuts_only_a_line_longer_than_a_window() -> None:
+def test_split_cuts_a_long_text_into_windows_of_about_equal_size_that_fit() -> None:
     window = Window(5, lambda text: len(text.split()))
-    text = "one two\nthree four five\nsix\n" + " ".join(f"w{i}" for i in range(12))
+    text = "one two\nthree four five\nsix\n" + " ".join(f"w{i}" for i in range(12))  # 18 words
     parts = split(text, window)
-    assert parts[:2] == ["one two\nthree four five", "six"]
+    assert [len(p.split()) for p in parts] == [4, 5, 5, 4]  # 4 windows, no short remainder
     assert all(window.fits(p) for p in parts)
+    assert parts[0] == "one two\nthree four"  # the text's own line breaks kept
     assert " ".join(" ".join(parts).split()) == " ".join(text.split())  # nothing lost
     assert split("short text", window) == ["short text"]
+    assert split("a b c d e f", Window(1, lambda t: len(t.split()))) == list("abcdef")
 
 
 def test_a_long_item_is_found_by_its_end_not_only_its_beginning() -> None:
@@ -223,7 +225,7 @@ def test_a_long_item_is_found_by_its_end_not_only_its_beginning() -> None:
     p = Personalizer(emb, config=PBRConfig(fusion="plain", search="dense"))
     p.add_texts("u", [long, "ferry schedule to Tangier posted"], ids=["long", "short"])
     history = p.store.get("u")
-    assert set(history.windows) == {"long"} and len(history.windows["long"]) == 5 + 2
+    assert set(history.windows) == {"long"} and len(history.windows["long"]) == 7  # 38 words
     q = np.asarray(emb.embed_query("booked the ferry to Tangier"))
     windowed = history.dense_scores(q)[history.position("long")]
     truncated = float(history.vectors[history.position("long")] @ q)
