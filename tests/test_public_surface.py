@@ -80,6 +80,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
     "langchain_pbr": [
         "LocalGemmaChatModel",
         "PBRRetriever",
+        "PBRStore",
         "SalienceCompressor",
     ],
     "llamaindex_pbr": [

@@ -1,0 +1,382 @@
+"""PBRStore: Personalize Before Retrieve as a LangGraph long-term memory store.
+
+:class:`PBRStore` wraps any LangGraph ``BaseStore`` (``InMemoryStore``, ``PostgresStore``, ...).
+Every operation is the wrapped store's, unchanged (puts, gets, deletes, namespace listings,
+searches without a query), except a ``SearchOp`` with a ``query``: that one pbr answers, over
+the items under the searched namespace prefix only, with pbr's per-user personalization (when
+an ``llm`` is given) and hybrid (dense + BM25) ranking.
+
+Ownership stays in :mod:`pbr_core.corpus`: a small :class:`~pbr_core.corpus.HostRecords` over
+the wrapped store lists a namespace prefix's items, so the wrapped store is the truth that
+every query is checked against (items put, changed or deleted through any path are seen by the
+next query), and pbr's :class:`~pbr_core.corpus.Corpus` keeps only a cache of vectors keyed by
+item and text, so a repeated search embeds nothing but the query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from langchain_core.embeddings import Embeddings
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    Item,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+)
+
+from pbr_core import Embedder, GenerationCache, PBRConfig, Personalizer
+from pbr_core.adapters_support import explanation_payload
+from pbr_core.corpus import Corpus, Record, check_user_id
+from pbr_core.fusion import MODE_TERMS
+from pbr_core.hybrid import lexical_terms
+
+from ._bridge import LanguageModelLike, generator_for, prompt_set, prompt_style_of
+
+__all__ = ["PBRStore"]
+
+#: How many items one listing request of the wrapped store asks for.
+DEFAULT_PAGE_SIZE = 1000
+
+
+def scope_id(namespace_prefix: tuple[str, ...]) -> str:
+    """pbr's user id of a searched namespace prefix (its JSON): what :attr:`PBRStore.corpus`
+    keys histories by. Two prefixes (so two users) never share one."""
+    return json.dumps(list(namespace_prefix), ensure_ascii=False)
+
+
+def item_key(namespace: tuple[str, ...], key: str) -> str:
+    """The record key of the wrapped store's item ``(namespace, key)`` in pbr's corpus."""
+    return json.dumps([list(namespace), key], ensure_ascii=False)
+
+
+def _parse_item_key(text: str) -> tuple[tuple[str, ...], str] | None:
+    try:
+        namespace, key = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(namespace, list) or not all(isinstance(p, str) for p in namespace):
+        return None
+    return (tuple(namespace), key) if isinstance(key, str) else None
+
+
+class NamespaceRecords:
+    """A LangGraph ``BaseStore`` as :class:`~pbr_core.corpus.HostRecords`: pbr's "user" is a
+    namespace prefix (:func:`scope_id`), their records the items under it whose
+    ``value[text_key]`` is a non-blank string. Type translation only."""
+
+    can_list = True
+
+    def __init__(self, store: BaseStore, text_key: str, page_size: int = DEFAULT_PAGE_SIZE):
+        self.store = store
+        self.text_key = text_key
+        self.page_size = page_size
+
+    def items(self, prefix: tuple[str, ...], filter: dict[str, Any] | None = None) -> list[Item]:
+        """Every item under ``prefix`` (matching ``filter``), read page by page until the
+        wrapped store has no more; TTLs are not refreshed by this reading."""
+        out: list[Item] = []
+        offset = 0
+        while True:
+            op = SearchOp(prefix, filter, self.page_size, offset, None, False)
+            page = self.store.batch([op])[0]
+            assert isinstance(page, list)
+            out.extend(
+                i for i in page if isinstance(i, Item) and i.namespace[: len(prefix)] == prefix
+            )
+            if len(page) < self.page_size:
+                return out
+            offset += len(page)
+
+    def text_of(self, item: Item) -> str | None:
+        text = item.value.get(self.text_key) if isinstance(item.value, dict) else None
+        return text if isinstance(text, str) and text.strip() else None
+
+    # -- HostRecords -----------------------------------------------------------------------
+    def validate(self, records: Sequence[Record]) -> None:
+        for r in records:
+            if self._target(r) is None:
+                raise ValueError(f"record {r.key!r} is not under namespace {r.user_id}")
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        ops: list[Op] = []
+        for r in records:
+            target = self._target(r)
+            assert target is not None  # validated
+            value = dict(r.extra) if isinstance(r.extra, dict) else {self.text_key: r.text}
+            ops.append(PutOp(target[0], target[1], value))
+        if ops:
+            self.store.batch(ops)
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        prefix = tuple(json.loads(user_id))
+        ops: list[Op] = []
+        for key in keys:
+            parsed = _parse_item_key(key)
+            if parsed is not None and parsed[0][: len(prefix)] == prefix:  # never outside
+                ops.append(PutOp(parsed[0], parsed[1], None))
+        if ops:
+            self.store.batch(ops)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        out = []
+        for item in self.items(tuple(json.loads(user_id))):
+            text = self.text_of(item)
+            if text is not None:
+                key = item_key(item.namespace, item.key)
+                # No timestamp, no metadata: a record's revision is its text, so its vector is
+                # re-made exactly when its key or text changed.
+                out.append(Record(key=key, user_id=user_id, item_id=key, text=text))
+        return out
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return []  # a BaseStore returns no vectors: pbr embeds (once per key and text)
+
+    def _target(self, record: Record) -> tuple[tuple[str, ...], str] | None:
+        prefix = tuple(json.loads(record.user_id))
+        parsed = _parse_item_key(record.key) or _parse_item_key(record.item_id)
+        if parsed is None:
+            return prefix, record.item_id
+        return parsed if parsed[0][: len(prefix)] == prefix else None
+
+
+class PBRStore(BaseStore):
+    """A LangGraph store whose natural-language search is pbr's, per user.
+
+    Args:
+        inner: the wrapped store: the truth of every item; all other operations are its.
+        embeddings: embeds items and queries (LangChain ``Embeddings`` or a pbr ``Embedder``);
+            None = the embedded all-MiniLM-L6-v2 (needs the ``local`` extra).
+        llm: the model of pbr's two P-PRF calls (chat model, LLM or a Runnable around one);
+            None (default) = no LLM call: ``config`` defaults to ``PBRConfig(fusion="plain")``,
+            a pure hybrid search of the user's items.
+        config: pbr's parameters; default ``PBRConfig()`` with an ``llm``, else
+            ``PBRConfig(fusion="plain")``. ``config.search`` picks ``"hybrid"`` (default),
+            ``"dense"`` or ``"lexical"`` ranking.
+        user_index: which element of a searched namespace prefix names the user; default -1,
+            the prefix's last element (``("memories", "alice")`` -> ``"alice"``). A prefix
+            without that element, or whose element there is not a non-empty string, raises
+            ``ValueError``: there is no shared default user.
+        text_key: the field of an item's ``value`` holding its text (LangMem and the LangGraph
+            docs store memories as ``{"content": ...}``). Items without a string there are not
+            ranked (non-query searches still return them).
+        prompt_style: ``"chat"`` / ``"completion"``; None = the llm's ``prompt_style``.
+        strict: raise instead of degrading when an LLM call fails.
+        cache: optional cache of LLM answers.
+        page_size: how many items one listing request of ``inner`` asks for.
+        max_staleness_s: see :class:`~pbr_core.corpus.Corpus` (0: every query lists ``inner``).
+
+    A query search of ``namespace_prefix`` ranks the items under that prefix (its
+    sub-namespaces included) and nothing else: two users' prefixes differ in the user's
+    element, so neither ever sees the other's items. ``filter`` restricts the candidates before
+    ranking (evaluated by ``inner``, as LangGraph defines it), then ``offset``/``limit`` cut the
+    ranked list. Each result is a ``SearchItem`` copied from ``inner`` (value untouched) with
+    ``score`` = pbr's score (what ``config.search`` ranks by); the request's explanation (pbr's
+    terms, weights, and per result the dense and lexical scores and ranks) is
+    :meth:`last_explanation` of the prefix.
+
+    Within one :meth:`batch`, pbr's searches run first and see the state before the batch (as
+    ``InMemoryStore``'s reads do); the other operations then go to ``inner`` in one call.
+    """
+
+    supports_ttl: bool = False
+
+    def __init__(
+        self,
+        inner: BaseStore,
+        embeddings: Embeddings | Embedder | None = None,
+        *,
+        llm: LanguageModelLike | None = None,
+        config: PBRConfig | None = None,
+        user_index: int = -1,
+        text_key: str = "content",
+        prompt_style: Literal["chat", "completion"] | None = None,
+        strict: bool = False,
+        cache: GenerationCache | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        max_staleness_s: float = 0.0,
+    ) -> None:
+        if not isinstance(inner, BaseStore):
+            raise TypeError(f"inner must be a LangGraph BaseStore, got {type(inner).__name__}")
+        if isinstance(user_index, bool) or not isinstance(user_index, int):
+            raise ValueError(f"user_index must be an int, got {user_index!r}")
+        if not isinstance(text_key, str) or not text_key:
+            raise ValueError("text_key must be a non-empty string")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+        cfg = config if config is not None else PBRConfig(fusion="plain" if llm is None else "safe")
+        if llm is None and (MODE_TERMS[cfg.fusion][1] or MODE_TERMS[cfg.fusion][2]):
+            raise ValueError(
+                f"fusion {cfg.fusion!r} calls an LLM, but PBRStore got no llm: pass llm=..., "
+                "or use fusion='plain' (pure hybrid search) or 'no_prf' (history anchor only)"
+            )
+        self.inner = inner
+        self.ttl_config = inner.ttl_config
+        self.supports_ttl = inner.supports_ttl
+        self.embeddings = embeddings
+        self.llm = llm
+        self.config = cfg
+        self.user_index = user_index
+        self.text_key = text_key
+        self.strict = strict
+        self.records = NamespaceRecords(inner, text_key, page_size)
+        self.corpus = Corpus(self.records, embedder=embeddings, max_staleness_s=max_staleness_s)
+        style = prompt_style_of(llm, prompt_style) if llm is not None else "chat"
+        self._style: Literal["chat", "completion"] = style
+        self.personalizer = Personalizer(
+            embeddings,
+            store=self.corpus.cache,
+            config=cfg,
+            prompts=prompt_set(style, None, None),
+            cache=cache,
+            strict=strict,
+        )
+        self._explanations: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._guard = threading.Lock()
+
+    # -- the user ---------------------------------------------------------------------------
+    def user_of(self, namespace_prefix: tuple[str, ...]) -> str:
+        """The user a search of ``namespace_prefix`` is for (its element at ``user_index``).
+
+        Raises:
+            ValueError: the prefix has no such element, or it is not a non-empty string.
+        """
+        prefix = tuple(namespace_prefix)
+        if not -len(prefix) <= self.user_index < len(prefix):
+            raise ValueError(
+                f"PBRStore needs the user in the searched namespace: element {self.user_index} "
+                f"of {prefix!r} does not exist (search e.g. ('memories', user_id), or set "
+                "user_index)"
+            )
+        try:
+            return check_user_id(prefix[self.user_index])
+        except ValueError:
+            raise ValueError(
+                f"the user element (index {self.user_index}) of namespace {prefix!r} must be a "
+                f"non-empty string, got {prefix[self.user_index]!r}"
+            ) from None
+
+    def last_explanation(self, namespace_prefix: tuple[str, ...]) -> dict[str, Any] | None:
+        """The explanation of the latest query search of ``namespace_prefix`` in this process
+        (None before one): pbr's explanation payload (query, fusion, terms used and dropped,
+        ``w1``/``w2``, timings, ``degraded``; its ``user_id`` is pbr's id of the prefix,
+        :func:`scope_id`) plus ``"namespace"``, ``"user"``, ``"mode"`` and ``"results"``: per
+        result its ``namespace``, ``key``, ``score`` and both legs' scores and ranks."""
+        with self._guard:
+            found = self._explanations.get(tuple(namespace_prefix))
+        return None if found is None else dict(found)
+
+    # -- BaseStore --------------------------------------------------------------------------
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        results: list[Result] = [None] * len(ops)
+        rest: list[int] = []
+        for i, op in enumerate(ops):
+            if _is_pbr(op):
+                assert isinstance(op, SearchOp)
+                results[i] = self._search(op)
+            else:
+                rest.append(i)
+        if rest:
+            done = self.inner.batch([ops[i] for i in rest])
+            for i, result in zip(rest, done):
+                results[i] = result
+        return results
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        ops = list(ops)
+        results: list[Result] = [None] * len(ops)
+        rest: list[int] = []
+        for i, op in enumerate(ops):
+            if _is_pbr(op):
+                assert isinstance(op, SearchOp)
+                results[i] = await asyncio.to_thread(self._search, op)
+            else:
+                rest.append(i)
+        if rest:
+            done = await self.inner.abatch([ops[i] for i in rest])
+            for i, result in zip(rest, done):
+                results[i] = result
+        return results
+
+    # -- pbr's search -----------------------------------------------------------------------
+    def _search(self, op: SearchOp) -> list[SearchItem]:
+        prefix = tuple(op.namespace_prefix)
+        self.user_of(prefix)  # refuses a namespace without its user
+        for name, value in (("limit", op.limit), ("offset", op.offset)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        assert op.query is not None
+        uid = scope_id(prefix)
+        history = self.corpus.history(uid)  # lists inner, embeds only new or changed texts
+        n = op.offset + op.limit
+        if history is None or op.limit == 0:
+            return []
+        found: list[tuple[str, dict[str, Any], float | None]] | None = None
+        if op.filter:
+            matching = self.records.items(prefix, op.filter)
+            found = [(item_key(i.namespace, i.key), {}, None) for i in matching]
+            if not found:
+                return []
+        generator = generator_for(self.llm, None, self._style) if self.llm is not None else None
+        pq = self.personalizer.personalize(
+            uid,
+            op.query,
+            generator=generator,
+            unknown_user="raise" if self.strict else "plain",
+        )
+        t0 = time.perf_counter()
+        cfg = self.config
+        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
+        scored = self.corpus.search(uid, history, pq.vector, terms, n, mode=cfg.search, found=found)
+        page = scored[op.offset : op.offset + op.limit]
+        targets = [_parse_item_key(s.key) for s in page]
+        gets: list[Op] = [GetOp(t[0], t[1], op.refresh_ttl) for t in targets if t is not None]
+        got = self.inner.batch(gets) if gets else []
+        out: list[SearchItem] = []
+        explained: list[dict[str, Any]] = []
+        for s, item in zip([s for s, t in zip(page, targets) if t is not None], got):
+            if not isinstance(item, Item):
+                continue  # deleted since the listing
+            out.append(
+                SearchItem(
+                    item.namespace,
+                    item.key,
+                    item.value,
+                    item.created_at,
+                    item.updated_at,
+                    score=float(s.hit.score),
+                )
+            )
+            explained.append(
+                {
+                    "namespace": item.namespace,
+                    "key": item.key,
+                    "score": float(s.hit.score),
+                    **(s.hit.legs or {}),
+                }
+            )
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
+        payload = {
+            **explanation_payload(pq.explanation),
+            "namespace": prefix,
+            "user": self.user_of(prefix),
+            "mode": cfg.search,
+            "results": explained,
+        }
+        with self._guard:
+            self._explanations[prefix] = payload
+        return out
+
+
+def _is_pbr(op: Op) -> bool:
+    return isinstance(op, SearchOp) and bool(op.query)
