@@ -1,0 +1,127 @@
+"""Write the result tables of ``docs/hybrid.md`` from ``benchmarks/results/hybrid/*.csv``.
+
+The numbers in the docs are generated, never typed: this replaces the text between the markers
+``<!-- hybrid-results:start -->`` and ``<!-- hybrid-results:end -->`` in ``docs/hybrid.md``.
+
+    python benchmarks/hybrid.py          # the measurement (minutes; writes the CSVs)
+    python benchmarks/hybrid_tables.py   # the tables (instant)
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "hybrid"
+DOC = ROOT / "docs" / "hybrid.md"
+START, END = "<!-- hybrid-results:start -->", "<!-- hybrid-results:end -->"
+DATASETS = [
+    ("personabench-0.0", "PB 0.0"),
+    ("personabench-0.7", "PB 0.7"),
+    ("locomo-turn", "LoCoMo turn"),
+    ("locomo-session", "LoCoMo session"),
+    ("prefeval-explicit-n10", "PrefEval N=10"),
+    ("prefeval-explicit-n50", "PrefEval N=50"),
+]
+METHODS = [
+    "dense",
+    "dense+windows",
+    "bm25 (no dense tie-break)",
+    "bm25 (bm25s)",
+    "ensemble RRF",
+    "hybrid (no windows)",
+    "hybrid",
+    "dense + PBR (authors)",
+    "hybrid + PBR (authors)",
+    "hybrid (no windows) + PBR (authors)",
+    "hybrid + PBR (authors), lexical feedback 0.25",
+    "hybrid + PBR (authors), lexical feedback 0.5",
+]
+
+
+# Display names: the PBR row without lexical feedback says so; the library defaults are bold.
+LABELS = {
+    "hybrid": "**hybrid** (default, no LLM)",
+    "hybrid + PBR (authors)": "hybrid + PBR (authors), lexical feedback 0",
+    "hybrid + PBR (authors), lexical feedback 0.25": (
+        "**hybrid + PBR (authors), lexical feedback 0.25** (default)"
+    ),
+}
+
+
+def read(name: str) -> list[dict[str, str]]:
+    with (RESULTS / name).open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def metric_table(summary: list[dict[str, str]], split: str) -> list[str]:
+    cells = {(r["dataset"], r["method"]): r for r in summary if r["split"] == split}
+    counts = [next((r["n"] for (d, _), r in cells.items() if d == ds), "") for ds, _ in DATASETS]
+    head = "| method | " + " | ".join(f"{label} ({n} q)" for (_, label), n in zip(DATASETS, counts))
+    lines = [head + " |", "|---" * (len(DATASETS) + 1) + "|"]
+    for method in METHODS:
+        row = [cells.get((ds, method)) for ds, _ in DATASETS]
+        if not any(row):
+            continue
+        vals = [f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f}" if r else "" for r in row]
+        name = LABELS.get(method, method)
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def paired_table(paired: list[dict[str, str]], split: str) -> list[str]:
+    lines = [
+        "| data set | comparison | wins / losses / ties | mean ΔR@5 | sign test p |",
+        "|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    for r in paired:
+        if r["split"] != split:
+            continue
+        lines.append(
+            f"| {labels.get(r['dataset'], r['dataset'])} | "
+            f"{LABELS.get(r['method'], r['method']).replace('**', '')} vs {r['baseline']} | "
+            f"{r['wins']} / {r['losses']} / {r['ties']} | {float(r['mean_delta']):+.4f} | "
+            f"{float(r['p_sign']):.2g} |"
+        )
+    return lines
+
+
+def main() -> None:
+    summary, paired = read("summary.csv"), read("paired.csv")
+    body = [
+        START,
+        "",
+        "R@5 / N@5 on the **test split** (PersonaBench is all test; the tuning split held no",
+        "PersonaBench user). `bm25` is pbr's BM25 alone (equal scores in item order, as a plain",
+        "BM25 retriever ranks); `bm25 (bm25s)` the committed bm25s baseline (Lucene's 33 stop",
+        "words); `ensemble RRF` is LangChain's `EnsembleRetriever` rule (c = 60, equal weights)",
+        "over dense and pbr's lexical ranking. PBR rows use the authors' cached gpt-4o-mini",
+        "generations (PersonaBench 0.0 only).",
+        "",
+        *metric_table(summary, "test"),
+        "",
+        "All questions:",
+        "",
+        *metric_table(summary, "all"),
+        "",
+        "Per question, R@5, test split (hybrid minus the other; exact two-sided sign test):",
+        "",
+        *paired_table(paired, "test"),
+        "",
+        END,
+    ]
+    text = DOC.read_text(encoding="utf-8")
+    if START in text and END in text:
+        before, rest = text.split(START, 1)
+        after = rest.split(END, 1)[1]
+        text = before + "\n".join(body) + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
+    DOC.write_text(text, encoding="utf-8")
+    print(f"wrote the tables into {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
