@@ -12,6 +12,7 @@ from .events import (
     PBRReasoningEvent,
 )
 from .llms import LocalGemmaLLM
+from .memory import PBRMemoryBlock
 from .retrievers import DEFAULT_SIMILARITY_TOP_K, DEFAULT_USER_ID_KEY, PBRRetriever
 from .salience import SalienceNodePostprocessor
 
@@ -25,6 +26,7 @@ __all__ = [
     "PBRDegradedEvent",
     "PBREvent",
     "PBRFusionEvent",
+    "PBRMemoryBlock",
     "PBRPseudoUtterancesEvent",
     "PBRReasoningEvent",
     "PBRRetriever",

@@ -93,6 +93,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
         "PBRDegradedEvent",
         "PBREvent",
         "PBRFusionEvent",
+        "PBRMemoryBlock",
         "PBRPseudoUtterancesEvent",
         "PBRReasoningEvent",
         "PBRRetriever",

@@ -1,0 +1,240 @@
+"""Personalize Before Retrieve as a LlamaIndex long-term memory block.
+
+:class:`PBRMemoryBlock` is a ``BaseMemoryBlock[str]`` for ``llama_index.core.memory.Memory``:
+messages that ``Memory`` flushes out of its short-term queue are stored, one item per message,
+in *one user's* corpus through pbr's core (:class:`~pbr_core.corpus.Corpus` over pbr's own
+:class:`~pbr_core.HistoryStore`: no host vector store), and every ``Memory.get()`` recalls the
+``similarity_top_k`` items pbr ranks best (hybrid dense + BM25 by default, optionally
+personalized by an ``llm``) for a query made from the latest messages.
+
+One block serves one user: its ``user_id`` is required, checked and frozen. ``Memory`` passes
+its ``session_id`` to every block; this block never keys, filters or partitions by it (the
+class of bug of run-llama/llama_index#22701, where ``VectorMemoryBlock`` pinned every later
+session to the first session's filter): a session id is at most recorded as provenance in an
+item's metadata.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.base.llms.types import ChatMessage, TextBlock
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.memory.memory import BaseMemoryBlock
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPromptTemplate
+
+from pbr_core import GenerationCache, HistoryItem, PBRConfig, Personalizer
+from pbr_core.adapters_support import explanation_payload
+from pbr_core.corpus import Corpus, check_user_id
+from pbr_core.fusion import MODE_TERMS
+from pbr_core.history import UserHistory
+from pbr_core.hybrid import lexical_terms
+
+from ._bridge import (
+    LlamaIndexEmbedder,
+    LlamaIndexGenerator,
+    default_embed_model,
+    settings_embed_model,
+)
+
+__all__ = ["PBRMemoryBlock"]
+
+#: How many items a block recalls per ``get`` (as ``VectorMemoryBlock``).
+DEFAULT_MEMORY_TOP_K = 2
+#: The metadata key of a stored message's role.
+ROLE_KEY = "role"
+#: The metadata key of the session a message was flushed from (provenance only, never a key).
+SESSION_KEY = "session_id"
+
+DEFAULT_MEMORY_TEMPLATE = RichPromptTemplate("{{ text }}")
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a message: its text blocks joined (images, audio, tool calls dropped)."""
+    return "".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+
+
+class PBRMemoryBlock(BaseMemoryBlock[str]):
+    """A long-term memory block whose recall is pbr's, for one user.
+
+    Args:
+        user_id: whose memory this block is (a non-empty string, required, frozen). Make one
+            block (and one ``Memory``) per user; there is no shared default namespace.
+        name: the block's name in ``Memory``'s template (default ``"PBRMemory"``).
+        embed_model: embeds messages and queries; None = ``Settings.embed_model`` if set, else
+            the embedded all-MiniLM-L6-v2 (needs the ``local`` extra).
+        llm: the model of pbr's two P-PRF calls; None (default) = no LLM call, and ``config``
+            defaults to ``PBRConfig(fusion="plain")``: a pure hybrid search of the user's items.
+        config: pbr's parameters; default ``PBRConfig()`` with an ``llm``, else
+            ``PBRConfig(fusion="plain")``. ``config.search`` picks ``"hybrid"`` (default),
+            ``"dense"`` or ``"lexical"`` ranking.
+        similarity_top_k: how many items one ``get`` recalls (default 2).
+        retrieval_context_window: how many of the latest messages make the query (default 5,
+            as ``VectorMemoryBlock``: the whole window's text, joined by spaces).
+        format_template: formats the recalled text (variable ``text``).
+        prompt_style: ``"chat"`` / ``"completion"``; None = the llm's own.
+        strict: raise instead of degrading when an LLM call fails.
+        cache: optional cache of LLM answers.
+        priority / accept_short_term_memory / description: ``BaseMemoryBlock``'s.
+
+    Each recalled item is rendered as ``<message role='...'>text</message>``; items are joined
+    by a blank line. The items live in process memory (``block.corpus``), one per message.
+    """
+
+    name: str = Field(default="PBRMemory", description="The name of the memory block.")
+    user_id: str = Field(frozen=True, description="The one user this block stores and recalls.")
+    embed_model: BaseEmbedding | None = Field(
+        default=None, description="Embeds messages and queries (None: Settings or MiniLM)."
+    )
+    llm: LLM | None = Field(default=None, description="pbr's P-PRF model; None: no LLM call.")
+    config: PBRConfig | None = Field(default=None, description="pbr's parameters.")
+    similarity_top_k: int = Field(default=DEFAULT_MEMORY_TOP_K, description="Items per get.")
+    retrieval_context_window: int = Field(
+        default=5, description="How many of the latest messages make the query."
+    )
+    format_template: BasePromptTemplate = Field(
+        default=DEFAULT_MEMORY_TEMPLATE, description="Formats the recalled text (``text``)."
+    )
+    prompt_style: Literal["chat", "completion"] | None = Field(default=None)
+    strict: bool = Field(default=False)
+    cache: GenerationCache | None = Field(default=None, exclude=True)
+
+    _corpus: Corpus = PrivateAttr()
+    _personalizer: Personalizer = PrivateAttr()
+    _generator: LlamaIndexGenerator | None = PrivateAttr(default=None)
+    _explanation: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @field_validator("user_id", mode="before")
+    @classmethod
+    def _check_user(cls, value: Any) -> str:
+        return check_user_id(value)
+
+    @field_validator("similarity_top_k", "retrieval_context_window")
+    @classmethod
+    def _check_positive(cls, value: int) -> int:
+        if isinstance(value, bool) or value < 1:
+            raise ValueError(f"must be an integer >= 1, got {value!r}")
+        return value
+
+    @field_validator("format_template", mode="before")
+    @classmethod
+    def _template(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return RichPromptTemplate(value) if "{{" in value else PromptTemplate(value)
+        return value
+
+    def model_post_init(self, __context: Any) -> None:
+        cfg = self.config
+        if cfg is None:
+            cfg = PBRConfig(fusion="plain" if self.llm is None else "safe")
+        if self.llm is None and (MODE_TERMS[cfg.fusion][1] or MODE_TERMS[cfg.fusion][2]):
+            raise ValueError(
+                f"fusion {cfg.fusion!r} calls an LLM, but PBRMemoryBlock got no llm: pass "
+                "llm=..., or use fusion='plain' (pure hybrid search) or 'no_prf'"
+            )
+        self.config = cfg
+        if self.embed_model is None:
+            self.embed_model = settings_embed_model() or default_embed_model(CallbackManager())
+        embedder = LlamaIndexEmbedder(self.embed_model)
+        self._corpus = Corpus(None, embedder=embedder)
+        if self.llm is not None:
+            self._generator = LlamaIndexGenerator(self.llm, self.prompt_style)
+        self._personalizer = Personalizer(
+            embedder,
+            self._generator,
+            config=cfg,
+            store=self._corpus.cache,
+            cache=self.cache,
+            strict=self.strict,
+        )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "PBRMemoryBlock"
+
+    @property
+    def corpus(self) -> Corpus:
+        """pbr's corpus of this block's user (items: the stored messages)."""
+        return self._corpus
+
+    def history(self) -> UserHistory | None:
+        """The user's stored messages as pbr's history (None before the first put)."""
+        return self._corpus.history(self.user_id)
+
+    def last_explanation(self) -> dict[str, Any] | None:
+        """pbr's explanation of the latest recall (None before one): the query, fusion, terms,
+        timings, ``degraded``, plus ``user``, ``mode`` and per result its ``id``, ``score`` and
+        both legs' scores and ranks."""
+        return None if self._explanation is None else dict(self._explanation)
+
+    # -- BaseMemoryBlock ---------------------------------------------------------------------
+    async def _aput(self, messages: list[ChatMessage]) -> None:
+        """Store each message with text (its role and session in metadata) as one item."""
+        now = time.time()
+        items = []
+        for message in messages:
+            text = message_text(message)
+            if not text.strip():
+                continue  # empty, or no text content (an image, a bare tool call)
+            metadata: dict[str, Any] = {ROLE_KEY: str(message.role.value)}
+            session = message.additional_kwargs.get(SESSION_KEY)
+            if isinstance(session, str):
+                metadata[SESSION_KEY] = session  # provenance only: recall never filters by it
+            items.append(
+                HistoryItem(id=uuid.uuid4().hex, text=text, metadata=metadata, timestamp=now)
+            )
+        if items:
+            await self._corpus.aadd_many({self.user_id: items})
+
+    async def _aget(
+        self,
+        messages: list[ChatMessage] | None = None,
+        session_id: str | None = None,  # Memory's; deliberately unused (see the module doc)
+        **block_kwargs: Any,
+    ) -> str:
+        """The user's best ``similarity_top_k`` items for the latest messages, as text."""
+        if not messages:
+            return ""
+        window = messages[-self.retrieval_context_window :]
+        query = " ".join(t for t in (message_text(m) for m in window) if t)
+        if not query.strip():
+            return ""
+        uid = self.user_id
+        history = await self._corpus.ahistory(uid)
+        if history is None:
+            return ""
+        cfg = self.config
+        assert cfg is not None  # set in model_post_init
+        pq = await self._personalizer.apersonalize(
+            uid,
+            query,
+            generator=self._generator,
+            unknown_user="raise" if self.strict else "plain",
+        )
+        t0 = time.perf_counter()
+        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
+        scored = self._corpus.search(
+            uid, history, pq.vector, terms, self.similarity_top_k, mode=cfg.search
+        )
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
+        payload = {
+            **explanation_payload(pq.explanation),
+            "user": uid,
+            "mode": cfg.search,
+            "results": [
+                {"id": s.hit.id, "score": float(s.hit.score), **(s.hit.legs or {})} for s in scored
+            ],
+        }
+        self._explanation = payload
+        if not scored:
+            return ""
+        text = "\n\n".join(
+            f"<message role='{s.hit.metadata.get(ROLE_KEY, 'user')}'>{s.hit.text}</message>"
+            for s in scored
+        )
+        return self.format_template.format(text=text)
