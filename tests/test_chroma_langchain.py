@@ -147,7 +147,8 @@ def test_without_a_view_filter_pbr_ranks_every_item_of_the_user_itself(
         feedback = PseudoFeedback(pbr["pseudo_utterances"], pbr["reasoning"])
         pq = Personalizer(r.embeddings, store=r.history).personalize(user, QUERY, feedback=feedback)
         history = r.history.get(user)
-        want = rank(history, pq.vector, lexical_terms(pq.explanation, 0.0), K)
+        terms = lexical_terms(pq.explanation, hybrid.config.lexical_feedback_weight)
+        want = rank(history, pq.vector, terms, K)
         assert [d.id for d in docs] == [history.items[x.position].id for x in want]
         assert all(d.metadata["store_score"] is None for d in docs)
         assert all(d.metadata["pbr_search"]["mode"] == "hybrid" for d in docs)

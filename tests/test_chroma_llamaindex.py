@@ -27,11 +27,12 @@ from chroma_server import (
 from llama_index.core import VectorStoreIndex
 from llama_index.core.llms.mock import MockLLM
 from llama_index.core.schema import NodeWithScore, TextNode
+from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from llamaindex_pbr import PBRRetriever
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import PseudoFeedback, VectorStoreUnavailableError
+from pbr_core import PBRConfig, PseudoFeedback, VectorStoreUnavailableError
 from pbr_core.corpus import scoped_key
 
 DIM = 32
@@ -74,7 +75,15 @@ def collection(server: ChromaServer, name: str) -> Any:
 
 
 def retriever_on(index: VectorStoreIndex, embed_model: Any) -> PBRRetriever:
-    return PBRRetriever(index, llm=MockLLM(), embed_model=embed_model, similarity_top_k=K)
+    """Dense search, so results can be checked against a brute-force cosine ranking (hybrid
+    search is tested in tests/test_hybrid.py and tests/test_ownership_contract.py)."""
+    return PBRRetriever(
+        index,
+        llm=MockLLM(),
+        embed_model=embed_model,
+        similarity_top_k=K,
+        config=PBRConfig(search="dense"),
+    )
 
 
 def add_interleaved(base: PBRRetriever, users: list[str]) -> None:
@@ -144,8 +153,11 @@ def test_a_batch_across_threads_with_a_user_per_item(world: tuple[PBRRetriever, 
 
 
 def test_the_user_filter_runs_in_the_database(world: tuple[PBRRetriever, str]) -> None:
+    # A view filter makes Chroma search (without one pbr ranks the user's items itself); the
+    # user filter is ANDed to it and applied by Chroma's where, not after its top-k.
     base, _ = world
-    nodes = base.for_user("u07", similarity_top_k=ITEMS + 10).retrieve(QUERY)
+    mine = MetadataFilters(filters=[MetadataFilter(key="user_id", value="u07")])
+    nodes = base.for_user("u07", similarity_top_k=ITEMS + 10, filters=mine).retrieve(QUERY)
     assert len(nodes) == ITEMS  # a post-filter on the collection's top-k would return fewer
     check(base, "u07", nodes, k=ITEMS)
 

@@ -61,5 +61,5 @@ def test_the_demo_runs_end_to_end_offline(tmp_path) -> None:
     rows = run_demo(k=3, questions=1, cache_path=str(tmp_path / "gen.jsonl"), stream=out)
     assert [r["user"] for r in rows] == ["maya", "leo"]
     text = out.getvalue()
-    assert "personalized (PBR)" in text and "pseudo utterance" in text
+    assert "hybrid + PBR" in text and "pseudo utterance" in text
     assert (tmp_path / "gen.jsonl").stat().st_size > 0
