@@ -4,7 +4,7 @@ What it measures: every LoCoMo conversation (data set ``locomo-turn``; the user 
 id, ``conv-26`` ...) is fed turn by turn, in data order, through each memory API's put, then
 every scored question of that user is asked through the API's search. The returned items are
 mapped back to LoCoMo turn ids (``D1:3`` ...) and scored by R@5 and N@5 (PersonaBench's
-best-over-combinations rule, :func:`pbr_core.bench.metrics.best_over_combinations`),
+best-over-combinations rule, :func:`pbr_bench.metrics.best_over_combinations`),
 micro-averaged over questions. Latency is the wall time of each put and search call, measured
 in the same run, the stores' calls interleaved (turn by turn and question by question, their
 order rotated each time) so that machine noise hits every store alike.
@@ -34,7 +34,7 @@ one ``block.aput([ChatMessage(role="user", content=text)])`` (directly on the bl
 (a text repeated within a conversation, 2 turns in all, takes its ids in data order).
 
 Embeddings: ``E`` (LangChain ``Embeddings``) and ``L`` (LlamaIndex ``BaseEmbedding``) both read
-the on-disk all-MiniLM-L6-v2 cache (:class:`pbr_core.bench.embed.EmbeddingCache`), so every side
+the on-disk all-MiniLM-L6-v2 cache (:class:`pbr_bench.embed.EmbeddingCache`), so every side
 ranks with identical vectors and no model runs (all LoCoMo turns and questions are cached; any
 text that is not is embedded once and counted). ``VectorMemoryBlock`` embeds a message wrapped as
 ``<message role='user'>text</message>``; ``L`` maps that envelope to the vector of the text inside
@@ -98,11 +98,11 @@ sys.path.insert(0, str(REPO))
 
 from langchain_pbr import PBRStore  # noqa: E402
 from llamaindex_pbr import PBRMemoryBlock  # noqa: E402
+from pbr_bench.compare import sign_test  # noqa: E402
+from pbr_bench.datasets import Dataset, Query, load_named  # noqa: E402
+from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.metrics import best_over_combinations  # noqa: E402
 from pbr_core import PBRConfig  # noqa: E402
-from pbr_core.bench.compare import sign_test  # noqa: E402
-from pbr_core.bench.datasets import Dataset, Query, load_named  # noqa: E402
-from pbr_core.bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
 
 DATASET = "locomo-turn"
 MODEL = "all-MiniLM-L6-v2"

@@ -22,9 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 

@@ -3,7 +3,7 @@
 What it measures: for every scored question of six data sets (PersonaBench 0.0 and 0.7, LoCoMo
 turn and session level, PrefEval explicit with 10 and 50 fillers), the top 10 of the asking
 user's items under each method below, scored by R@5 and N@5 (PersonaBench's best-over-
-combinations rule, :func:`pbr_core.bench.metrics.evaluate`, micro-averaged). No LLM is called;
+combinations rule, :func:`pbr_bench.metrics.evaluate`, micro-averaged). No LLM is called;
 the one LLM row (PersonaBench 0.0) reads the PBR authors' cached gpt-4o-mini generations.
 
 Every ranking goes through the library: the users' histories are built with
@@ -66,13 +66,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pbr_bench.bm25 import BM25Index  # noqa: E402
+from pbr_bench.compare import load_rankings, sign_test  # noqa: E402
+from pbr_bench.datasets import Dataset, Query, load_named, load_pbr_generations  # noqa: E402
+from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.metrics import best_over_combinations, evaluate  # noqa: E402
+from pbr_bench.runner import CachedEmbedder  # noqa: E402
 from pbr_core import PBRConfig, Personalizer  # noqa: E402
-from pbr_core.bench.bm25 import BM25Index  # noqa: E402
-from pbr_core.bench.compare import load_rankings, sign_test  # noqa: E402
-from pbr_core.bench.datasets import Dataset, Query, load_named, load_pbr_generations  # noqa: E402
-from pbr_core.bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations, evaluate  # noqa: E402
-from pbr_core.bench.runner import CachedEmbedder  # noqa: E402
 from pbr_core.history import HistoryItem, HistoryStore, UserHistory  # noqa: E402
 from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank  # noqa: E402
 from pbr_core.models import MiniLMEmbedder  # noqa: E402

@@ -23,9 +23,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pbr_core.bench.datasets import Dataset, load_named  # noqa: E402
-from pbr_core.bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
+from pbr_bench.datasets import Dataset, load_named  # noqa: E402
+from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.metrics import best_over_combinations  # noqa: E402
 from pbr_core.lexical import LexicalIndex, query_terms  # noqa: E402
 
 DATASETS = [

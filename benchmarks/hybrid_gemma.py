@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import hybrid as H  # noqa: E402
 
+from pbr_bench.compare import sign_test  # noqa: E402
+from pbr_bench.embed import EmbeddingCache  # noqa: E402
+from pbr_bench.runner import CachedEmbedder  # noqa: E402
 from pbr_core import GenerationCache, PBRConfig, Personalizer  # noqa: E402
-from pbr_core.bench.compare import sign_test  # noqa: E402
-from pbr_core.bench.embed import EmbeddingCache  # noqa: E402
-from pbr_core.bench.runner import CachedEmbedder  # noqa: E402
 from pbr_core.hybrid import lexical_query, lexical_terms, rank  # noqa: E402
 from pbr_core.models import MiniLMEmbedder  # noqa: E402
 from pbr_core.windows import window_of  # noqa: E402

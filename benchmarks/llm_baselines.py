@@ -1,10 +1,10 @@
 """The LLM query-expansion baselines next to PBR, from cached generations only (issue #5).
 
 HyDE, Query2Term, CoT and ThinkQE (spec §4.4) with a local LLM cost one or two generations per
-question; on this 2-core machine a full ``pbr bench run --methods hyde,...`` did not always fit a
-session. This script scores every method on the questions whose baseline answers are all in the
-generation cache (a miss is never generated here: the question is left out and counted), so a
-partly finished run still gives a paired comparison on equal questions.
+question; on this 2-core machine a full ``python -m pbr_bench run --methods hyde,...`` did not
+always fit a session. This script scores every method on the questions whose baseline answers are
+all in the generation cache (a miss is never generated here: the question is left out and
+counted), so a partly finished run still gives a paired comparison on equal questions.
 
     python benchmarks/llm_baselines.py --dataset personabench --llm gemma-270m --limit 60
     python benchmarks/llm_baselines.py --dataset locomo --limit 30      # LoCoMo turn level
@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
-from pbr_core.bench.cli import load_dataset  # noqa: E402
-from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset  # noqa: E402
-from pbr_core.bench.metrics import evaluate  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import LLM_BASELINES, Bench  # noqa: E402
+from pbr_bench.cli import load_dataset  # noqa: E402
+from pbr_bench.compare import paired  # noqa: E402
+from pbr_bench.datasets import Dataset  # noqa: E402
+from pbr_bench.metrics import evaluate  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import LLM_BASELINES, Bench  # noqa: E402
 
 METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
 

@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
-from pbr_core.bench.compare import sign_test  # noqa: E402
-from pbr_core.bench.datasets import load_named  # noqa: E402
-from pbr_core.bench.metrics import best_over_combinations  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_bench.compare import sign_test  # noqa: E402
+from pbr_bench.datasets import load_named  # noqa: E402
+from pbr_bench.metrics import best_over_combinations  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 #: Named before any other cell was scored: LoCoMo turn level, the 30-question seed-0 subset

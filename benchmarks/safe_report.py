@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 from safe_sweep import cached_bench, local_ids  # noqa: E402
 
-from pbr_core.bench.compare import paired  # noqa: E402
-from pbr_core.bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench, MethodRun  # noqa: E402
+from pbr_bench.compare import paired  # noqa: E402
+from pbr_bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench, MethodRun  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 #: label -> (bench method, config changes): safe with and without its history gate.

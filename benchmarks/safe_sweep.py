@@ -5,10 +5,11 @@ the gate costs on PersonaBench, where it was not needed (its queries rarely matc
 closely; the gate was added for LoCoMo's, see docs/benchmarks.md, "Safe personalization").
 
 For each LLM source (the authors' gpt-4o-mini generations on all 230 scored questions; the
-embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their ``pbr bench run --limit`` runs
-generated, or on every question with ``--gemma-limit 0 --smollm2-limit 0``), score plain, the
-paper's fusion and ``"safe"`` for every (trust ramp, minimum shift) on a grid. LLM answers come
-from the generation cache only: a missing one is an error, never a new generation.
+embedded Gemma 3 270M and SmolLM2-135M on the seeded subset their
+``python -m pbr_bench run --limit`` runs generated, or on every question with
+``--gemma-limit 0 --smollm2-limit 0``), score plain, the paper's fusion and ``"safe"`` for every
+(trust ramp, minimum shift) on a grid. LLM answers come from the generation cache only: a missing
+one is an error, never a new generation.
 
 A ramp is *admissible* when, for every source, safe R@5 and N@5 are at least the plain query's,
 and at noise 0.0 (the only level the paper reports) with the authors' generations at least the
@@ -33,9 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_core.bench.datasets import Dataset, load_personabench  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_bench.datasets import Dataset, load_personabench  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench  # noqa: E402
 from pbr_core.config import PBRConfig  # noqa: E402
 
 #: The paper's PBR with gpt-4o-mini on PersonaBench noise 0.0 (its only reported level).
@@ -55,12 +56,14 @@ class CacheOnly:
         self.model_id = model_id
 
     def generate(self, prompt: str) -> str:
-        raise LookupError(f"no cached {self.model_id} generation for this prompt; run pbr bench")
+        raise LookupError(
+            f"no cached {self.model_id} generation for this prompt; run python -m pbr_bench"
+        )
 
 
 def local_ids() -> dict[str, str]:
     """The generation-cache model ids of the two local LLMs, as their bench runs created them."""
-    from pbr_core.bench.llms import SmolLM2Generator
+    from pbr_bench.llms import SmolLM2Generator
     from pbr_core.models import LocalGemmaGenerator
 
     return {

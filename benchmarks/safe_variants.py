@@ -55,9 +55,9 @@ from safe_report import FIELDS, OUT, benches, score  # noqa: E402
 from safe_sweep import admissible  # noqa: E402
 
 import pbr_core.pipeline as pipeline  # noqa: E402
-from pbr_core.bench.metrics import evaluate  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench, MethodRun  # noqa: E402
+from pbr_bench.metrics import evaluate  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench, MethodRun  # noqa: E402
 from pbr_core.fusion import FusionResult, fuse  # noqa: E402
 from pbr_core.history import UserHistory  # noqa: E402
 

@@ -45,7 +45,7 @@ def _workload(n_max: int, queries: int, seed: int) -> list[tuple[str, list[str]]
     """(question, n_max turns of its conversation) pairs from LoCoMo; synthetic if absent."""
     rng = random.Random(seed)
     try:
-        from pbr_core.bench.datasets import load_locomo
+        from pbr_bench.datasets import load_locomo
 
         ds = load_locomo("turn")
     except Exception as exc:  # data not present: still measure, on made-up turns

@@ -3,8 +3,9 @@
 On a seeded subset of one data set's questions, with the default scorer (Gemma 3 270M, fp32):
 
 1. **Re-ranking**: the top-N candidates of a dense search, from the plain query and from PBR
-   (the Gemma P-PRF generations in ``benchmarks/cache``; run ``pbr bench run --llm local`` with the
-   same ``--limit``/``--seed`` first, or pass ``--no-pbr``), re-ordered by salience alone, by RRF
+   (the Gemma P-PRF generations in ``benchmarks/cache``; run
+   ``python -m pbr_bench run --llm local`` with the same ``--limit``/``--seed`` first, or pass
+   ``--no-pbr``), re-ordered by salience alone, by RRF
    with the dense rank and by the z-score sum. R@1/R@5/N@5 on exactly the same candidates.
 2. **The gate** (``max_c mean Sal_q > τ``): open rate on questions whose memory holds the answer
    (the asking user's own candidates) against the same questions put to *another* user's memory
@@ -37,16 +38,16 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_core.bench.datasets import (  # noqa: E402
+from pbr_bench.datasets import (  # noqa: E402
     Dataset,
     _read_json,
     load_locomo,
     load_prefeval,
     resolve_data_dir,
 )
-from pbr_core.bench.metrics import evaluate  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
-from pbr_core.bench.runner import Bench  # noqa: E402
+from pbr_bench.metrics import evaluate  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
+from pbr_bench.runner import Bench  # noqa: E402
 from pbr_core.salience import default_scorer, oracle_salience, rerank, salience  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -89,7 +90,7 @@ def main() -> int:
     if not args.no_pbr:
         from pbr_core.models import LocalGemmaGenerator
 
-        generator = LocalGemmaGenerator(dtype="float32")  # as `pbr bench run --llm local`
+        generator = LocalGemmaGenerator(dtype="float32")  # as `python -m pbr_bench run --llm local`
     bench = Bench(
         ds, generator=generator, llm_name="gemma-270m", limit=args.limit, seed=args.seed, k=args.n
     )

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pbr_bench.datasets import load_personabench  # noqa: E402
+from pbr_bench.report import write_rows  # noqa: E402
 from pbr_core import Personalizer  # noqa: E402
-from pbr_core.bench.datasets import load_personabench  # noqa: E402
-from pbr_core.bench.report import write_rows  # noqa: E402
 from pbr_core.pipeline import _model_id  # noqa: E402
 
 STAGES = (

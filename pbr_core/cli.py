@@ -1,14 +1,39 @@
-"""The ``pbr`` command: ``pbr demo`` (the main job) and ``pbr bench`` (the benchmark harness)."""
+"""The ``pbr`` command: ``pbr demo`` (the main job).
+
+``pbr bench ...`` is kept for now: it forwards to the benchmark harness, ``python -m pbr_bench``,
+which lives beside the library in the source checkout and is not part of the wheel. The harness is
+imported only when ``pbr bench`` runs, never when this module is imported.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from .config import FUSION_MODES
 
+BENCH_MISSING = (
+    "the benchmark harness is not installed; run it from a source checkout: python -m pbr_bench ..."
+)
+
+
+def _bench_main() -> Callable[[list[str]], int]:
+    """``pbr_bench.cli.main``, or SystemExit saying how to run the harness when it is absent
+    (an installed wheel, or a dev venv run outside the checkout's root)."""
+    try:
+        from pbr_bench.cli import main as bench_main
+    except ModuleNotFoundError as exc:
+        if exc.name != "pbr_bench":
+            raise
+        raise SystemExit(f"pbr bench: {BENCH_MISSING}") from None
+    return bench_main
+
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in[:1] == ["bench"]:  # everything after it is the harness's, `--help` included
+        return _bench_main()(args_in[1:])
     parser = argparse.ArgumentParser(prog="pbr", description="Personalize Before Retrieve")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="two users, same questions: plain vs personalized top-k")
@@ -21,17 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="fusion mode (default: safe; 'paper' applies the paper's full shift)",
     )
-    bench = sub.add_parser("bench", help="benchmarks; see `pbr bench --help`", add_help=False)
+    bench = sub.add_parser(
+        "bench", help="benchmarks (source checkout): same as `python -m pbr_bench`", add_help=False
+    )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     if args.command == "demo":
         from .demo import run_demo
 
         run_demo(k=args.k, questions=args.questions, cache_path=args.cache, fusion=args.fusion)
         return 0
-    from .bench.cli import main as bench_main
-
-    return bench_main(args.rest)
+    return _bench_main()(args.rest)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pbr_core.bench.bm25 import BM25Index, bm25_rank
-from pbr_core.bench.embed import EmbeddingCache, dense_rank
+from pbr_bench.bm25 import BM25Index, bm25_rank
+from pbr_bench.embed import EmbeddingCache, dense_rank
 
 
 class CountingEncoder:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pbr_core.bench.cli import main
-from pbr_core.bench.datasets import resolve_data_dir
+from pbr_bench.cli import main
+from pbr_bench.datasets import resolve_data_dir
 
 pytestmark = pytest.mark.slow
 

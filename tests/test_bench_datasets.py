@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pbr_core.bench import datasets
-from pbr_core.bench.datasets import (
+from pbr_bench import datasets
+from pbr_bench.datasets import (
     Dataset,
     load_locomo,
     load_pbr_generations,

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from pbr_core.bench import llms
-from pbr_core.bench.llms import SmolLM2Generator, smollm2_gguf
+from pbr_bench import llms
+from pbr_bench.llms import SmolLM2Generator, smollm2_gguf
 
 
 def test_a_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

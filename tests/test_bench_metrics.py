@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbr_core.bench import metrics
-from pbr_core.bench.metrics import (
+from pbr_bench import metrics
+from pbr_bench.metrics import (
     best_over_combinations,
     dcg_at_k,
     evaluate,

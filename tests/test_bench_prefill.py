@@ -6,9 +6,9 @@ from pathlib import Path
 
 from test_bench_baselines import CountingEncoder
 
-from pbr_core.bench.datasets import Dataset, Doc, Query, UserCorpus
-from pbr_core.bench.embed import EmbeddingCache
-from pbr_core.bench.runner import Bench
+from pbr_bench.datasets import Dataset, Doc, Query, UserCorpus
+from pbr_bench.embed import EmbeddingCache
+from pbr_bench.runner import Bench
 from pbr_core.cache import GenerationCache
 
 UTTERANCES = "1. do I roast the beets again?\n2. kale chips tonight?"

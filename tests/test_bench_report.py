@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pbr_core.bench.report import write_rows
+from pbr_bench.report import write_rows
 
 
 def _csv(path):

@@ -6,8 +6,8 @@ the encoder or the scorer differs from the authors' and no PBR number can be com
 
 Run (embeddings are cached, so a re-run takes seconds)::
 
-    HF_HUB_OFFLINE=1 python -m pbr_core.bench.check_baselines            # PersonaBench + LoCoMo
-    python -m pbr_core.bench.check_baselines --only personabench --out results/check.json
+    HF_HUB_OFFLINE=1 python -m pbr_bench.check_baselines            # PersonaBench + LoCoMo
+    python -m pbr_bench.check_baselines --only personabench --out results/check.json
 
 Prints one table row per (data set, method) and writes the rows as JSON.
 """
@@ -22,10 +22,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pbr_core.bench.bm25 import BM25Index
-from pbr_core.bench.datasets import Dataset, load_locomo, load_personabench
-from pbr_core.bench.embed import EmbeddingCache, dense_rank, minilm_encoder
-from pbr_core.bench.metrics import evaluate
+from pbr_bench.bm25 import BM25Index
+from pbr_bench.datasets import Dataset, load_locomo, load_personabench
+from pbr_bench.embed import EmbeddingCache, dense_rank, minilm_encoder
+from pbr_bench.metrics import evaluate
 
 __all__ = ["PAPER_PLAIN_PERSONABENCH", "bm25_rankings", "main", "plain_dense_rankings"]
 

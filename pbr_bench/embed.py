@@ -9,7 +9,7 @@ text, in ``.npz`` shards under ``$PBR_CACHE_DIR/embeddings/<model>/`` (default
 Use:
     .. code-block:: python
 
-        from pbr_core.bench.embed import EmbeddingCache, minilm_encoder
+        from pbr_bench.embed import EmbeddingCache, minilm_encoder
 
         cache = EmbeddingCache("all-MiniLM-L6-v2", minilm_encoder())
         doc_vecs = cache.encode(corpus.texts)        # encodes what is missing, in one call
@@ -32,7 +32,7 @@ __all__ = ["EmbeddingCache", "default_cache_dir", "dense_rank", "l2_normalize", 
 #: ``encode(texts, batch_size) -> (len(texts), dim)`` array.
 EncodeFn = Callable[[list[str], int], np.ndarray]
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def default_cache_dir() -> Path:

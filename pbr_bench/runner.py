@@ -1,7 +1,7 @@
 """Run retrieval methods over a benchmark data set through the same core and the same caches.
 
 Every method produces, per scored question, a ranked list of the asking user's documents; the
-rankings are scored with :mod:`pbr_core.bench.metrics` and kept per question (for paired
+rankings are scored with :mod:`pbr_bench.metrics` and kept per question (for paired
 comparisons). The PBR methods go through :class:`pbr_core.Personalizer` exactly as an app would;
 the LLM comes from the authors' cached gpt-4o-mini generations (PersonaBench only), the embedded
 Gemma 3 270M, or any :class:`~pbr_core.protocols.TextGenerator` passed in code (wrap a LangChain
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..cache import GenerationCache
-from ..config import PBRConfig
-from ..history import HistoryItem
-from ..pipeline import Personalizer, PseudoFeedback, _model_id
-from ..protocols import TextGenerator
+from pbr_core.cache import GenerationCache
+from pbr_core.config import PBRConfig
+from pbr_core.history import HistoryItem
+from pbr_core.pipeline import Personalizer, PseudoFeedback, _model_id
+from pbr_core.protocols import TextGenerator
+
 from .bm25 import BM25Index
 from .datasets import Dataset, Query, load_pbr_generations
 from .embed import EmbeddingCache, minilm_encoder
@@ -43,7 +44,7 @@ PBR_METHODS: dict[str, str] = {
 }
 LLM_BASELINES = ("hyde", "query2term", "cot", "thinkqe")
 ALL_METHODS = ("plain", "bm25", *PBR_METHODS, *LLM_BASELINES)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GENERATION_CACHE_DIR = REPO / "benchmarks" / "cache"
 
 # Baseline prompts (spec §4.4), per prompt style: instruction-following vs base completion.

@@ -17,7 +17,7 @@ Conventions (they match the official PersonaBench scorer, ``personabench/utils/e
 Use:
     .. code-block:: python
 
-        from pbr_core.bench.metrics import best_over_combinations, evaluate
+        from pbr_bench.metrics import best_over_combinations, evaluate
 
         best_over_combinations(["a", "x", "b"], [["a"], ["b", "c"]], k=5)  # (1.0, 0.919...)
         evaluate({"q1": ["a", "x"]}, {"q1": [["a"]]}, ks=(1, 5))["Overall"]["R@5"]  # 1.0

@@ -6,7 +6,7 @@ says which documents answer them.
 
 ``gold`` is a list of *answer elements*; each element is a list of alternative document ids, any one
 of which supports that element (PersonaBench's rule, spec §4.1). Data sets without alternatives
-use one id per element (``[["D1:3"], ["D2:7"]]``). :mod:`pbr_core.bench.metrics` scores a ranking
+use one id per element (``[["D1:3"], ["D2:7"]]``). :mod:`pbr_bench.metrics` scores a ranking
 against every combination of one alternative per element and keeps the best.
 
 The data are never copied into the repository. Each loader takes ``data_dir``; without it the
@@ -16,7 +16,7 @@ the current directory, else relative to the repository root (see :func:`resolve_
 Setup:
     .. code-block:: python
 
-        from pbr_core.bench.datasets import load_personabench, load_locomo, load_prefeval
+        from pbr_bench.datasets import load_personabench, load_locomo, load_prefeval
 
         pb = load_personabench("0.0")          # 6 users, 527 documents, 263 questions (230 scored)
         corpus = pb.corpora[pb.queries[0].user_id]
@@ -154,7 +154,7 @@ class Dataset:
 # Data directory
 # --------------------------------------------------------------------------------------------
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -7,7 +7,7 @@ English stop words), without stemming so the baseline has no optional dependency
 Use:
     .. code-block:: python
 
-        from pbr_core.bench.bm25 import BM25Index
+        from pbr_bench.bm25 import BM25Index
 
         index = BM25Index(corpus.ids, corpus.texts)
         index.search(["Where did I go to school?"], k=5)   # [["000000000100", ...]]

@@ -1,9 +1,11 @@
-"""``pbr bench``: run methods on the benchmark data sets, sweep the anchor parameters.
+"""``python -m pbr_bench``: run methods on the benchmark data sets, sweep the anchor parameters.
+
+Run from a source checkout (the harness is not part of the library wheel).
 
 Examples:
-    pbr bench run --dataset personabench --noise 0.0 --llm authors
-    pbr bench run --dataset locomo --level turn --llm local --limit 100
-    pbr bench sweep --dataset personabench --noise 0.0 --llm authors
+    python -m pbr_bench run --dataset personabench --noise 0.0 --llm authors
+    python -m pbr_bench run --dataset locomo --level turn --llm local --limit 100
+    python -m pbr_bench sweep --dataset personabench --noise 0.0 --llm authors
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..config import PBRConfig
+from pbr_core.config import PBRConfig
+
 from .datasets import Dataset, load_locomo, load_personabench, load_prefeval
 from .plots import category_bars, sweep_heatmap
 from .report import write_rows
@@ -49,7 +52,7 @@ def results_dir(args: argparse.Namespace, ds: Dataset) -> Path:
 def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
     generator = None
     if args.llm == "local":
-        from ..models import LocalGemmaGenerator
+        from pbr_core.models import LocalGemmaGenerator
 
         # fp32, not the library's bf16 default: P-PRF prompts run to ~1,000 tokens and bf16
         # prefill is 4x slower on this AVX2-only CPU (20 s vs 4.7 s for 984 tokens), while
@@ -178,7 +181,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="pbr bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m pbr_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("run", "sweep", "compare"):

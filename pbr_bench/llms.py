@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..models import LocalGemmaGenerator, _offline_env
+from pbr_core.models import LocalGemmaGenerator, _offline_env
 
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _LOCK = threading.Lock()
