@@ -35,9 +35,8 @@ from langgraph.store.base import (
 )
 
 from pbr_core import Embedder, GenerationCache, PBRConfig, Personalizer
-from pbr_core.adapters_support import explanation_payload
+from pbr_core.adapters_support import explanation_payload, memory_config
 from pbr_core.corpus import Corpus, Record, check_user_id
-from pbr_core.fusion import MODE_TERMS
 from pbr_core.hybrid import lexical_terms
 
 from ._bridge import LanguageModelLike, generator_for, prompt_set, prompt_style_of
@@ -213,12 +212,7 @@ class PBRStore(BaseStore):
             raise ValueError("text_key must be a non-empty string")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
-        cfg = config if config is not None else PBRConfig(fusion="plain" if llm is None else "safe")
-        if llm is None and (MODE_TERMS[cfg.fusion][1] or MODE_TERMS[cfg.fusion][2]):
-            raise ValueError(
-                f"fusion {cfg.fusion!r} calls an LLM, but PBRStore got no llm: pass llm=..., "
-                "or use fusion='plain' (pure hybrid search) or 'no_prf' (history anchor only)"
-            )
+        cfg = memory_config(config, llm is not None, "PBRStore")
         self.inner = inner
         self.ttl_config = inner.ttl_config
         self.supports_ttl = inner.supports_ttl

@@ -29,9 +29,8 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPromptTemplate
 
 from pbr_core import GenerationCache, HistoryItem, PBRConfig, Personalizer
-from pbr_core.adapters_support import explanation_payload
+from pbr_core.adapters_support import explanation_payload, memory_config
 from pbr_core.corpus import Corpus, check_user_id
-from pbr_core.fusion import MODE_TERMS
 from pbr_core.history import UserHistory
 from pbr_core.hybrid import lexical_terms
 
@@ -129,15 +128,7 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         return value
 
     def model_post_init(self, __context: Any) -> None:
-        cfg = self.config
-        if cfg is None:
-            cfg = PBRConfig(fusion="plain" if self.llm is None else "safe")
-        if self.llm is None and (MODE_TERMS[cfg.fusion][1] or MODE_TERMS[cfg.fusion][2]):
-            raise ValueError(
-                f"fusion {cfg.fusion!r} calls an LLM, but PBRMemoryBlock got no llm: pass "
-                "llm=..., or use fusion='plain' (pure hybrid search) or 'no_prf'"
-            )
-        self.config = cfg
+        cfg = self.config = memory_config(self.config, self.llm is not None, "PBRMemoryBlock")
         if self.embed_model is None:
             self.embed_model = settings_embed_model() or default_embed_model(CallbackManager())
         embedder = LlamaIndexEmbedder(self.embed_model)

@@ -54,6 +54,18 @@ def _with(keys: Sequence[str], *extra: str) -> list[str]:
     return out
 
 
+def _chroma_node(key: str, metadata: Mapping[str, Any] | None, text: str) -> BaseNode:
+    """A Chroma row as the node LlamaIndex stored (relationships restored from its
+    ``_node_content``), under the row's id; a row written by something other than LlamaIndex
+    becomes a text node with its metadata, LlamaIndex's own keys removed."""
+    meta = dict(metadata or {})
+    try:
+        node = metadata_dict_to_node(meta, text=text)
+    except (ValueError, TypeError):
+        node = TextNode(text=text, metadata={k: v for k, v in meta.items() if k not in _LLAMA_KEYS})
+    return node.model_copy(update={"id_": key})
+
+
 def stored_node(record: Record, user_key: str) -> BaseNode:
     """The node pbr writes for ``record``: the user's node under the store key, tagged."""
     template = record.extra if isinstance(record.extra, BaseNode) else None
@@ -155,12 +167,8 @@ class IndexRecords:
         embeddings = got.get("embeddings") if vectors else None
         out = []
         for i, key in enumerate(got["ids"]):
-            meta = dict(got["metadatas"][i] or {})
             text = got["documents"][i] or ""
-            try:
-                node_meta = dict(metadata_dict_to_node(meta, text=text).metadata)
-            except (ValueError, TypeError):  # written by something other than LlamaIndex
-                node_meta = {k: v for k, v in meta.items() if k not in _LLAMA_KEYS}
+            node_meta = dict(_chroma_node(key, got["metadatas"][i], text).metadata)
             vector = embeddings[i] if embeddings is not None else None
             record = self._record(key, text, node_meta, vector)
             if record is not None and record.user_id == user_id:
@@ -204,11 +212,7 @@ class IndexRecords:
         if _is_chroma(store):
             got = store._collection.get(ids=list(keys), include=["documents", "metadatas"])  # type: ignore[attr-defined]
             for key, meta, text in zip(got["ids"], got["metadatas"], got["documents"]):
-                try:
-                    node = metadata_dict_to_node(dict(meta or {}), text=text or "")
-                except (ValueError, TypeError):  # written by something other than LlamaIndex
-                    node = TextNode(text=text or "", metadata=dict(meta or {}))
-                found.append(node.model_copy(update={"id_": key}))
+                found.append(_chroma_node(key, meta, text or ""))
         else:
             found = [n for n in self.index.docstore.get_nodes(list(keys), raise_error=False) if n]
         return {n.node_id: n for n in found if n.metadata.get(self.user_key, self.owner) == user_id}

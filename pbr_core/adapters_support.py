@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from .config import PBRConfig
 from .corpus import check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
@@ -28,6 +29,7 @@ __all__ = [
     "explanation_events",
     "explanation_payload",
     "host_store_errors",
+    "memory_config",
     "missing_terms",
     "model_id",
 ]
@@ -54,6 +56,19 @@ def check_positive_int(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return value
+
+
+def memory_config(config: PBRConfig | None, has_llm: bool, owner: str) -> PBRConfig:
+    """The config of an agent-memory adapter (``owner`` names it in the error): without an LLM
+    ``fusion="plain"`` (a pure hybrid search), with one ``"safe"``; a given config whose fusion
+    calls an LLM that was not given is refused rather than silently degraded."""
+    cfg = config if config is not None else PBRConfig(fusion="safe" if has_llm else "plain")
+    if not has_llm and (MODE_TERMS[cfg.fusion][1] or MODE_TERMS[cfg.fusion][2]):
+        raise ValueError(
+            f"fusion {cfg.fusion!r} calls an LLM, but {owner} got no llm: pass llm=..., or use "
+            "fusion='plain' (pure hybrid search) or 'no_prf' (history anchor only)"
+        )
+    return cfg
 
 
 def missing_terms(explanation: Explanation) -> dict[str, str]:

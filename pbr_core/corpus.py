@@ -46,7 +46,7 @@ import numpy as np
 from .config import SearchMode
 from .errors import UnknownUserError
 from .history import HistoryItem, HistoryStore, UserHistory, check_serialisable
-from .hybrid import rank
+from .hybrid import hits, rank
 from .protocols import Embedder, SearchHit, model_id_of
 from .vectors import aembed_documents, as_unit_rows, embed_documents
 from .windows import Window, split, window_of
@@ -67,7 +67,6 @@ __all__ = [
 ITEM_ID_KEY = "pbr_id"
 #: Metadata key of the host store's own score (a distance for some stores, e.g. Chroma).
 RAW_SCORE_KEY = "store_score"
-
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
 
@@ -154,10 +153,11 @@ class Record:
 class ScoredRecord:
     """A search result mapped back to its owner's item, with one meaning of score.
 
-    ``score`` is the cosine similarity of the item with the search vector (higher is better,
-    the same for every store); ``raw_score`` is what the store reported (a distance for Chroma).
-    ``raw_score`` is None when pbr ranked the item without a host search (see
-    :meth:`Corpus.search`); the adapter then reads the record back by ``key`` if it needs more.
+    ``hit.score`` is what the search mode ranks by (the hybrid score, the cosine with the search
+    vector, or BM25: higher is better, the same for every store; both legs in ``hit.legs``);
+    ``raw_score`` is what the store reported (a distance for Chroma), None when pbr ranked the
+    item without a host search (see :meth:`Corpus.search`); the adapter then reads the record
+    back by ``key`` if it needs more.
     """
 
     hit: SearchHit
@@ -457,15 +457,10 @@ class Corpus:
                     continue  # a shadowed duplicate of the item (see _refresh)
                 raw[pos] = (key, score)
         candidates = list(raw) if found is not None else None
+        ranked = rank(history, vector, terms, k, mode=mode, candidates=candidates)
         out: list[ScoredRecord] = []
-        for r in rank(history, vector, terms, k, mode=mode, candidates=candidates):
-            item = history.items[r.position]
-            if r.position in raw:
-                key, score = raw[r.position]
-            else:
-                key = self.key_of(user_id, item.id)
-                score = None
-            hit = SearchHit(item.id, r.score, item.text, item.metadata, legs=r.legs())
+        for r, hit in zip(ranked, hits(history, ranked)):
+            key, score = raw.get(r.position) or (self.key_of(user_id, hit.id), None)
             out.append(ScoredRecord(hit=hit, key=key, raw_score=score))
         return out
 

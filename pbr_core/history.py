@@ -86,6 +86,17 @@ class HistoryItem:
         )
 
 
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest ``scores``, best first, equal scores by position: an O(n)
+    selection, then only those ``k`` sorted."""
+    n = len(scores)
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    return top[np.lexsort((top, -scores[top]))]
+
+
 class UserHistory:
     """An immutable snapshot of one user's history."""
 
@@ -155,10 +166,7 @@ class UserHistory:
             return []
         query = np.asarray(vector, dtype=np.float32).reshape(-1)
         scores = self.vectors @ query
-        k = min(k, n)
-        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
-        top = top[np.lexsort((top, -scores[top]))]
-        return [(int(i), float(scores[i])) for i in top]
+        return [(int(i), float(scores[i])) for i in top_k(scores, k)]
 
     def dense_scores(self, vector: np.ndarray) -> np.ndarray:
         """Cosine of every item with the unit ``vector`` (float32): an item with windows scores

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import SEARCH_MODES, SearchMode
-from .history import UserHistory
+from .history import UserHistory, top_k
+from .lexical import query_terms
 from .protocols import SearchHit
 
 if TYPE_CHECKING:
@@ -84,8 +85,6 @@ def lexical_query(
 ) -> dict[str, float]:
     """The lexical query: the user's words at weight 1, LLM feedback texts at ``feedback_weight``
     each (pseudo-relevance feedback, so the user's own words count most)."""
-    from .lexical import query_terms
-
     parts = [(query, 1.0)]
     if feedback_weight > 0:
         parts.extend((text, feedback_weight) for text in feedback if text)
@@ -173,12 +172,6 @@ def rank(
         score = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
     else:
         score = fuse(dense, lexical)
-    take = min(k, rows.size)
-    if take < rows.size:  # the k best in O(n), then only those sorted
-        top = np.argpartition(-score, take - 1)[:take]
-        order = top[np.lexsort((top, -score[top]))]
-    else:
-        order = np.argsort(-score, kind="stable")
     return [
         Ranked(
             position=int(rows[i]),
@@ -188,5 +181,5 @@ def rank(
             dense_rank=_rank_of(dense, int(i)),
             lexical_rank=_rank_of(lexical, int(i)) if lexical[i] > 0 else None,
         )
-        for i in order
+        for i in top_k(score, k)
     ]
