@@ -132,6 +132,17 @@ def test_scores_by_hand() -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
+def test_ceiling_is_the_score_no_item_reaches_unknown_words_counted_as_unseen() -> None:
+    index = LexicalIndex.build(["jazz jazz concert", "rock concert", "jazz"])
+    seen = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # jazz, concert: df = 2 of N = 3
+    unseen = math.log(1 + (3 - 0 + 0.5) / (0 + 0.5))  # df = 0
+    terms = {"jazz": 1.0, "concert": 0.5, "opera": 2.0}
+    assert index.ceiling(terms) == pytest.approx(1.5 * seen + 2.0 * unseen)
+    assert index.ceiling("jazz concert") == pytest.approx(2 * seen)
+    assert (index.scores(terms) < index.ceiling(terms)).all()
+    assert index.ceiling("the of and") == 0.0
+
+
 @pytest.mark.parametrize("query", QUERIES)
 def test_scores_equal_bm25s_lucene(query: str) -> None:
     expected = bm25s_scores(CHAT, query)
