@@ -295,11 +295,11 @@ class PBRRetriever(BaseRetriever):
 
     def _pbr_ranks_all(self, history: UserHistory | None) -> bool:
         """Whether pbr ranks all of the user's items itself (exact, both legs) instead of the
-        store's search: no store, or a store pbr verifies against with no view filter."""
+        store's search (see :meth:`pbr_core.corpus.Corpus.ranks_all`)."""
         if self.vectorstore is None or history is None:
-            return True
-        only_owner = self.filter_builder is None and set(self.search_kwargs) <= {"k"}
-        return only_owner and self._corpus().verified
+            return True  # no store to search, or nothing of the user's to search
+        filtered = self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
+        return self._corpus().ranks_all(filtered)
 
     def _rank(
         self,

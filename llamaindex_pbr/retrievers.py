@@ -622,9 +622,9 @@ class PBRRetriever(BaseRetriever):
 
     def _pbr_ranks_all(self) -> bool:
         """Whether pbr ranks all of the user's nodes itself (exact, both legs) instead of the
-        index's search: an index it verifies against, with no view filter."""
-        owner_only = self._filters is None and not self._shared.retriever_kwargs
-        return owner_only and self._shared.corpus.verified
+        index's search (see :meth:`pbr_core.corpus.Corpus.ranks_all`)."""
+        filtered = self._filters is not None or bool(self._shared.retriever_kwargs)
+        return self._shared.corpus.ranks_all(filtered)
 
     @contextlib.contextmanager
     def _store_errors(self, user_id: str) -> Iterator[None]:

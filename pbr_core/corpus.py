@@ -464,6 +464,13 @@ class Corpus:
             out.append(ScoredRecord(hit=hit, key=key, raw_score=score))
         return out
 
+    def ranks_all(self, view_filtered: bool) -> bool:
+        """Whether a search ranks all of the user's items in pbr (:meth:`search` with no
+        ``found``) rather than within a host search's results: when pbr's history is the record
+        (no host), or when it is verified against a host that lists and no view filter (which
+        only the host can evaluate) narrows the search."""
+        return self.host is None or (self.verified and not view_filtered)
+
     def key_of(self, user_id: str, item_id: str) -> str:
         """The host store's key of the user's item (its scoped key, or the key a record
         written before pbr was listed under); the item id itself without a host."""
