@@ -37,7 +37,7 @@ from langgraph.store.base import (
 from pbr_core import Embedder, GenerationCache, PBRConfig, Personalizer
 from pbr_core.adapters_support import explanation_payload, memory_config
 from pbr_core.corpus import Corpus, Record, check_user_id
-from pbr_core.hybrid import lexical_terms
+from pbr_core.retrieval import rank_personalized
 
 from ._bridge import LanguageModelLike, generator_for, prompt_set, prompt_style_of
 
@@ -330,8 +330,7 @@ class PBRStore(BaseStore):
         )
         t0 = time.perf_counter()
         cfg = self.config
-        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
-        scored = self.corpus.search(uid, history, pq.vector, terms, n, mode=cfg.search, found=found)
+        scored = rank_personalized(self.corpus, uid, history, pq, n, cfg, found)
         page = scored[op.offset : op.offset + op.limit]
         targets = [_parse_item_key(s.key) for s in page]
         gets: list[Op] = [GetOp(t[0], t[1], op.refresh_ttl) for t in targets if t is not None]

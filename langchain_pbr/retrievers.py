@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -27,10 +27,8 @@ from pbr_core import (
     HistoryItem,
     HistoryStore,
     PBRConfig,
-    PersonalizedQuery,
     Personalizer,
     PromptSet,
-    UserHistory,
 )
 from pbr_core.adapters_support import (
     check_positive_int,
@@ -38,9 +36,10 @@ from pbr_core.adapters_support import (
     explanation_events,
     host_store_errors,
     model_id,
+    owner_of,
 )
 from pbr_core.corpus import Corpus
-from pbr_core.hybrid import host_candidates, lexical_terms
+from pbr_core.retrieval import aretrieve, retrieve
 
 from ._bridge import (
     LangChainGenerator,
@@ -53,7 +52,7 @@ from ._bridge import (
     prompt_set,
     prompt_style_of,
 )
-from .stores import Found, astore_search, default_filter, host_records, store_search
+from .stores import astore_search, default_filter, host_records, store_search
 
 __all__ = ["PBRRetriever"]
 
@@ -293,32 +292,13 @@ class PBRRetriever(BaseRetriever):
     def _unknown_user(self) -> Literal["raise", "plain"]:
         return "raise" if self.strict else "plain"
 
-    def _pbr_ranks_all(self, history: UserHistory | None) -> bool:
-        """Whether pbr ranks all of the user's items itself (exact, both legs) instead of the
-        store's search (see :meth:`pbr_core.corpus.Corpus.ranks_all`)."""
-        if self.vectorstore is None or history is None:
-            return True  # no store to search, or nothing of the user's to search
-        filtered = self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
-        return self._corpus().ranks_all(filtered)
+    def _view_filtered(self) -> bool:
+        return self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
 
-    def _rank(
-        self,
-        uid: str,
-        history: UserHistory | None,
-        pq: PersonalizedQuery,
-        n: int,
-        found: Found | None,
-        t0: float,
-    ) -> list[Document]:
-        cfg = self.config
-        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
-        scored = self._corpus().search(
-            uid, history, pq.vector, terms, n, mode=cfg.search, found=found
-        )
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
-        return documents_of(scored, pq, cfg.search)
+    def _host_errors(self) -> contextlib.AbstractContextManager[None]:
+        return host_store_errors(self.vectorstore, "search")
 
-    # -- retrieval -----------------------------------------------------------------------------
+    # -- retrieval: the steps are pbr_core.retrieval's, this translates ------------------------
     def _get_relevant_documents(
         self,
         query: str,
@@ -329,25 +309,26 @@ class PBRRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         uid, n = self._request(user_id, k, kwargs, run_manager)
-        with host_store_errors(self.vectorstore, "search"):
-            history = self._corpus().history(uid)  # checked against the host store
         generator = self._generator(run_manager.get_child())
-        pq = self._personalizer().personalize(
-            uid, query, generator=generator, unknown_user=self._unknown_user()
+        store = self.vectorstore
+        got = retrieve(
+            self._corpus(),
+            uid,
+            n,
+            self.config,
+            lambda: self._personalizer().personalize(
+                uid, query, generator=generator, unknown_user=self._unknown_user()
+            ),
+            host_search=None
+            if store is None
+            else lambda v, m: store_search(store, v.tolist(), m, self._search_kwargs(uid)),
+            view_filtered=self._view_filtered(),
+            host_errors=self._host_errors,
         )
-        t0 = time.perf_counter()
-        found = None
-        if not self._pbr_ranks_all(history):
-            assert self.vectorstore is not None
-            wanted = host_candidates(n, self.config.search)
-            with host_store_errors(self.vectorstore, "search"):
-                kw = self._search_kwargs(uid)
-                found = store_search(self.vectorstore, pq.vector.tolist(), wanted, kw)
-        docs = self._rank(uid, history, pq, n, found, t0)
         child = run_manager.get_child()
-        for name, data in explanation_events(pq.explanation):
+        for name, data in explanation_events(got.query.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return docs
+        return documents_of(got.results, got.query, self.config.search)
 
     async def _aget_relevant_documents(
         self,
@@ -359,25 +340,26 @@ class PBRRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         uid, n = self._request(user_id, k, kwargs, run_manager)
-        with host_store_errors(self.vectorstore, "search"):
-            history = await self._corpus().ahistory(uid)
         generator = self._generator(run_manager.get_child())
-        pq = await self._personalizer().apersonalize(
-            uid, query, generator=generator, unknown_user=self._unknown_user()
+        store = self.vectorstore
+        got = await aretrieve(
+            self._corpus(),
+            uid,
+            n,
+            self.config,
+            lambda: self._personalizer().apersonalize(
+                uid, query, generator=generator, unknown_user=self._unknown_user()
+            ),
+            host_search=None
+            if store is None
+            else lambda v, m: astore_search(store, v.tolist(), m, self._search_kwargs(uid)),
+            view_filtered=self._view_filtered(),
+            host_errors=self._host_errors,
         )
-        t0 = time.perf_counter()
-        found = None
-        if not self._pbr_ranks_all(history):
-            assert self.vectorstore is not None
-            wanted = host_candidates(n, self.config.search)
-            with host_store_errors(self.vectorstore, "search"):
-                kw = self._search_kwargs(uid)
-                found = await astore_search(self.vectorstore, pq.vector.tolist(), wanted, kw)
-        docs = self._rank(uid, history, pq, n, found, t0)  # in-process: microseconds
         child = run_manager.get_child()
-        for name, data in explanation_events(pq.explanation):
+        for name, data in explanation_events(got.query.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return docs
+        return documents_of(got.results, got.query, self.config.search)
 
     # -- the users' corpora: pbr_core.corpus owns every rule, this only translates --------------
     def add_documents(
@@ -448,8 +430,8 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """A retriever holding these documents, added as one validated batch.
 
-        Each document's user is ``user_id`` (which also becomes the retriever's default user),
-        else its ``metadata[user_key]``; ``kwargs`` are the retriever's fields.
+        Each document's user is its ``metadata[user_key]``, else ``user_id`` (which also becomes
+        the retriever's default user); ``kwargs`` are the retriever's fields.
         """
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
         with host_store_errors(retriever.vectorstore, "add"):
@@ -478,12 +460,8 @@ class PBRRetriever(BaseRetriever):
     ) -> dict[str, list[HistoryItem]]:
         by_user: dict[str, list[Document]] = {}
         for i, doc in enumerate(documents):
-            uid = user_id if user_id is not None else doc.metadata.get(self.user_key)
-            if not isinstance(uid, str) or not uid:
-                raise ValueError(
-                    f"document {i} has no user: pass user_id=... or set "
-                    f"metadata[{self.user_key!r}] on every document"
-                )
+            fix = f"pass user_id=... or set metadata[{self.user_key!r}] on every document"
+            uid = owner_of(doc.metadata, user_id, self.user_key, f"document {i}", fix)
             by_user.setdefault(uid, []).append(doc)
         return {uid: items_of(docs, uid, None, self.user_key) for uid, docs in by_user.items()}
 

@@ -7,10 +7,12 @@ the host's callbacks, instrumentation spans, caches and rate limiters all apply.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
+import numpy as np
 from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
@@ -23,7 +25,7 @@ from llama_index.core.vector_stores import (
     MetadataFilters,
 )
 
-from pbr_core import PersonalizedQuery
+from pbr_core.adapters_support import host_store_errors
 
 PromptStyle = Literal["chat", "completion"]
 _STYLES: tuple[PromptStyle, ...] = ("chat", "completion")
@@ -188,9 +190,32 @@ def and_user(key: str, user_id: str, filters: MetadataFilters | None) -> Metadat
     return MetadataFilters(filters=[mine, filters], condition=FilterCondition.AND)
 
 
-def bundle_for(query: str, pq: PersonalizedQuery) -> QueryBundle:
+def bundle_for(query: str, vector: np.ndarray) -> QueryBundle:
     # With ``embedding`` set, the host retriever searches with q* as is (no re-embedding).
-    return QueryBundle(query_str=query, embedding=[float(x) for x in pq.vector])
+    return QueryBundle(query_str=query, embedding=[float(x) for x in vector])
+
+
+@contextlib.contextmanager
+def search_errors(store: object, partitioned: bool) -> Iterator[None]:
+    """A search's host errors: an unreachable server names its URL; "cannot filter" becomes
+    advice (pbr never post-filters)."""
+    try:
+        with host_store_errors(store, "search"):
+            yield
+    except (ValueError, NotImplementedError) as exc:
+        if "filter" not in str(exc).lower():
+            raise
+        if partitioned:
+            advice = "remove filters= from this retriever; the partition already isolates users"
+        else:
+            advice = (
+                "give PBRRetriever one index per user instead: "
+                "PBRRetriever.from_defaults(index={'u1': index_u1, ...}) or "
+                "from_defaults(nodes=..., vector_store_factory=lambda user_id: ...)"
+            )
+        raise ValueError(
+            f"the vector store cannot apply the metadata filter ({exc}); {advice}"
+        ) from exc
 
 
 def with_keys(keys: Sequence[str], *extra: str) -> list[str]:

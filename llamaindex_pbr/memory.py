@@ -32,7 +32,7 @@ from pbr_core import GenerationCache, HistoryItem, PBRConfig, Personalizer
 from pbr_core.adapters_support import explanation_payload, memory_config
 from pbr_core.corpus import Corpus, check_user_id
 from pbr_core.history import UserHistory
-from pbr_core.hybrid import lexical_terms
+from pbr_core.retrieval import rank_personalized
 
 from ._bridge import (
     LlamaIndexEmbedder,
@@ -207,12 +207,7 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
             generator=self._generator,
             unknown_user="raise" if self.strict else "plain",
         )
-        t0 = time.perf_counter()
-        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
-        scored = self._corpus.search(
-            uid, history, pq.vector, terms, self.similarity_top_k, mode=cfg.search
-        )
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
+        scored = rank_personalized(self._corpus, uid, history, pq, self.similarity_top_k, cfg)
         payload = {
             **explanation_payload(pq.explanation),
             "user": uid,

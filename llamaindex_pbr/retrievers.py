@@ -8,13 +8,13 @@ import contextvars
 import copy
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import llama_index.core.instrumentation as instrument
-from llama_index.core import Settings, StorageContext, VectorStoreIndex
+import numpy as np
+from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
@@ -25,7 +25,6 @@ from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import (
     BaseNode,
     Document,
-    MetadataMode,
     NodeWithScore,
     QueryBundle,
     TransformComponent,
@@ -37,7 +36,6 @@ from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import (
     GenerationCache,
-    HistoryItem,
     HistoryStore,
     PBRConfig,
     PersistenceError,
@@ -47,17 +45,14 @@ from pbr_core import (
     UnknownUserPolicy,
 )
 from pbr_core.adapters_support import (
-    EXPLANATION_KEY,
-    SEARCH_KEY,
     check_positive_int,
     check_user_id,
     explanation_events,
     explanation_payload,
     host_store_errors,
 )
-from pbr_core.corpus import RAW_SCORE_KEY, Corpus
-from pbr_core.history import UserHistory
-from pbr_core.hybrid import host_candidates, lexical_terms
+from pbr_core.corpus import Corpus
+from pbr_core.retrieval import Candidates, Retrieval, aretrieve, retrieve
 
 from . import persistence
 from ._bridge import (
@@ -68,16 +63,14 @@ from ._bridge import (
     bundle_for,
     default_embed_model,
     default_llm,
+    search_errors,
     settings_embed_model,
     settings_llm,
     split_index,
-    with_keys,
 )
 from .events import event_for
-from .stores import IndexRecords, PartitionRecords, docstore_nodes, user_node
-
-# pbr's per-result metadata: never embedded, never shown to the LLM.
-_HIDDEN_KEYS = (EXPLANATION_KEY, RAW_SCORE_KEY, SEARCH_KEY)
+from .nodes import aembed_missing, batch_of, embed_missing, result_nodes, tagged_copies
+from .stores import docstore_nodes, records_of
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
@@ -309,27 +302,14 @@ class PBRRetriever(BaseRetriever):
         self._strict: bool | None = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         corpus = self._shared.corpus
-        if single is not None:
-            corpus.host = IndexRecords(single, user_id_key)
-        else:
-
-            def new_index(user: str) -> VectorStoreIndex:  # a new user's index of a partition
-                assert vector_store_factory is not None
-                storage = StorageContext.from_defaults(vector_store=vector_store_factory(user))
-                return VectorStoreIndex(
-                    nodes=[],
-                    storage_context=storage,
-                    embed_model=embed_model,
-                    callback_manager=callback_manager,
-                )
-
-            factory = new_index if vector_store_factory is not None else None
-            per_user = per_user if per_user is not None else {}
-            corpus.host = PartitionRecords(per_user, factory, user_id_key)
+        corpus.host = records_of(
+            single, per_user, user_id_key, vector_store_factory, embed_model, callback_manager
+        )
         if history is None and not corpus.verified:  # read the docstore once
             sources = list((per_user or {}).items()) if single is None else [(None, single)]
             found, owners = docstore_nodes(sources, user_id_key)
-            self._write_embedded(found, owners, insert=False)
+            embed_missing(found, embed_model)
+            self._write(found, owners, insert=False)
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -507,43 +487,67 @@ class PBRRetriever(BaseRetriever):
     def embed_model(self) -> BaseEmbedding:
         return self._shared.embed_model
 
-    # -- retrieval -------------------------------------------------------------------------------
+    # -- retrieval: the steps are pbr_core.retrieval's, this translates -------------------------
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         user_id, query = self._request(query_bundle)
-        with self._store_errors(user_id):
-            history = self._shared.corpus.history(user_id)  # checked against the index
-        pq = self._personalize(user_id, query)
-        start = time.perf_counter()
-        nodes: list[NodeWithScore] | None = None
-        if history is not None and not self._pbr_ranks_all():
-            inner = self._inner_retriever(user_id)
-            nodes = []
-            if inner is not None:
-                with self._store_errors(user_id):
-                    nodes = inner.retrieve(bundle_for(query, pq))
-        with self._store_errors(user_id):
-            out = self._annotate(user_id, history, nodes, pq)
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return out
+        fetched: dict[str, BaseNode] = {}
+
+        def host_search(vector: np.ndarray, n: int) -> Candidates:
+            inner = self._inner_retriever(user_id, n)
+            found = [] if inner is None else inner.retrieve(bundle_for(query, vector))
+            return self._candidates(found, fetched)
+
+        got = retrieve(
+            self._shared.corpus,
+            user_id,
+            self._top_k,
+            self.config,
+            lambda: self._personalize(user_id, query),
+            host_search=host_search,
+            view_filtered=self._view_filtered(),
+            host_errors=self._store_errors,
+        )
+        with self._store_errors():
+            return self._result_nodes(user_id, got, fetched)
 
     @dispatcher.span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         user_id, query = self._request(query_bundle)
-        with self._store_errors(user_id):
-            history = await self._shared.corpus.ahistory(user_id)
-        pq = await self._apersonalize(user_id, query)
-        start = time.perf_counter()
-        nodes: list[NodeWithScore] | None = None
-        if history is not None and not self._pbr_ranks_all():
-            inner = self._inner_retriever(user_id)
-            nodes = []
-            if inner is not None:
-                with self._store_errors(user_id):
-                    nodes = await inner.aretrieve(bundle_for(query, pq))
-        with self._store_errors(user_id):
-            out = await asyncio.to_thread(self._annotate, user_id, history, nodes, pq)
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return out
+        fetched: dict[str, BaseNode] = {}
+
+        async def host_search(vector: np.ndarray, n: int) -> Candidates:
+            inner = self._inner_retriever(user_id, n)
+            found = [] if inner is None else await inner.aretrieve(bundle_for(query, vector))
+            return self._candidates(found, fetched)
+
+        got = await aretrieve(
+            self._shared.corpus,
+            user_id,
+            self._top_k,
+            self.config,
+            lambda: self._apersonalize(user_id, query),
+            host_search=host_search,
+            view_filtered=self._view_filtered(),
+            host_errors=self._store_errors,
+        )
+        with self._store_errors():
+            return await asyncio.to_thread(self._result_nodes, user_id, got, fetched)
+
+    @staticmethod
+    def _candidates(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
+        fetched.update((nws.node.node_id, nws.node) for nws in found)
+        return [(nws.node.node_id, nws.node.metadata, nws.score) for nws in found]
+
+    def _result_nodes(
+        self, user_id: str, got: Retrieval, fetched: dict[str, BaseNode]
+    ) -> list[NodeWithScore]:
+        """The ranked nodes; those pbr ranked without a host search are read back by key."""
+        host = self._shared.corpus.host
+        unread = [r.key for r in got.results if r.key not in fetched]
+        if unread and host is not None:
+            fetched.update(host.nodes(user_id, unread))  # type: ignore[attr-defined]
+        payload = explanation_payload(got.query.explanation)
+        return result_nodes(got.results, fetched, self.config.search, payload)
 
     def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
         """The request's user and query, validated; nothing of it is stored on ``self``."""
@@ -603,7 +607,7 @@ class PBRRetriever(BaseRetriever):
             for term, reason in expl.dropped.items():
                 print(f"  dropped {term}: {reason}")
 
-    def _inner_retriever(self, user_id: str) -> BaseRetriever | None:
+    def _inner_retriever(self, user_id: str, top_k: int) -> BaseRetriever | None:
         """The host retriever for this request: built per call, so no filter state is shared."""
         shared = self._shared
         if shared.user_indexes is not None:
@@ -615,85 +619,15 @@ class PBRRetriever(BaseRetriever):
             assert shared.index is not None
             index = shared.index
             filters = and_user(shared.user_id_key, user_id, self._filters)
-        top_k = host_candidates(self._top_k, self.config.search)
         return index.as_retriever(
             similarity_top_k=top_k, filters=filters, **shared.retriever_kwargs
         )
 
-    def _pbr_ranks_all(self) -> bool:
-        """Whether pbr ranks all of the user's nodes itself (exact, both legs) instead of the
-        index's search (see :meth:`pbr_core.corpus.Corpus.ranks_all`)."""
-        filtered = self._filters is not None or bool(self._shared.retriever_kwargs)
-        return self._shared.corpus.ranks_all(filtered)
+    def _view_filtered(self) -> bool:
+        return self._filters is not None or bool(self._shared.retriever_kwargs)
 
-    @contextlib.contextmanager
-    def _store_errors(self, user_id: str) -> Iterator[None]:
-        """Name an unreachable server's URL; turn "cannot filter" into advice (PBR never
-        post-filters)."""
-        try:
-            with host_store_errors(self._any_store(), "search"):
-                yield
-        except (ValueError, NotImplementedError) as exc:
-            if "filter" not in str(exc).lower():
-                raise
-            if self._shared.partitioned:
-                advice = "remove filters= from this retriever; the partition already isolates users"
-            else:
-                advice = (
-                    "give PBRRetriever one index per user instead: "
-                    "PBRRetriever.from_defaults(index={'u1': index_u1, ...}) or "
-                    "from_defaults(nodes=..., vector_store_factory=lambda user_id: ...)"
-                )
-            raise ValueError(
-                f"the vector store cannot apply the metadata filter ({exc}); {advice}"
-            ) from exc
-
-    def _annotate(
-        self,
-        user_id: str,
-        history: UserHistory | None,
-        nodes: list[NodeWithScore] | None,
-        pq: PersonalizedQuery,
-    ) -> list[NodeWithScore]:
-        """pbr's ranking of the user's nodes (all of them, or the index search's ``nodes``):
-        their own ids, the mode's score, both legs and the explanation (hidden from the LLM)."""
-        payload = explanation_payload(pq.explanation)
-        cfg = self.config
-        corpus = self._shared.corpus
-        by_key = {nws.node.node_id: nws.node for nws in nodes or []}
-        found = (
-            None if nodes is None else [(n.node.node_id, n.node.metadata, n.score) for n in nodes]
-        )
-        terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
-        results = corpus.search(
-            user_id, history, pq.vector, terms, self._top_k, mode=cfg.search, found=found
-        )
-        unread = [r.key for r in results if r.key not in by_key]
-        if unread and corpus.host is not None:  # ranked by pbr: read the nodes back by key
-            by_key.update(corpus.host.nodes(user_id, unread))  # type: ignore[attr-defined]
-        out = []
-        for scored in results:
-            if scored.key not in by_key:
-                continue  # deleted since the query started
-            node = user_node(by_key[scored.key], scored.hit.id)
-            copied = node.model_copy(
-                update={
-                    "metadata": {
-                        **node.metadata,
-                        RAW_SCORE_KEY: scored.raw_score,
-                        SEARCH_KEY: {"mode": cfg.search, **(scored.hit.legs or {})},
-                        EXPLANATION_KEY: payload,
-                    },
-                    "excluded_llm_metadata_keys": with_keys(
-                        node.excluded_llm_metadata_keys, *_HIDDEN_KEYS
-                    ),
-                    "excluded_embed_metadata_keys": with_keys(
-                        node.excluded_embed_metadata_keys, *_HIDDEN_KEYS
-                    ),
-                }
-            )
-            out.append(NodeWithScore(node=copied, score=scored.hit.score))
-        return out
+    def _store_errors(self) -> contextlib.AbstractContextManager[None]:
+        return search_errors(self._any_store(), self._shared.partitioned)
 
     # -- history -------------------------------------------------------------------------------
     def add_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
@@ -710,42 +644,21 @@ class PBRRetriever(BaseRetriever):
         return self._add(nodes, insert=insert, own_only=True)
 
     def _add(self, nodes: Sequence[BaseNode], *, insert: bool, own_only: bool) -> list[str]:
-        return self._write_embedded(*self._tagged_copies(nodes, own_only=own_only), insert=insert)
-
-    def _write_embedded(self, copies: list[BaseNode], users: list[str], insert: bool) -> list[str]:
-        todo = [n for n in copies if n.embedding is None]
-        if todo:
-            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
-            for node, vector in zip(todo, self._shared.embed_model.get_text_embedding_batch(texts)):
-                node.embedding = vector
+        key = self._shared.user_id_key
+        copies, users = tagged_copies(nodes, key, self._user_id, own_only=own_only)
+        embed_missing(copies, self._shared.embed_model)
         return self._write(copies, users, insert)
 
     async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
         """Async :meth:`add_nodes`."""
-        copies, users = self._tagged_copies(nodes, own_only=True)
-        todo = [n for n in copies if n.embedding is None]
-        if todo:
-            texts = [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
-            vectors = await self._shared.embed_model.aget_text_embedding_batch(texts)
-            for node, vector in zip(todo, vectors):
-                node.embedding = vector
+        key = self._shared.user_id_key
+        copies, users = tagged_copies(nodes, key, self._user_id, own_only=True)
+        await aembed_missing(copies, self._shared.embed_model)
         return await asyncio.to_thread(self._write, copies, users, insert)
 
     def _write(self, copies: list[BaseNode], users: list[str], insert: bool) -> list[str]:
         """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules)."""
-        groups: dict[str, list[HistoryItem]] = {}
-        vectors: dict[str, list[list[float]]] = {}
-        extras: dict[str, list[BaseNode]] = {}
-        for node, user in zip(copies, users):
-            groups.setdefault(user, []).append(
-                HistoryItem(
-                    id=node.node_id,
-                    text=node.get_content(metadata_mode=MetadataMode.NONE),
-                    metadata=node.metadata,
-                )
-            )
-            vectors.setdefault(user, []).append(node.get_embedding())
-            extras.setdefault(user, []).append(node)
+        groups, vectors, extras = batch_of(copies, users)
         with host_store_errors(self._any_store(), "add"):
             self._shared.corpus.add_many(groups, vectors=vectors, extras=extras, write_host=insert)
         return [n.node_id for n in copies]
@@ -814,28 +727,6 @@ class PBRRetriever(BaseRetriever):
         if self._user_id is None:
             raise ValueError(f"to {what}, use a view for one user: retriever.for_user('u1')")
         return self._user_id
-
-    def _tagged_copies(
-        self, nodes: Sequence[BaseNode], *, own_only: bool
-    ) -> tuple[list[BaseNode], list[str]]:
-        """Copies of the nodes (yours are not modified) and the user each is added for: this
-        view's user, else (``from_defaults``) the node's ``metadata[user_id_key]``. A node naming
-        another owner than its user is refused by the corpus."""
-        key = self._shared.user_id_key
-        copies: list[BaseNode] = []
-        users: list[str] = []
-        for node in nodes:
-            mine = own_only and self._user_id is not None
-            user = self._user_id if mine else node.metadata.get(key, self._user_id)
-            if user is None:
-                raise ValueError(
-                    f"node {node.node_id!r} has no {key!r} metadata and this retriever has no "
-                    f"user; set node.metadata[{key!r}] or add through retriever.for_user('u1')"
-                )
-            excluded = with_keys(node.excluded_embed_metadata_keys, key)
-            copies.append(node.model_copy(update={"excluded_embed_metadata_keys": excluded}))
-            users.append(check_user_id(user))
-        return copies, users
 
     # -- prompts (PromptMixin) ---------------------------------------------------------------------
     def _get_prompts(self) -> PromptDictType:

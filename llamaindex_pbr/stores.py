@@ -18,18 +18,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from llama_index.core import VectorStoreIndex
+from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from pbr_core.corpus import ITEM_ID_KEY, Record
 
+from ._bridge import with_keys
+
 __all__ = [
     "IndexRecords",
     "PartitionRecords",
     "docstore_nodes",
     "listable",
+    "records_of",
     "stored_node",
     "user_node",
 ]
@@ -46,12 +49,6 @@ def listable(index: VectorStoreIndex) -> bool:
     """Whether pbr can list the index's nodes per user (and so verify against it)."""
     store = index.vector_store
     return isinstance(store, SimpleVectorStore) or _is_chroma(store)
-
-
-def _with(keys: Sequence[str], *extra: str) -> list[str]:
-    out = list(keys)
-    out.extend(k for k in extra if k not in out)
-    return out
 
 
 def _chroma_node(key: str, metadata: Mapping[str, Any] | None, text: str) -> BaseNode:
@@ -76,10 +73,10 @@ def stored_node(record: Record, user_key: str) -> BaseNode:
             "id_": record.key,
             "metadata": dict(record.metadata),
             "embedding": [float(x) for x in np.asarray(record.vector)],
-            "excluded_llm_metadata_keys": _with(
+            "excluded_llm_metadata_keys": with_keys(
                 template.excluded_llm_metadata_keys, user_key, ITEM_ID_KEY
             ),
-            "excluded_embed_metadata_keys": _with(
+            "excluded_embed_metadata_keys": with_keys(
                 template.excluded_embed_metadata_keys, user_key, ITEM_ID_KEY
             ),
         }
@@ -308,6 +305,33 @@ class PartitionRecords:
     def ref_doc_ids(self, user_id: str) -> dict[str, str]:
         part = self._part(user_id)
         return {} if part is None else part.ref_doc_ids(user_id)
+
+
+def records_of(
+    index: VectorStoreIndex | None,
+    per_user: dict[str, VectorStoreIndex] | None,
+    user_key: str,
+    vector_store_factory: Callable[[str], Any] | None,
+    embed_model: Any,
+    callback_manager: Any,
+) -> IndexRecords | PartitionRecords:
+    """The records of one shared ``index``, or of a per-user partition whose new users get an
+    index over ``vector_store_factory(user)`` (none: a user not in ``per_user`` has nothing)."""
+    if index is not None:
+        return IndexRecords(index, user_key)
+
+    def new_index(user: str) -> VectorStoreIndex:
+        assert vector_store_factory is not None
+        storage = StorageContext.from_defaults(vector_store=vector_store_factory(user))
+        return VectorStoreIndex(
+            nodes=[],
+            storage_context=storage,
+            embed_model=embed_model,
+            callback_manager=callback_manager,
+        )
+
+    factory = new_index if vector_store_factory is not None else None
+    return PartitionRecords(per_user if per_user is not None else {}, factory, user_key)
 
 
 def docstore_nodes(

@@ -9,7 +9,7 @@ Framework-free, like the rest of pbr_core.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +32,7 @@ __all__ = [
     "memory_config",
     "missing_terms",
     "model_id",
+    "owner_of",
 ]
 
 #: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
@@ -41,6 +42,20 @@ EXPLANATION_KEY = "pbr"
 #: Metadata key of how pbr ranked a result: ``{"mode", "dense", "dense_rank", "lexical",
 #: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`).
 SEARCH_KEY = "pbr_search"
+
+
+def owner_of(
+    metadata: Mapping[str, Any], default: str | None, user_key: str, what: str, fix: str
+) -> str:
+    """The user an item of a multi-user batch is for: its ``metadata[user_key]``, else
+    ``default`` (the user the call names). One rule for LangChain's ``from_documents`` and
+    LlamaIndex's ``from_defaults``; a per-user add names its user and the corpus refuses an item
+    whose metadata names another. ``what`` names the item and ``fix`` says, in the framework's
+    terms, how to give its user."""
+    user = metadata.get(user_key, default)
+    if user is None:
+        raise ValueError(f"{what} has no {user_key!r} metadata and no user was given; {fix}")
+    return check_user_id(user)
 
 
 def model_id(model: object) -> str:

@@ -36,8 +36,6 @@ from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUse
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
 from .history import HistoryItem, HistoryStore, UserHistory
-from .hybrid import hits as ranked_hits
-from .hybrid import lexical_terms, rank
 from .prf import (
     CHAT_PROMPTS,
     COMPLETION_PROMPTS,
@@ -49,6 +47,7 @@ from .prf import (
     parse_utterances,
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
+from .retrieval import rank_personalized
 from .vectors import aembed_documents, aembed_query, check_dimension, embed_documents, embed_query
 
 _log = logging.getLogger("pbr.pipeline")
@@ -776,9 +775,8 @@ class Personalizer:
             hits = self.vector_search.search(user_id, pq.vector.tolist(), k)
         else:
             history = self.store.get(user_id)
-            terms = lexical_terms(pq.explanation, cfg.lexical_feedback_weight)
-            ranked = rank(history, pq.vector, terms, k, mode=cfg.search)
-            hits = ranked_hits(history, ranked)
+            ranked = rank_personalized(self.corpus, user_id, history, pq, k, cfg, since=start)
+            return [r.hit for r in ranked]
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
         return hits
 

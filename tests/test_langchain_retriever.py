@@ -529,8 +529,18 @@ def test_documents_of_another_user_are_refused() -> None:
     r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB)
     with pytest.raises(ValueError, match="belongs to user 'bob'"):
         r.add_documents([Document(page_content="x", metadata={"user_id": "bob"})], user_id="alice")
-    with pytest.raises(ValueError, match="document 0 has no user"):
+    with pytest.raises(ValueError, match="document 0 has no 'user_id' metadata"):
         PBRRetriever.from_documents([Document(page_content="x")], embeddings=EMB)
+
+
+def test_from_documents_user_id_tags_only_the_documents_that_name_no_user() -> None:
+    docs = [
+        Document(page_content="alice runs marathons"),
+        Document(page_content="bob plays jazz", metadata={"user_id": "bob"}),
+    ]
+    r = PBRRetriever.from_documents(docs, user_id="alice", llm=ScriptedChat(), embeddings=EMB)
+    assert [d.page_content for d in r.invoke("q", k=5)] == ["alice runs marathons"]
+    assert [d.page_content for d in r.invoke("q", user_id="bob", k=5)] == ["bob plays jazz"]
 
 
 def test_filter_builder_is_called_per_request() -> None:

@@ -1,0 +1,126 @@
+"""LlamaIndex nodes in and out of a user's corpus: type translation only.
+
+In: a node's user is the view's (a view adds its own user's nodes only), else, when a base adds
+everyone's nodes (``from_defaults``), the node's ``metadata[user_id_key]``; the index gets copies
+(yours are not modified) tagged for the corpus, embedded as LlamaIndex embeds (text and
+metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids,
+the mode's score, both legs and the explanation in metadata hidden from the LLM and embeddings.
+Ownership and validation are :class:`pbr_core.corpus.Corpus`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+
+from pbr_core import HistoryItem
+from pbr_core.adapters_support import EXPLANATION_KEY, SEARCH_KEY, owner_of
+from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+
+from ._bridge import with_keys
+from .stores import user_node
+
+__all__ = [
+    "HIDDEN_KEYS",
+    "Batch",
+    "aembed_missing",
+    "batch_of",
+    "embed_missing",
+    "result_nodes",
+    "tagged_copies",
+]
+
+#: pbr's per-result metadata: never embedded, never shown to the LLM.
+HIDDEN_KEYS = (EXPLANATION_KEY, RAW_SCORE_KEY, SEARCH_KEY)
+
+#: What :meth:`pbr_core.corpus.Corpus.add_many` takes: items, vectors and nodes per user.
+Batch = tuple[dict[str, list[HistoryItem]], dict[str, list[list[float]]], dict[str, list[BaseNode]]]
+
+
+def tagged_copies(
+    nodes: Sequence[BaseNode], user_key: str, view_user: str | None, *, own_only: bool
+) -> tuple[list[BaseNode], list[str]]:
+    """Copies of ``nodes`` (the user key hidden from embeddings) and the user each is for."""
+    copies: list[BaseNode] = []
+    users: list[str] = []
+    for node in nodes:
+        if own_only and view_user is not None:
+            user = view_user  # the corpus refuses a node whose metadata names another user
+        else:
+            fix = f"set node.metadata[{user_key!r}] or add through retriever.for_user('u1')"
+            user = owner_of(node.metadata, view_user, user_key, f"node {node.node_id!r}", fix)
+        excluded = with_keys(node.excluded_embed_metadata_keys, user_key)
+        copies.append(node.model_copy(update={"excluded_embed_metadata_keys": excluded}))
+        users.append(user)
+    return copies, users
+
+
+def _unembedded(copies: Sequence[BaseNode]) -> tuple[list[BaseNode], list[str]]:
+    todo = [n for n in copies if n.embedding is None]
+    return todo, [n.get_content(metadata_mode=MetadataMode.EMBED) for n in todo]
+
+
+def embed_missing(copies: Sequence[BaseNode], embed_model: BaseEmbedding) -> None:
+    """Embed the copies that carry no embedding, in one batch (as an index insert would)."""
+    todo, texts = _unembedded(copies)
+    if todo:
+        for node, vector in zip(todo, embed_model.get_text_embedding_batch(texts)):
+            node.embedding = vector
+
+
+async def aembed_missing(copies: Sequence[BaseNode], embed_model: BaseEmbedding) -> None:
+    """Async :func:`embed_missing` (the model's native async batch)."""
+    todo, texts = _unembedded(copies)
+    if todo:
+        for node, vector in zip(todo, await embed_model.aget_text_embedding_batch(texts)):
+            node.embedding = vector
+
+
+def batch_of(copies: Sequence[BaseNode], users: Sequence[str]) -> Batch:
+    """The corpus batch of embedded, tagged copies: one group per user."""
+    groups: dict[str, list[HistoryItem]] = {}
+    vectors: dict[str, list[list[float]]] = {}
+    extras: dict[str, list[BaseNode]] = {}
+    for node, user in zip(copies, users):
+        text = node.get_content(metadata_mode=MetadataMode.NONE)
+        groups.setdefault(user, []).append(HistoryItem(node.node_id, text, node.metadata))
+        vectors.setdefault(user, []).append(node.get_embedding())
+        extras.setdefault(user, []).append(node)
+    return groups, vectors, extras
+
+
+def result_nodes(
+    results: Sequence[ScoredRecord],
+    stored: Mapping[str, BaseNode],
+    mode: str,
+    explanation: Mapping[str, Any],
+) -> list[NodeWithScore]:
+    """pbr's ranking as the user's nodes; ``stored`` maps store keys to the host's nodes (a
+    result the host no longer holds was deleted since the query started: left out)."""
+    out = []
+    for scored in results:
+        if scored.key not in stored:
+            continue
+        node = user_node(stored[scored.key], scored.hit.id)
+        metadata = {
+            **node.metadata,
+            RAW_SCORE_KEY: scored.raw_score,
+            SEARCH_KEY: {"mode": mode, **(scored.hit.legs or {})},
+            EXPLANATION_KEY: explanation,
+        }
+        copied = node.model_copy(
+            update={
+                "metadata": metadata,
+                "excluded_llm_metadata_keys": with_keys(
+                    node.excluded_llm_metadata_keys, *HIDDEN_KEYS
+                ),
+                "excluded_embed_metadata_keys": with_keys(
+                    node.excluded_embed_metadata_keys, *HIDDEN_KEYS
+                ),
+            }
+        )
+        out.append(NodeWithScore(node=copied, score=scored.hit.score))
+    return out
