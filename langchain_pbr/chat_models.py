@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from pydantic import Field
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field
 
 if TYPE_CHECKING:
     from pbr_core.models import LocalGemmaGenerator
@@ -61,6 +61,12 @@ class LocalGemmaChatModel(BaseChatModel):
 
             llm.invoke("Three things to pack for a rainy hike:\\n1.").text
 
+    Stream:
+        .. code-block:: python
+
+            for chunk in llm.stream("Three things to pack for a rainy hike:\\n1."):
+                print(chunk.text, end="")   # the same text as invoke, as it is decoded
+
     Async:
         .. code-block:: python
 
@@ -74,8 +80,8 @@ class LocalGemmaChatModel(BaseChatModel):
             retriever = PBRRetriever(llm=LocalGemmaChatModel())  # == PBRRetriever(llm=None)
     """
 
-    max_new_tokens: int = Field(default=160, ge=1)
-    """Most tokens generated per call."""
+    max_new_tokens: int = Field(default=160, ge=1, alias="max_tokens")
+    """Most tokens generated per call (``max_tokens=`` works too, as for other chat models)."""
     temperature: float = Field(default=0.8, gt=0)
     top_p: float = Field(default=0.95, gt=0, le=1)
     top_k: int = Field(default=64, ge=1)
@@ -83,14 +89,31 @@ class LocalGemmaChatModel(BaseChatModel):
     dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     """Weights' dtype: ``"bfloat16"`` decodes fastest on CPU; ``"float32"`` shares the salience
     scorer's copy of the model."""
+    stop: list[str] | None = None
+    """Stop strings of every call (a call's own ``stop`` replaces them); None = pbr's default
+    (a blank line, or the next numbered item for a list)."""
     prompt_style: Literal["completion"] = "completion"
     #: In-process compute: pbr gives it no ``llm_timeout_s`` (its first call loads the model).
     in_process: ClassVar[bool] = True
     """Read by :class:`~langchain_pbr.PBRRetriever`: this model needs completion prompts."""
 
+    model_config = ConfigDict(populate_by_name=True)
+
     @property
     def _llm_type(self) -> str:
         return "pbr-local-gemma"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="pbr",
+            ls_model_name=kwargs.get("model", "gemma-3-270m"),
+            ls_model_type="chat",
+            ls_temperature=self.temperature,
+            ls_max_tokens=self.max_new_tokens,
+        )
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop or [])
+        return params
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -113,6 +136,7 @@ class LocalGemmaChatModel(BaseChatModel):
         # gets one with its own stop strings instead of sharing mutable state.
         from pbr_core.models import DEFAULT_STOP, LocalGemmaGenerator
 
+        stop = stop or self.stop
         return LocalGemmaGenerator(
             max_new_tokens=self.max_new_tokens,
             stop=tuple(stop) if stop else DEFAULT_STOP,
@@ -132,6 +156,19 @@ class LocalGemmaChatModel(BaseChatModel):
     ) -> ChatResult:
         text = self._generator(stop).generate(flatten_messages(messages))
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        for piece in self._generator(stop).stream(flatten_messages(messages)):
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            if run_manager is not None:
+                run_manager.on_llm_new_token(piece, chunk=chunk)
+            yield chunk
 
     # No _agenerate of its own: the forward passes are sync compute. LangChain runs them in a
     # worker thread for ainvoke, and PBRRetriever calls them in its own bounded executor.

@@ -142,11 +142,14 @@ class LocalGemmaLLM(CustomLLM):
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        """One chunk holding the whole completion (the model does not stream token by token)."""
-        text = self._generator().generate(self._prompt(prompt, formatted))
+        """:meth:`complete`'s text in pieces as it is decoded (``delta``: the new piece)."""
+        pieces = self._generator().stream(self._prompt(prompt, formatted))
 
         def gen() -> CompletionResponseGen:
-            yield CompletionResponse(text=text, delta=text)
+            text = ""
+            for piece in pieces:
+                text += piece
+                yield CompletionResponse(text=text, delta=piece)
 
         return gen()
 

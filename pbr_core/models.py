@@ -513,6 +513,53 @@ class LocalGemmaGenerator:
         if not prompts:
             return []
         model, tok = self._load()
+        with _GENERATE_LOCK:
+            out, prompt_len = self._sample(model, tok, prompts)
+        texts = tok.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
+        return [_cut(t, self.stop) for t in texts]
+
+    def stream(self, prompt: str) -> Iterator[str]:
+        """:meth:`generate`'s text in pieces as it is decoded (the same text: same seed, same
+        settings), ending before the first stop string. Pieces are words or more; a piece that
+        could begin a stop string is held back until it cannot."""
+        from transformers import TextIteratorStreamer
+
+        model, tok = self._load()
+        streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with _GENERATE_LOCK:
+                    self._sample(model, tok, [prompt], streamer=streamer)
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+                streamer.end()
+
+        worker = threading.Thread(target=run, name="pbr-gemma-stream", daemon=True)
+        worker.start()
+        held, longest, done = "", max(len(s) for s in self.stop), False
+        for piece in streamer:  # read to the end: the worker holds the lock until it finishes
+            if done:
+                continue
+            held += piece
+            cut = _cut(held, self.stop)
+            if len(cut) < len(held):
+                done, held = True, cut
+            safe = len(held) if done else len(held) - (longest - 1)
+            if safe > 0:
+                yield held[:safe]
+                held = held[safe:]
+        worker.join()
+        if failed:
+            raise failed[0]
+        if held and not done:
+            yield held
+
+    def _sample(
+        self, model: Any, tok: Any, prompts: list[str], streamer: Any = None
+    ) -> tuple[Any, int]:
+        """One seeded, left-padded ``generate`` call (the caller holds ``_GENERATE_LOCK``)."""
         import torch
 
         eos = [tok.eos_token_id]
@@ -520,7 +567,7 @@ class LocalGemmaGenerator:
             end_of_turn = tok.convert_tokens_to_ids(marker)
             if isinstance(end_of_turn, int) and end_of_turn not in (tok.unk_token_id, None):
                 eos.append(end_of_turn)  # a base model rarely emits it, but it ends a text
-        with _GENERATE_LOCK, torch.inference_mode(), torch.random.fork_rng(devices=[]):
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(_seed(prompts))
             enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
             prompt_len = enc["input_ids"].shape[1]
@@ -535,9 +582,9 @@ class LocalGemmaGenerator:
                 pad_token_id=tok.pad_token_id,
                 eos_token_id=eos,
                 stopping_criteria=_stop_criteria(tok, self.stop, prompt_len),
+                streamer=streamer,
             )
-        texts = tok.batch_decode(out[:, prompt_len:], skip_special_tokens=True)
-        return [_cut(t, self.stop) for t in texts]
+        return out, prompt_len
 
     async def agenerate(self, prompt: str) -> str:
         """:meth:`generate` in a worker thread, so the event loop keeps running."""

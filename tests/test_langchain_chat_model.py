@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from langchain_pbr import LocalGemmaChatModel
@@ -36,8 +39,29 @@ def test_model_id_spells_out_the_sampling_settings() -> None:
     assert "t=0.5" in llm.model_id and "max=24" in llm.model_id
 
 
+def test_max_tokens_and_stop_are_the_chat_model_spellings() -> None:
+    llm = LocalGemmaChatModel(max_tokens=24, stop=["\n- "])
+    assert llm.max_new_tokens == 24
+    assert "max=24" in llm.model_id and "stop=" in llm.model_id
+    assert LocalGemmaChatModel(max_new_tokens=24).max_new_tokens == 24
+    params = llm._get_ls_params()
+    assert params["ls_max_tokens"] == 24 and params["ls_stop"] == ["\n- "]
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(ValidationError):
         LocalGemmaChatModel(max_new_tokens=0)
     with pytest.raises(ValidationError):
         LocalGemmaChatModel(top_p=1.5)
+
+
+class TestLocalGemmaChatModelStandard(ChatModelUnitTests):
+    """LangChain's own unit suite for chat models (it builds the model, never loads weights)."""
+
+    @property
+    def chat_model_class(self) -> type[LocalGemmaChatModel]:
+        return LocalGemmaChatModel
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"temperature": 0.8}  # the suite's default 0 would mean greedy: this one samples

@@ -101,6 +101,14 @@ def test_real_minilm_embedder_and_in_memory_vector_store() -> None:
     assert retriever.invoke("dinner", config={"configurable": {"user_id": "carol"}}) == []
 
 
+def test_the_embedded_gemma_streams_what_it_would_answer() -> None:
+    pytest.importorskip("transformers")
+    llm = LocalGemmaChatModel(max_new_tokens=12)
+    prompt = "Three things to pack for a rainy hike:\n1."
+    chunks = list(llm.stream(prompt))
+    assert "".join(c.text for c in chunks) == llm.invoke(prompt).text
+
+
 async def test_host_llm_is_the_embedded_gemma_as_a_chat_model() -> None:
     pytest.importorskip("transformers")
     runs = LLMRuns()

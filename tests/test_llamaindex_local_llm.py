@@ -52,6 +52,12 @@ async def test_completes_sync_async_and_chat(gemma: LocalGemmaLLM) -> None:
     )
 
 
+def test_stream_complete_streams_the_completion(gemma: LocalGemmaLLM) -> None:
+    prompt = "Three things to pack for a rainy hike:\n1."
+    chunks = list(gemma.stream_complete(prompt))
+    assert "".join(c.delta or "" for c in chunks) == chunks[-1].text == gemma.complete(prompt).text
+
+
 def test_query_engine_with_the_embedded_llm(gemma: LocalGemmaLLM) -> None:
     nodes = [
         TextNode(text=text, id_=f"{user}-{i}", metadata={"user_id": user})

@@ -302,6 +302,29 @@ def test_same_prompt_same_text(generator: LocalGemmaGenerator, questions: str) -
 
 
 @pytest.mark.slow
+def test_a_stream_is_the_generated_text_in_pieces(
+    generator: LocalGemmaGenerator, questions: str
+) -> None:
+    pieces = list(generator.stream(QUESTIONS_PROMPT))
+    assert "".join(pieces) == questions  # same seed, same settings, same stop
+    assert len(pieces) > 1, "one piece is not a stream"
+
+
+@pytest.mark.slow
+def test_a_stream_ends_before_a_stop_string_that_spans_pieces(
+    generator: LocalGemmaGenerator, questions: str
+) -> None:
+    # A stop string made of the text's own second and third words, so it arrives split over
+    # pieces; the stream must end right before it, as generate does.
+    words = questions.split(" ")
+    stop = " " + words[1] + " " + words[2]
+    cut = LocalGemmaGenerator(max_new_tokens=64, stop=(stop,))
+    expected = cut.generate(QUESTIONS_PROMPT)
+    assert stop not in expected
+    assert "".join(cut.stream(QUESTIONS_PROMPT)) == expected
+
+
+@pytest.mark.slow
 def test_generate_batch_returns_one_text_per_prompt(
     short_generator: LocalGemmaGenerator, batch_texts: list[str]
 ) -> None:
