@@ -8,6 +8,7 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import FakeListChatModel
+from langchain_core.runnables import ConfigurableField
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
@@ -67,3 +68,32 @@ class TestPBRRetrieverOverVectorStore(TestPBRRetrieverOverHistory):
             "history": retriever.history,
             "vectorstore": retriever.vectorstore,
         }
+
+
+def _per_request(**params: Any) -> Any:
+    """A retriever with no user of its own, the user given per request in run metadata (the way
+    that reaches it inside compositions) or as a configurable field."""
+    user = params.pop("user_id")
+    configurable = params.pop("_configurable", False)
+    retriever = PBRRetriever(**params)
+    assert retriever.user_id is None
+    if configurable:
+        per_user = retriever.configurable_fields(user_id=ConfigurableField(id="user_id"))
+        return per_user.with_config(configurable={"user_id": user})
+    return retriever.with_config(metadata={"user_id": user})
+
+
+class TestPBRRetrieverWithTheUserInRunMetadata(TestPBRRetrieverOverVectorStore):
+    """The suite again, the user coming with each request (``config={"metadata": ...}``)."""
+
+    @property
+    def retriever_constructor(self) -> Any:
+        return _per_request
+
+
+class TestPBRRetrieverWithAConfigurableUser(TestPBRRetrieverOverVectorStore):
+    """The suite again, the user a configurable field set per request."""
+
+    @property
+    def retriever_constructor(self) -> Any:
+        return lambda **params: _per_request(**params, _configurable=True)
