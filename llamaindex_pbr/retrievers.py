@@ -502,7 +502,7 @@ class PBRRetriever(BaseRetriever):
             user_id,
             self._top_k,
             self.config,
-            lambda: self._personalize(user_id, query),
+            lambda: self._personalize(user_id, query, query_bundle.embedding),
             host_search=host_search,
             view_filtered=self._view_filtered(),
             host_errors=self._store_errors,
@@ -525,7 +525,7 @@ class PBRRetriever(BaseRetriever):
             user_id,
             self._top_k,
             self.config,
-            lambda: self._apersonalize(user_id, query),
+            lambda: self._apersonalize(user_id, query, query_bundle.embedding),
             host_search=host_search,
             view_filtered=self._view_filtered(),
             host_errors=self._store_errors,
@@ -562,7 +562,9 @@ class PBRRetriever(BaseRetriever):
         return self._user_id, query
 
     @dispatcher.span
-    def _personalize(self, user_id: str, query: str) -> PersonalizedQuery:
+    def _personalize(
+        self, user_id: str, query: str, embedding: list[float] | None = None
+    ) -> PersonalizedQuery:
         # The pipeline's two LLM calls run in worker threads: bind them to this context so
         # their spans and callback events nest under this retrieval.
         generator = self._shared.generator.bound(contextvars.copy_context())
@@ -573,18 +575,22 @@ class PBRRetriever(BaseRetriever):
             generator=generator,
             strict=self._strict,
             unknown_user=self._unknown_user(),
+            query_vector=embedding,  # QueryBundle.embedding: the caller's, used as given
         )
         self._report(pq)
         return pq
 
     @dispatcher.span
-    async def _apersonalize(self, user_id: str, query: str) -> PersonalizedQuery:
+    async def _apersonalize(
+        self, user_id: str, query: str, embedding: list[float] | None = None
+    ) -> PersonalizedQuery:
         pq = await self._core.apersonalize(
             user_id,
             query,
             config=self._config,
             strict=self._strict,
             unknown_user=self._unknown_user(),
+            query_vector=embedding,  # QueryBundle.embedding: the caller's, used as given
         )
         self._report(pq)
         return pq

@@ -48,7 +48,14 @@ from .prf import (
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .retrieval import rank_personalized
-from .vectors import aembed_documents, aembed_query, check_dimension, embed_documents, embed_query
+from .vectors import (
+    aembed_documents,
+    aembed_query,
+    as_unit_vector,
+    check_dimension,
+    embed_documents,
+    embed_query,
+)
 
 _log = logging.getLogger("pbr.pipeline")
 
@@ -354,6 +361,7 @@ class Personalizer:
         strict: bool | None = None,
         prompts: PromptSet | None = None,
         unknown_user: UnknownUserPolicy = "raise",
+        query_vector: Sequence[float] | np.ndarray | None = None,
     ) -> PersonalizedQuery:
         """The personalized query vector for ``user_id`` and ``query``.
 
@@ -366,15 +374,18 @@ class Personalizer:
             unknown_user: ``"raise"`` :class:`UnknownUserError` for a user with no history, or
                 ``"plain"``: return ``q* = q`` with the reason in ``explanation.dropped``
                 (what a retriever wants for a brand-new user).
+            query_vector: the query's embedding when the caller already has it (e.g. LlamaIndex's
+                ``QueryBundle.embedding``), by the same model as the history; checked (finite,
+                the history's dimension) and normalised, and the query is not embedded again.
         """
         try:
             req = self._start(user_id, query, config, prompts)
         except UnknownUserError as exc:
             if unknown_user == "raise":
                 raise
-            q = embed_query(self.embedder, query, dim=self.store.dim)
+            q = self._query_vector(query, query_vector)
             return _unpersonalized(user_id, query, q, config or self.config, str(exc))
-        req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
+        req.q = self._query_vector(req.query, query_vector)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
         texts: tuple[str | BaseException | None, str | BaseException | None]
@@ -404,6 +415,7 @@ class Personalizer:
         strict: bool | None = None,
         prompts: PromptSet | None = None,
         unknown_user: UnknownUserPolicy = "raise",
+        query_vector: Sequence[float] | np.ndarray | None = None,
     ) -> PersonalizedQuery:
         """Async :meth:`personalize`: native async embedder/LLM calls when they exist.
 
@@ -417,9 +429,9 @@ class Personalizer:
         except UnknownUserError as exc:
             if unknown_user == "raise":
                 raise
-            q = await aembed_query(self.embedder, query, dim=self.store.dim)
+            q = await self._aquery_vector(query, query_vector)
             return _unpersonalized(user_id, query, q, config or self.config, str(exc))
-        req.q = await aembed_query(self.embedder, req.query, dim=self.store.dim)
+        req.q = await self._aquery_vector(req.query, query_vector)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
         texts: tuple[str | BaseException | None, str | BaseException | None]
@@ -437,6 +449,18 @@ class Personalizer:
         vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
         req.watch.lap("embed_feedback")
         return self._finish(req, parsed, vecs)
+
+    def _query_vector(self, query: str, given: Sequence[float] | np.ndarray | None) -> np.ndarray:
+        if given is not None:
+            return as_unit_vector(given, dim=self.store.dim, what="query_vector")
+        return embed_query(self.embedder, query, dim=self.store.dim)
+
+    async def _aquery_vector(
+        self, query: str, given: Sequence[float] | np.ndarray | None
+    ) -> np.ndarray:
+        if given is not None:
+            return as_unit_vector(given, dim=self.store.dim, what="query_vector")
+        return await aembed_query(self.embedder, query, dim=self.store.dim)
 
     def feedback_prompts(
         self,

@@ -45,7 +45,13 @@ from llamaindex_pbr import (
     PBRRetriever,
 )
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+from pbr_core import (
+    EmbeddingError,
+    GenerationError,
+    PBRConfig,
+    PersistenceError,
+    UnknownUserError,
+)
 from pbr_core.corpus import scoped_key
 
 HISTORY = {
@@ -752,3 +758,23 @@ def test_works_inside_query_fusion_retriever(base: PBRRetriever) -> None:
     )
     got = fusion.retrieve(QUERY)
     assert len(got) == 2 and {_owner(n) for n in got} == {"u1"}
+
+
+async def test_a_query_bundle_embedding_is_the_query_vector(embed_model: HashEmbedding) -> None:
+    from llama_index.core.schema import QueryBundle
+
+    plain = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        user_id="u1",
+        similarity_top_k=1,
+        config=PBRConfig(fusion="plain", search="dense"),
+    )
+    knee = embed_model.get_text_embedding("My knee hurts after hill repeats")
+    bundle = QueryBundle(query_str=QUERY, embedding=knee)  # the caller's vector, not QUERY's
+    for got in (plain.retrieve(bundle), await plain.aretrieve(bundle)):
+        assert got[0].node.get_content() == "My knee hurts after hill repeats"
+    assert plain.retrieve(QUERY)[0].node.get_content() != "My knee hurts after hill repeats"
+    with pytest.raises(EmbeddingError, match="query_vector"):
+        plain.retrieve(QueryBundle(query_str=QUERY, embedding=[1.0, 0.0]))  # wrong dimension
