@@ -92,3 +92,43 @@ def test_delete_ref_doc_removes_only_the_users_own_document(backend: str, reques
     assert len(ben.retrieve("diary")) == 2  # ben's "diary" is another document
     with pytest.raises(KeyError, match="diary"):
         ann.delete_ref_doc("diary")
+
+
+def test_an_ingestion_pipeline_into_the_store_is_every_users_history(shared_chroma: Any) -> None:
+    """The usual LlamaIndex ingestion (IngestionPipeline writing to a vector store, then
+    VectorStoreIndex.from_vector_store) needs no re-adding: the store is the record."""
+    from llama_index.core.ingestion import IngestionPipeline
+    from llama_index.core.node_parser import SentenceSplitter
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    collection = shared_chroma.client().create_collection(f"ingest-{uuid.uuid4().hex[:8]}")
+    store = ChromaVectorStore(chroma_collection=collection)
+    pipeline = IngestionPipeline(transformations=[SentenceSplitter(), EMB], vector_store=store)
+    # Document ids unique across users: LlamaIndex's own pipeline gives the chunks of documents
+    # sharing an id the metadata of one of them (ann's text tagged as ben's; see the docs).
+    pipeline.run(
+        documents=[d.model_copy(update={"id_": f"{d.id_}-{i}"}) for i, d in enumerate(docs())]
+    )
+    base = base_over(VectorStoreIndex.from_vector_store(store, embed_model=EMB))
+    for user in ("ann", "ben"):
+        got = base.retrieve("diary page", user_id=user)
+        assert {n.node.get_content() for n in got} == {f"{user} diary page {i}" for i in (0, 1)}
+        related = got[0].node.metadata["pbr"]["related"]
+        assert related and all(h["text"].startswith(user) for h in related)
+
+
+def test_an_ingestion_pipelines_nodes_can_be_added_through_a_view() -> None:
+    """A pipeline without a vector store returns embedded nodes: a view adds them as they are
+    (not embedded again) for its user."""
+    from llama_index.core.ingestion import IngestionPipeline
+    from llama_index.core.node_parser import SentenceSplitter
+
+    nodes = IngestionPipeline(transformations=[SentenceSplitter(), EMB]).run(
+        documents=[d for d in docs() if d.metadata["user_id"] == "ann"]
+    )
+    assert all(n.embedding is not None for n in nodes)
+    base = base_over()
+    base.for_user("ann").add_nodes(nodes)
+    got = base.retrieve("diary page", user_id="ann")
+    assert {n.node.get_content() for n in got} == {"ann diary page 0", "ann diary page 1"}
+    assert base.retrieve("diary page", user_id="ben") == []
