@@ -715,6 +715,57 @@ class PBRRetriever(BaseRetriever):
                 raise KeyError(f"user {user_id!r} has no nodes of document {ref_doc_id!r}")
             self._shared.corpus.delete(user_id, ids)
 
+    def refresh_ref_docs(
+        self,
+        documents: Sequence[Document],
+        *,
+        transformations: Sequence[TransformComponent] | None = None,
+    ) -> list[bool]:
+        """As ``VectorStoreIndex.refresh_ref_docs``, for this view's user: a document the user
+        does not have is added, one whose hash changed (text or metadata) replaces its nodes, an
+        unchanged one is left alone. Returns, per document, whether it was (re)written.
+
+        The new nodes are written before the old ones are deleted, so a fault in between leaves
+        both (the next refresh removes the old ones), never neither.
+
+        Raises:
+            NotImplementedError: the store cannot list its nodes (nothing to compare with).
+        """
+        user_id = self._require_user("refresh documents")
+        corpus = self._shared.corpus
+        host = corpus.host
+        out = []
+        for document in documents:
+            with host_store_errors(self._any_store(), "search"):
+                if host is None or not host.can_list:
+                    raise NotImplementedError(
+                        "this index's vector store cannot list its nodes, so pbr cannot tell "
+                        "what changed; delete_nodes([...]) and add_documents([...]) instead"
+                    )
+                refs = host.ref_doc_ids(user_id)  # type: ignore[attr-defined]
+                old = [node_id for node_id, ref in refs.items() if ref == document.doc_id]
+                stored = host.nodes(user_id, [corpus.key_of(user_id, i) for i in old])  # type: ignore[attr-defined]
+            hashes = {n.source_node.hash if n.source_node else None for n in stored.values()}
+            if old and hashes == {document.hash}:
+                out.append(False)
+                continue
+            self.add_documents([document], transformations=transformations)
+            if old:
+                self.delete_nodes(old)
+            out.append(True)
+        return out
+
+    async def arefresh_ref_docs(
+        self,
+        documents: Sequence[Document],
+        *,
+        transformations: Sequence[TransformComponent] | None = None,
+    ) -> list[bool]:
+        """Async :meth:`refresh_ref_docs`."""
+        return await asyncio.to_thread(
+            self.refresh_ref_docs, documents, transformations=transformations
+        )
+
     async def adelete_ref_doc(self, ref_doc_id: str) -> None:
         """Async :meth:`delete_ref_doc`."""
         await asyncio.to_thread(self.delete_ref_doc, ref_doc_id)

@@ -204,6 +204,8 @@ class IndexRecords:
     def nodes(self, user_id: str, keys: Sequence[str]) -> dict[str, BaseNode]:
         """The stored nodes of ``keys`` (store keys) that belong to ``user_id``, as a search
         returns them (text and relationships restored, no embedding)."""
+        if not keys:
+            return {}  # Chroma refuses a get() of no ids
         store = self.index.vector_store
         found: list[BaseNode] = []
         if _is_chroma(store):

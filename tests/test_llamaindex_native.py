@@ -132,3 +132,33 @@ def test_an_ingestion_pipelines_nodes_can_be_added_through_a_view() -> None:
     got = base.retrieve("diary page", user_id="ann")
     assert {n.node.get_content() for n in got} == {"ann diary page 0", "ann diary page 1"}
     assert base.retrieve("diary page", user_id="ben") == []
+
+
+@pytest.mark.parametrize("backend", ["simple", "chroma"])
+def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(
+    backend: str, request: Any
+) -> None:
+    if backend == "chroma":
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        server = request.getfixturevalue("shared_chroma")
+        collection = server.client().create_collection(f"refresh-{uuid.uuid4().hex[:8]}")
+        storage = StorageContext.from_defaults(
+            vector_store=ChromaVectorStore(chroma_collection=collection)
+        )
+        base = base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
+    else:
+        base = base_over()
+    ann, ben = base.for_user("ann", similarity_top_k=10), base.for_user("ben", similarity_top_k=10)
+    for user in (ann, ben):
+        assert user.refresh_ref_docs([Document(text="notes v1", id_="notes")]) == [True]
+    same, changed, new = (
+        Document(text="notes v1", id_="notes"),
+        Document(text="notes v2", id_="notes"),
+        Document(text="todo", id_="todo"),
+    )
+    assert ann.refresh_ref_docs([same]) == [False]
+    assert ann.refresh_ref_docs([changed, new]) == [True, True]
+    assert sorted(n.node.get_content() for n in ann.retrieve("notes todo")) == ["notes v2", "todo"]
+    assert [n.node.get_content() for n in ben.retrieve("notes")] == ["notes v1"]  # untouched
+    assert ann.refresh_ref_docs([changed, new]) == [False, False]
