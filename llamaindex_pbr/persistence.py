@@ -9,6 +9,7 @@ naming it.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -27,6 +28,14 @@ from pbr_core.persist import current_snapshot, write_atomically
 from pbr_core.vectors import check_dimension
 
 from ._bridge import LlamaIndexEmbedder, default_embed_model, settings_embed_model
+
+#: ``folder → store`` or ``(folder, user_id) → store``: a saved index's vector store; ``user_id``
+#: is the partition's user (None for one shared index), so a per-user store (e.g. a Chroma
+#: collection per user) can be found by its user rather than by the hashed folder name.
+VectorStoreLoader = (
+    Callable[[str], BasePydanticVectorStore]
+    | Callable[[str, "str | None"], BasePydanticVectorStore]
+)
 
 if TYPE_CHECKING:
     from .retrievers import PBRRetriever, VectorStoreFactory
@@ -96,13 +105,14 @@ def from_persist_dir(
     *,
     llm: LLM | None = None,
     embed_model: BaseEmbedding | None = None,
-    vector_store_loader: Callable[[str], BasePydanticVectorStore] | None = None,
+    vector_store_loader: VectorStoreLoader | None = None,
     vector_store_factory: VectorStoreFactory | None = None,
     cache: GenerationCache | str | None = None,
     callback_manager: CallbackManager | None = None,
     verbose: bool = False,
 ) -> PBRRetriever:
     """See :meth:`PBRRetriever.from_persist_dir`."""
+    takes_user = vector_store_loader is not None and _takes_two(vector_store_loader)
     from .retrievers import DEFAULT_SIMILARITY_TOP_K, DEFAULT_USER_ID_KEY
 
     root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
@@ -112,10 +122,13 @@ def from_persist_dir(
     history = HistoryStore.load(root / "history")
     check_dimension(LlamaIndexEmbedder(embed_model), history.dim, str(root))
 
-    def load(folder: Path) -> VectorStoreIndex:
+    def load(folder: Path, user: str | None = None) -> VectorStoreIndex:
         if not folder.is_dir():
             raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
-        vector_store = vector_store_loader(str(folder)) if vector_store_loader else None
+        vector_store = None
+        if vector_store_loader is not None:  # a partition's user, not only its hashed folder
+            loader: Any = vector_store_loader
+            vector_store = loader(str(folder), user) if takes_user else loader(str(folder))
         if vector_store is None and not (folder / "default__vector_store.json").exists():
             raise PersistenceError(
                 f"the index saved in {folder} keeps its vectors in a store that persists itself "
@@ -138,7 +151,8 @@ def from_persist_dir(
 
     index: VectorStoreIndex | dict[str, VectorStoreIndex]
     if manifest.get("indexes") is not None:
-        index = {user: load(root / "indexes" / key) for user, key in manifest["indexes"].items()}
+        indexes = manifest["indexes"].items()
+        index = {user: load(root / "indexes" / key, user) for user, key in indexes}
     else:
         index = load(root / "index")
     prompts = manifest.get("prompts")
@@ -162,6 +176,16 @@ def from_persist_dir(
         callback_manager=callback_manager,
         verbose=verbose,
     )
+
+
+def _takes_two(loader: Callable[..., Any]) -> bool:
+    """Whether a vector_store_loader takes ``(folder, user_id)`` rather than ``(folder)``."""
+    try:
+        params = inspect.signature(loader).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: the one-argument form
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def _user_dir(user_id: str) -> str:

@@ -839,7 +839,7 @@ class PBRRetriever(BaseRetriever):
         *,
         llm: LLM | None = None,
         embed_model: BaseEmbedding | None = None,
-        vector_store_loader: Callable[[str], BasePydanticVectorStore] | None = None,
+        vector_store_loader: persistence.VectorStoreLoader | None = None,
         vector_store_factory: VectorStoreFactory | None = None,
         cache: GenerationCache | str | None = None,
         callback_manager: CallbackManager | None = None,
@@ -851,7 +851,9 @@ class PBRRetriever(BaseRetriever):
             embed_model: the model that built the saved vectors (checked against the history).
                 Default: ``Settings.embed_model`` if set, else the embedded MiniLM.
             vector_store_loader: ``folder → vector store`` for stores that persist themselves
-                (e.g. ``FaissVectorStore.from_persist_dir``); default: ``SimpleVectorStore``.
+                (e.g. ``FaissVectorStore.from_persist_dir``), or ``(folder, user_id) → vector
+                store`` to find a partition's store by its user (``user_id`` is None for one
+                shared index); default: ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """
         return persistence.from_persist_dir(

@@ -281,3 +281,40 @@ def test_sigkill_and_restart_loses_nothing_and_keeps_anchors_consistent(
         assert_history_matches_database(col, history, anchors[user], loaded.config)
         nodes = loaded.for_user(user).retrieve(QUERY)
         assert [n.node.node_id for n in nodes] == before[user]
+
+
+def test_a_partition_of_chroma_collections_loads_each_users_store_by_user(
+    shared_chroma: ChromaServer, tmp_path: Any
+) -> None:
+    """A per-user partition (one Chroma collection per user) is persisted in hashed folders; the
+    loader is given the user, so it can find that user's collection."""
+    emb = HashEmbedding(dim=DIM)
+    tag = uuid.uuid4().hex[:8]
+
+    def store_of(user: str) -> ChromaVectorStore:
+        col = shared_chroma.client().get_or_create_collection(f"part-{tag}-{user}")
+        return ChromaVectorStore(chroma_collection=col)
+
+    base = PBRRetriever.from_defaults(
+        nodes=[
+            TextNode(text=text(u, n), metadata={"user_id": u}) for u in USERS[:2] for n in (0, 1)
+        ],
+        llm=MockLLM(),
+        embed_model=emb,
+        vector_store_factory=store_of,
+    )
+    base.persist(tmp_path / "pbr")
+    seen: list[Any] = []
+
+    def loader(folder: str, user: str | None) -> ChromaVectorStore:
+        seen.append(user)
+        assert user is not None
+        return store_of(user)
+
+    loaded = PBRRetriever.from_persist_dir(
+        tmp_path / "pbr", llm=MockLLM(), embed_model=emb, vector_store_loader=loader
+    )
+    assert sorted(seen) == sorted(USERS[:2])
+    for user in USERS[:2]:
+        got = loaded.retrieve(QUERY, user_id=user)
+        assert {n.node.get_content() for n in got} == {text(user, 0), text(user, 1)}
