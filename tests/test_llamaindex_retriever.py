@@ -18,6 +18,7 @@ from llama_index.core.callbacks.base_handler import BaseCallbackHandler
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
@@ -624,6 +625,9 @@ async def test_spans_and_events_nest_under_the_retrieval(
     assert len(llm_spans) == 2 and {s.parent_id for s in llm_spans} == {personalize.id_}
     # without a view filter pbr ranks the user's nodes itself: no index search runs
     assert not [s for s in spans.completed_spans if s.id_.startswith("VectorIndexRetriever.")]
+    # one retrieval, one RetrievalEndEvent, its nodes explained (no inner retriever's event)
+    (end,) = [e for e in events.events if isinstance(e, RetrievalEndEvent)]
+    assert end.nodes and all("pbr" in n.node.metadata for n in end.nodes)
     pbr = [e for e in events.events if isinstance(e, PBREvent)]
     assert [e.name for e in pbr] == [
         "pbr.anchor",
@@ -778,3 +782,39 @@ async def test_a_query_bundle_embedding_is_the_query_vector(embed_model: HashEmb
     assert plain.retrieve(QUERY)[0].node.get_content() != "My knee hurts after hill repeats"
     with pytest.raises(EmbeddingError, match="query_vector"):
         plain.retrieve(QueryBundle(query_str=QUERY, embedding=[1.0, 0.0]))  # wrong dimension
+
+
+def test_llama_debug_handler_traces_the_llm_calls_under_retrieve(
+    embed_model: HashEmbedding,
+) -> None:
+    from llama_index.core.callbacks import LlamaDebugHandler
+
+    debug = LlamaDebugHandler()
+    manager = CallbackManager([debug])
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=ScriptedLLM(callback_manager=manager),
+        embed_model=HashEmbedding(dim=64, callback_manager=manager),
+        user_id="u1",
+        callback_manager=manager,
+    )
+    debug.flush_event_logs()
+    traces: list[dict[str, list[str]]] = []
+    original = debug.end_trace
+
+    def keep(trace_id: str | None = None, trace_map: Any = None) -> None:
+        traces.append(dict(trace_map or {}))
+        original(trace_id, trace_map)
+
+    debug.end_trace = keep  # type: ignore[method-assign]
+    retriever.retrieve(QUERY)
+    assert len(debug.get_event_pairs(CBEventType.LLM)) == 2
+    (retrieve,) = debug.get_event_pairs(CBEventType.RETRIEVE)
+    tree = traces[-1]
+    below: list[str] = []
+    todo = list(tree.get(retrieve[0].id_, []))
+    while todo:
+        below.append(todo.pop())
+        todo.extend(tree.get(below[-1], []))
+    llm_ids = {pair[0].id_ for pair in debug.get_event_pairs(CBEventType.LLM)}
+    assert llm_ids <= set(below), (tree, llm_ids)
