@@ -18,9 +18,11 @@ from pbr_core.adapters_support import (
     EXPLANATION_KEY,
     SCORE_KEY,
     SEARCH_KEY,
+    annotated,
     explanation_payload,
     model_id,
 )
+from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
 
 #: The variables a PBR prompt template may use (the core fills them in).
@@ -199,22 +201,24 @@ def items_of(
 
 
 def documents_of(
-    scored: list[ScoredRecord], pq: PersonalizedQuery, mode: str = "dense"
+    scored: list[ScoredRecord],
+    pq: PersonalizedQuery,
+    mode: str = "dense",
+    explain: ExplainMode = "all",
 ) -> list[Document]:
     """The found items as documents with the user's id, ``score`` (what ``mode`` ranks by),
-    ``pbr_search`` (both legs' scores and ranks) and ``pbr`` (the explanation)."""
+    ``store_score``, ``pbr_search`` (both legs' scores and ranks) and ``pbr`` (the explanation),
+    on the documents :attr:`PBRConfig.explain` says."""
     payload = explanation_payload(pq.explanation)
-    return [
-        Document(
-            id=s.hit.id,
-            page_content=s.hit.text,
-            metadata={
-                **s.hit.metadata,
-                SCORE_KEY: s.hit.score,
-                RAW_SCORE_KEY: s.raw_score,
-                SEARCH_KEY: {"mode": mode, **(s.hit.legs or {})},
-                EXPLANATION_KEY: payload,
-            },
-        )
-        for s in scored
-    ]
+    out = []
+    for i, s in enumerate(scored):
+        scores, explained = annotated(i, explain)
+        metadata = dict(s.hit.metadata)
+        if scores:
+            metadata[SCORE_KEY] = s.hit.score
+            metadata[RAW_SCORE_KEY] = s.raw_score
+            metadata[SEARCH_KEY] = {"mode": mode, **(s.hit.legs or {})}
+        if explained:
+            metadata[EXPLANATION_KEY] = payload
+        out.append(Document(id=s.hit.id, page_content=s.hit.text, metadata=metadata))
+    return out

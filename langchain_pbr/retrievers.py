@@ -328,7 +328,7 @@ class PBRRetriever(BaseRetriever):
         child = run_manager.get_child()
         for name, data in explanation_events(got.query.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return documents_of(got.results, got.query, self.config.search)
+        return documents_of(got.results, got.query, self.config.search, self.config.explain)
 
     async def _aget_relevant_documents(
         self,
@@ -359,7 +359,7 @@ class PBRRetriever(BaseRetriever):
         child = run_manager.get_child()
         for name, data in explanation_events(got.query.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return documents_of(got.results, got.query, self.config.search)
+        return documents_of(got.results, got.query, self.config.search, self.config.explain)
 
     # -- the users' corpora: pbr_core.corpus owns every rule, this only translates --------------
     def add_documents(

@@ -17,7 +17,8 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from pbr_core import HistoryItem
-from pbr_core.adapters_support import EXPLANATION_KEY, SEARCH_KEY, owner_of
+from pbr_core.adapters_support import EXPLANATION_KEY, SEARCH_KEY, annotated, owner_of
+from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
 
 from ._bridge import with_keys
@@ -97,20 +98,23 @@ def result_nodes(
     stored: Mapping[str, BaseNode],
     mode: str,
     explanation: Mapping[str, Any],
+    explain: ExplainMode = "all",
 ) -> list[NodeWithScore]:
     """pbr's ranking as the user's nodes; ``stored`` maps store keys to the host's nodes (a
-    result the host no longer holds was deleted since the query started: left out)."""
-    out = []
+    result the host no longer holds was deleted since the query started: left out). Scores and
+    the explanation go in the metadata of the nodes :attr:`PBRConfig.explain` says."""
+    out: list[NodeWithScore] = []
     for scored in results:
         if scored.key not in stored:
             continue
         node = user_node(stored[scored.key], scored.hit.id)
-        metadata = {
-            **node.metadata,
-            RAW_SCORE_KEY: scored.raw_score,
-            SEARCH_KEY: {"mode": mode, **(scored.hit.legs or {})},
-            EXPLANATION_KEY: explanation,
-        }
+        scores, explained = annotated(len(out), explain)
+        metadata = dict(node.metadata)
+        if scores:
+            metadata[RAW_SCORE_KEY] = scored.raw_score
+            metadata[SEARCH_KEY] = {"mode": mode, **(scored.hit.legs or {})}
+        if explained:
+            metadata[EXPLANATION_KEY] = explanation
         copied = node.model_copy(
             update={
                 "metadata": metadata,

@@ -547,7 +547,7 @@ class PBRRetriever(BaseRetriever):
         if unread and host is not None:
             fetched.update(host.nodes(user_id, unread))  # type: ignore[attr-defined]
         payload = explanation_payload(got.query.explanation)
-        return result_nodes(got.results, fetched, self.config.search, payload)
+        return result_nodes(got.results, fetched, self.config.search, payload, self.config.explain)
 
     def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
         """The request's user and query, validated; nothing of it is stored on ``self``."""

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from .config import PBRConfig
+from .config import ExplainMode, PBRConfig
 from .corpus import check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
@@ -24,6 +24,7 @@ __all__ = [
     "SCORE_KEY",
     "SEARCH_KEY",
     "TERMS",
+    "annotated",
     "check_positive_int",
     "check_user_id",
     "explanation_events",
@@ -111,6 +112,14 @@ def explanation_payload(explanation: Explanation) -> dict[str, Any]:
     """
     missing = missing_terms(explanation)
     return {**explanation.to_dict(), "degraded": bool(missing), "missing": missing}
+
+
+def annotated(position: int, explain: ExplainMode) -> tuple[bool, bool]:
+    """``(scores, explanation)``: whether the result at ``position`` (0 = the top) carries
+    pbr's scores and the request's explanation, by :attr:`PBRConfig.explain`."""
+    if explain == "none":
+        return False, False
+    return True, explain == "all" or position == 0
 
 
 def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, Any]]]:

@@ -29,6 +29,8 @@ FUSION_MODES: tuple[FusionMode, ...] = (
 # How a user's items are ranked for the personalized query (see pbr_core.hybrid).
 SearchMode = Literal["hybrid", "dense", "lexical"]
 SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "lexical")
+ExplainMode = Literal["all", "first", "none"]
+EXPLAIN_MODES: tuple[ExplainMode, ...] = ("all", "first", "none")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,13 @@ class PBRConfig:
             words alone. The default 0.25: on PersonaBench 0.0 with the authors' gpt-4o-mini
             feedback, hybrid + PBR R@5 .3966 at 0, .5007 at 0.25, .5045 at 0.5 (dense + PBR:
             .4569); measured there only (``docs/hybrid.md``).
+        explain: which results carry the request's explanation (``metadata["pbr"]``) and
+            pbr's scores (``score``, ``store_score``, ``pbr_search``): ``"all"``; ``"first"``
+            (the top result carries the explanation, every result its scores: one copy of the
+            explanation instead of ``k`` in traces and serialised results); ``"none"`` (results
+            are the items as stored, the explanation reaches events and callbacks only: what
+            LangChain's ``MultiQueryRetriever`` / ``EnsembleRetriever`` need to merge one item
+            found by several queries). A LlamaIndex ``NodeWithScore`` keeps its ``score``.
     """
 
     k1: int = 5
@@ -120,6 +129,7 @@ class PBRConfig:
     max_answer_chars: int = 20_000
     search: SearchMode = "hybrid"
     lexical_feedback_weight: float = 0.25
+    explain: ExplainMode = "all"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -171,6 +181,8 @@ class PBRConfig:
             problems.append(f"max_answer_chars must be >= 1, got {self.max_answer_chars}")
         if self.search not in SEARCH_MODES:
             problems.append(f"search must be one of {SEARCH_MODES}, got {self.search!r}")
+        if self.explain not in EXPLAIN_MODES:
+            problems.append(f"explain must be one of {EXPLAIN_MODES}, got {self.explain!r}")
         weight = self.lexical_feedback_weight
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
             problems.append(f"lexical_feedback_weight must be a number >= 0, got {weight!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -225,3 +226,32 @@ def test_loading_with_an_embedder_of_another_dimension_fails_at_load(tmp_path: A
         PBRRetriever.load(tmp_path / "pbr", embeddings=DeterministicFakeEmbedding(size=8))
     loaded = PBRRetriever.load(tmp_path / "pbr", embeddings=EMB, llm=FakeListLLM(responses=["x"]))
     assert len(loaded.invoke("q", user_id="a")) == 2
+
+
+def test_explain_first_puts_one_copy_of_the_explanation_on_the_top_document() -> None:
+    docs = filled(config={"explain": "first"}).invoke("note", user_id="ann", k=5)
+    assert "pbr" in docs[0].metadata and not any("pbr" in d.metadata for d in docs[1:])
+    assert all("score" in d.metadata and "pbr_search" in d.metadata for d in docs)
+    full = filled().invoke("note", user_id="ann", k=5)
+    size = [len(json.dumps([d.metadata for d in ds], default=str)) for ds in (docs, full)]
+    assert size[0] < size[1] / 2
+
+
+def test_multi_query_merges_one_item_found_by_several_queries_with_explain_none() -> None:
+    from langchain_classic.retrievers import MultiQueryRetriever
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+
+    def distinct(config: dict[str, str]) -> tuple[int, int]:
+        r = filled(config=config)
+        queries = GenericFakeChatModel(messages=iter([AIMessage("ann notes\nann things\nnote")]))
+        got = MultiQueryRetriever.from_llm(retriever=r, llm=queries).invoke(
+            "note", config={"metadata": {"user_id": "ann"}}
+        )
+        assert {d.metadata["user_id"] for d in got} == {"ann"}
+        return len(got), len({d.id for d in got})
+
+    n, unique = distinct({"explain": "none"})
+    assert n == unique  # every item once: the documents are the stored ones
+    n, unique = distinct({})
+    assert n > unique  # per-query scores and explanations keep the copies apart

@@ -818,3 +818,22 @@ def test_llama_debug_handler_traces_the_llm_calls_under_retrieve(
         todo.extend(tree.get(below[-1], []))
     llm_ids = {pair[0].id_ for pair in debug.get_event_pairs(CBEventType.LLM)}
     assert llm_ids <= set(below), (tree, llm_ids)
+
+
+@pytest.mark.parametrize("explain", ["first", "none"])
+def test_explain_says_which_nodes_carry_the_explanation(
+    embed_model: HashEmbedding, explain: str
+) -> None:
+    r = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        user_id="u1",
+        similarity_top_k=4,
+        config=PBRConfig(explain=explain),  # type: ignore[arg-type]
+    )
+    got = r.retrieve(QUERY)
+    assert len(got) == 4 and all(n.score is not None for n in got)  # NodeWithScore keeps it
+    carries = ["pbr" in n.node.metadata for n in got]
+    assert carries == ([True, False, False, False] if explain == "first" else [False] * 4)
+    assert all(("pbr_search" in n.node.metadata) == (explain == "first") for n in got)
