@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "langchain_quickstart.ipynb"
+
+
+def _printed(notebook: Any) -> list[str]:
+    """Each code cell's printed text and results, without timings (they vary per run)."""
+    out = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        text = "".join(
+            o.get("text", "")
+            if o.get("output_type") == "stream"
+            else o.get("data", {}).get("text/plain", "")
+            for o in cell.get("outputs", [])
+            if o.get("name") != "stderr"
+        )
+        out.append("\n".join(line for line in text.splitlines() if "timings" not in line))
+    return out
 
 
 @pytest.mark.slow  # loads the embedded MiniLM embedder
@@ -21,7 +39,10 @@ def test_langchain_quickstart_notebook_runs() -> None:
         kernel_name="python3",
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     )
+    committed = _printed(nbformat.read(NOTEBOOK, as_version=4))
     client.execute()  # raises CellExecutionError, with the cell and traceback, on any failure
+    # The committed outputs are what this code prints (timings aside): the docs cannot rot.
+    assert _printed(notebook) == committed, "re-run the notebook and commit its outputs"
     printed = "".join(
         out.get("text", "")
         for cell in notebook.cells
