@@ -554,7 +554,9 @@ class PBRRetriever(BaseRetriever):
         if self._user_id is None:
             raise ValueError(
                 "this PBRRetriever has no user: PBR personalizes per user; build a view with "
-                "retriever.for_user('u1') or pass user_id= to PBRRetriever.from_defaults"
+                "retriever.for_user('u1') or pass user_id= to PBRRetriever.from_defaults (a query "
+                "or chat engine needs a view: RetrieverQueryEngine.from_args("
+                "retriever.for_user('u1')), or call retriever.retrieve(q, user_id='u1'))"
             )
         query = query_bundle.query_str.strip() if isinstance(query_bundle.query_str, str) else ""
         if not query:

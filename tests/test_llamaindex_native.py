@@ -162,3 +162,18 @@ def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(
     assert sorted(n.node.get_content() for n in ann.retrieve("notes todo")) == ["notes v2", "todo"]
     assert [n.node.get_content() for n in ben.retrieve("notes")] == ["notes v1"]  # untouched
     assert ann.refresh_ref_docs([changed, new]) == [False, False]
+
+
+def test_a_chat_engine_needs_a_view_and_the_error_says_how() -> None:
+    from llama_index.core.chat_engine import ContextChatEngine
+
+    base = base_over()
+    add_docs(base)
+    llm = MockLLM(max_tokens=4)
+    with pytest.raises(ValueError, match=r"chat engine needs a view.*for_user\('u1'\)"):
+        ContextChatEngine.from_defaults(retriever=base, llm=llm).chat("diary?")
+    engine = ContextChatEngine.from_defaults(retriever=base.for_user("ann"), llm=llm)
+    reply = engine.chat("diary?")
+    assert reply.source_nodes and {n.node.metadata["user_id"] for n in reply.source_nodes} == {
+        "ann"
+    }
