@@ -16,6 +16,7 @@ item's metadata.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPromptTemplate
 
-from pbr_core import GenerationCache, HistoryItem, PBRConfig, Personalizer
+from pbr_core import GenerationCache, HistoryItem, HistoryStore, PBRConfig, Personalizer
 from pbr_core.adapters_support import explanation_payload, memory_config
 from pbr_core.corpus import Corpus, check_user_id
 from pbr_core.history import UserHistory
@@ -79,10 +80,13 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         prompt_style: ``"chat"`` / ``"completion"``; None = the llm's own.
         strict: raise instead of degrading when an LLM call fails.
         cache: optional cache of LLM answers.
+        store: pbr's store of the items; None = a new, empty one. One store may hold several
+            users' blocks (each block reads and writes its own user only).
         priority / accept_short_term_memory / description: ``BaseMemoryBlock``'s.
 
     Each recalled item is rendered as ``<message role='...'>text</message>``; items are joined
-    by a blank line. The items live in process memory (``block.corpus``), one per message.
+    by a blank line. The items live in process memory (``block.corpus``), one per message;
+    :meth:`persist` saves them (atomically) and :meth:`from_persist_dir` resumes a user's block.
     """
 
     name: str = Field(default="PBRMemory", description="The name of the memory block.")
@@ -102,6 +106,11 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
     prompt_style: Literal["chat", "completion"] | None = Field(default=None)
     strict: bool = Field(default=False)
     cache: GenerationCache | None = Field(default=None, exclude=True)
+    store: HistoryStore | None = Field(
+        default=None,
+        exclude=True,
+        description="pbr's store of the items (None: a new one); see persist / from_persist_dir.",
+    )
 
     _corpus: Corpus = PrivateAttr()
     _personalizer: Personalizer = PrivateAttr()
@@ -132,7 +141,7 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         if self.embed_model is None:
             self.embed_model = settings_embed_model() or default_embed_model(CallbackManager())
         embedder = LlamaIndexEmbedder(self.embed_model)
-        self._corpus = Corpus(None, embedder=embedder)
+        self._corpus = Corpus(None, embedder=embedder, cache=self.store)
         if self.llm is not None:
             self._generator = LlamaIndexGenerator(self.llm, self.prompt_style)
         self._personalizer = Personalizer(
@@ -147,6 +156,25 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
     @classmethod
     def class_name(cls) -> str:
         return "PBRMemoryBlock"
+
+    def persist(self, persist_dir: str | os.PathLike[str]) -> None:
+        """Save the stored items and their vectors to the folder ``persist_dir`` (one snapshot made
+        current atomically: a crash leaves the previous save loadable)."""
+        self._corpus.cache.save(str(persist_dir))
+
+    @classmethod
+    def from_persist_dir(
+        cls, persist_dir: str | os.PathLike[str], *, user_id: str, **kwargs: Any
+    ) -> PBRMemoryBlock:
+        """The block of ``user_id`` over a folder written by :meth:`persist`; ``kwargs`` are the
+        block's fields. Refuses an ``embed_model`` of another model than the saved vectors'
+        (default: ``Settings.embed_model`` if set, else the embedded MiniLM); a damaged folder is a
+        ``PersistenceError`` naming it."""
+        embed_model = kwargs.pop("embed_model", None)
+        if embed_model is None:
+            embed_model = settings_embed_model() or default_embed_model(CallbackManager())
+        loaded = Personalizer.load(str(persist_dir), LlamaIndexEmbedder(embed_model))
+        return cls(user_id=user_id, embed_model=embed_model, store=loaded.store, **kwargs)
 
     @property
     def corpus(self) -> Corpus:

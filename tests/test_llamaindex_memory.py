@@ -23,7 +23,7 @@ from pydantic import PrivateAttr
 
 from llamaindex_pbr import PBRMemoryBlock
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import PBRConfig
+from pbr_core import PBRConfig, PersistenceError
 
 FILLER = [
     "I went for a walk in the park this morning",
@@ -285,3 +285,23 @@ def test_llm_personalizes_the_recall() -> None:
     assert "utterances" in explanation["used"]
     assert len(explanation["pseudo_utterances"]) == 2
     assert "sourdough" in explanation["pseudo_utterances"][0]
+
+
+def test_a_persisted_block_resumes_the_users_memories(tmp_path: Any) -> None:
+    emb = HashEmbedding(dim=64)
+    alice = PBRMemoryBlock(user_id="alice", embed_model=emb)
+    chat(memory_for(alice, "s1"), ["My locker code is zanzibar seven", *FILLER])
+    alice.persist(tmp_path / "mem")
+    bob = PBRMemoryBlock(user_id="bob", embed_model=emb, store=alice.corpus.cache)
+    assert bob.history() is None  # one store, two users: bob sees none of alice's items
+
+    resumed = PBRMemoryBlock.from_persist_dir(tmp_path / "mem", user_id="alice", embed_model=emb)
+    memory = memory_for(resumed, "s2")  # a later session, a new process's Memory
+    out = memory_text(memory.get(input="what is my locker code zanzibar"))
+    assert "zanzibar seven" in out
+    other = PBRMemoryBlock.from_persist_dir(tmp_path / "mem", user_id="bob", embed_model=emb)
+    assert other.history() is None
+    with pytest.raises(PersistenceError):
+        PBRMemoryBlock.from_persist_dir(
+            tmp_path / "mem", user_id="alice", embed_model=HashEmbedding(dim=32)
+        )
