@@ -25,8 +25,8 @@ from tqdm import tqdm
 from pbr_core.cache import GenerationCache
 from pbr_core.config import PBRConfig
 from pbr_core.history import HistoryItem
-from pbr_core.pipeline import Personalizer, PseudoFeedback, _model_id
-from pbr_core.protocols import TextGenerator
+from pbr_core.pipeline import Personalizer, PseudoFeedback
+from pbr_core.protocols import TextGenerator, model_id_of
 
 from .bm25 import BM25Index
 from .datasets import Dataset, Query, load_pbr_generations
@@ -99,7 +99,7 @@ def generator_from_framework(model: Any) -> TextGenerator:
     """Wrap a LangChain chat model / LLM or a LlamaIndex LLM as a pbr_core generator."""
 
     class _Wrapped:
-        model_id = _model_id(model)
+        model_id = model_id_of(model)
 
         def generate(self, prompt: str) -> str:
             if hasattr(model, "complete"):  # LlamaIndex LLM
@@ -153,7 +153,7 @@ class Bench:
         cache = embeddings or EmbeddingCache("all-MiniLM-L6-v2", minilm_encoder())
         self.embedder = CachedEmbedder(cache)
         if generation_cache is None and generator is not None:
-            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in _model_id(generator))
+            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id_of(generator))
             GENERATION_CACHE_DIR.mkdir(parents=True, exist_ok=True)
             generation_cache = GenerationCache(GENERATION_CACHE_DIR / f"{safe[:80]}.jsonl")
         self.generation_cache = generation_cache
@@ -204,7 +204,7 @@ class Bench:
         ):
             return 0
         cfg = config or self.config
-        model_id, cache = _model_id(gen), self.generation_cache
+        model_id, cache = model_id_of(gen), self.generation_cache
         wanted: dict[str, None] = {}  # ordered set: a fixed order keeps batches reproducible
         style = getattr(gen, "prompt_style", "chat")
         baseline = BASELINE_PROMPTS["completion" if style == "completion" else "chat"]
@@ -316,7 +316,7 @@ class Bench:
         gen = self.generator
         if gen is None:
             raise ValueError("this method needs an LLM: pass --llm local (or a generator)")
-        model_id = _model_id(gen)
+        model_id = model_id_of(gen)
         cache = self.generation_cache
         hit = cache.get(model_id, prompt) if cache is not None else None
         if hit is not None:

@@ -17,7 +17,8 @@ from .config import ExplainMode, PBRConfig
 from .corpus import check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
-from .pipeline import Explanation, _model_id
+from .pipeline import Explanation
+from .protocols import model_id_of
 
 __all__ = [
     "EXPLANATION_KEY",
@@ -64,7 +65,7 @@ def model_id(model: object) -> str:
 
     Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
     """
-    return _model_id(model)
+    return model_id_of(model)
 
 
 def check_positive_int(value: object, name: str) -> int:

@@ -330,7 +330,7 @@ class Personalizer:
 
         store = HistoryStore.load(path, lazy=lazy)
         if embedder is not None and store.embedding_model_id is not None:
-            current = _model_id(embedder)
+            current = model_id_of(embedder)
             if current != store.embedding_model_id:
                 raise PersistenceError(
                     f"{path} holds vectors of {store.embedding_model_id!r}, but the embedder is "
@@ -641,7 +641,7 @@ class Personalizer:
         outs: list[str | BaseException | None] = [None, None]
         if self.cache is not None:
             assert req.generator is not None and req.sent is not None
-            model_id = _model_id(req.generator)
+            model_id = model_id_of(req.generator)
             for i, prompt in enumerate(req.sent):
                 text = self.cache.get(model_id, prompt)
                 if text is not None and self._parse_answer(req, i, text).items:
@@ -660,7 +660,7 @@ class Personalizer:
         """Cache the answers generated now that parsed into at least one usable item."""
         if self.cache is None or req.generator is None or req.sent is None:
             return
-        model_id = _model_id(req.generator)
+        model_id = model_id_of(req.generator)
         for i in req.fresh:
             text = texts[i]
             if not isinstance(text, str):
@@ -738,7 +738,7 @@ class Personalizer:
 
     def _warn_degraded(self, req: _Request, failures: dict[str, str]) -> None:
         """One warning per degraded request; the user id hashed, the query left out."""
-        model = _model_id(req.generator) if req.generator is not None else "?"
+        model = model_id_of(req.generator) if req.generator is not None else "?"
         details = "; ".join(f"{term}: {_short(reason)}" for term, reason in failures.items())
         _log.warning(
             "PBR request degraded (user %s, model %s): %s dropped: %s",
@@ -848,9 +848,6 @@ def _unpersonalized(
     )
     vector = np.asarray(q, dtype=np.float32)
     return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
-
-
-_model_id = model_id_of
 
 
 def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
