@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -271,7 +272,7 @@ class PBRStore(BaseStore):
 
     # -- BaseStore --------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        ops = list(ops)
+        ops = _checked(ops)
         results: list[Result] = [None] * len(ops)
         rest: list[int] = []
         for i, op in enumerate(ops):
@@ -287,7 +288,7 @@ class PBRStore(BaseStore):
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        ops = list(ops)
+        ops = _checked(ops)
         results: list[Result] = [None] * len(ops)
         rest: list[int] = []
         for i, op in enumerate(ops):
@@ -369,6 +370,27 @@ class PBRStore(BaseStore):
         with self._guard:
             self._explanations[prefix] = payload
         return out
+
+
+#: A namespace element that is a template placeholder nobody filled, e.g. LangMem's
+#: ``("memories", "{langgraph_user_id}")`` run without ``langgraph_user_id`` in the config.
+_PLACEHOLDER = re.compile(r"^\{[^{}]*\}$")
+
+
+def _checked(ops: Iterable[Op]) -> list[Op]:
+    """The batch, refused whole (nothing read or written) if any op's namespace holds an unfilled
+    placeholder: every user would share that one namespace."""
+    ops = list(ops)
+    for op in ops:
+        namespace = getattr(op, "namespace", None) or getattr(op, "namespace_prefix", None) or ()
+        for element in namespace:
+            if isinstance(element, str) and _PLACEHOLDER.match(element):
+                raise ValueError(
+                    f"namespace {tuple(namespace)!r} holds the unfilled placeholder {element!r}: "
+                    "every user would share it. Give its value in the run's config, e.g. "
+                    "config={'configurable': {'langgraph_user_id': 'alice'}} for LangMem's tools"
+                )
+    return ops
 
 
 def _is_pbr(op: Op) -> bool:

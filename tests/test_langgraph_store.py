@@ -445,3 +445,37 @@ def test_langchain_pbr_imports_without_langgraph() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "[langgraph]" in done.stdout
+
+
+# -- LangMem ------------------------------------------------------------------------------------
+def test_langmems_search_tool_ranks_with_pbr_per_user() -> None:
+    langmem = pytest.importorskip("langmem")
+    store = filled(PBRStore(InMemoryStore(), BagOfWords()))
+    tool = langmem.create_search_memory_tool(
+        namespace=("memories", "{langgraph_user_id}"), store=store, response_format="content"
+    )
+    for user, secret, other in (("alice", "cello", "cameras"), ("bob", "peanuts", "cello")):
+        config = {"configurable": {"langgraph_user_id": user}}
+        found = tool.invoke({"query": f"what about {secret} and {other}?"}, config=config)
+        assert secret in found and other not in found  # the user's own memories only
+        assert store.last_explanation(("memories", user)) is not None  # pbr answered
+
+
+def test_an_unfilled_placeholder_namespace_is_an_error_never_a_shared_one() -> None:
+    langmem = pytest.importorskip("langmem")
+    store = filled(PBRStore(InMemoryStore(), BagOfWords()))
+    template = ("memories", "{langgraph_user_id}")
+    manage = langmem.create_manage_memory_tool(namespace=template, store=store)
+    from langmem.errors import ConfigurationError  # a BaseException, not an Exception
+
+    with pytest.raises(ConfigurationError, match="langgraph_user_id"):  # LangMem's own check
+        manage.invoke({"content": "a shared secret", "action": "create"}, config={})
+    # pbr's, whoever forgets to fill the template (older LangMem filled in the literal):
+    with pytest.raises(ValueError, match="unfilled placeholder"):
+        store.put(template, "k", {"content": "a shared secret"})
+    with pytest.raises(ValueError, match="unfilled placeholder"):
+        store.search(template, query="secret")
+    with pytest.raises(ValueError, match="unfilled placeholder"):
+        asyncio.run(store.aput(template, "k", {"content": "a shared secret"}))
+    namespaces = {i.namespace for i in store.inner.search(("memories",), limit=100)}
+    assert namespaces == {("memories", "alice"), ("memories", "bob")}  # nothing shared written
