@@ -50,9 +50,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the ChromaServer launcher the tests use
 
-from chroma_server import ChromaServer  # noqa: E402
 from langchain_chroma import Chroma  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
@@ -62,6 +60,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 from langchain_core.runnables import ConfigurableField  # noqa: E402
 
 from langchain_pbr import PBRRetriever  # noqa: E402
+from pbr_bench.chroma_server import ChromaServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 K = 10

@@ -25,8 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_sweep import cached_bench, local_ids  # noqa: E402
-
+from pbr_bench.cached import cached_bench, local_ids  # noqa: E402
 from pbr_bench.cli import load_dataset  # noqa: E402
 from pbr_bench.compare import paired  # noqa: E402
 from pbr_bench.datasets import Dataset  # noqa: E402

@@ -80,9 +80,7 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the ChromaServer launcher the tests use
 
-from chroma_server import ChromaServer  # noqa: E402
 from langchain_chroma import Chroma  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
 from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
@@ -90,6 +88,7 @@ from langchain_core.language_models.fake import FakeListLLM  # noqa: E402
 
 from langchain_pbr import PBRRetriever  # noqa: E402
 from langchain_pbr.stores import host_records  # noqa: E402
+from pbr_bench.chroma_server import ChromaServer  # noqa: E402
 from pbr_core import HistoryItem, PBRConfig  # noqa: E402
 from pbr_core.corpus import Corpus  # noqa: E402
 

@@ -46,8 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_sweep import CacheOnly, local_ids  # noqa: E402
-
+from pbr_bench.cached import CacheOnly, local_ids  # noqa: E402
 from pbr_bench.compare import sign_test  # noqa: E402
 from pbr_bench.datasets import Dataset, load_named  # noqa: E402
 from pbr_bench.metrics import best_over_combinations  # noqa: E402

@@ -20,8 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from safe_sweep import cached_bench, local_ids  # noqa: E402
-
+from pbr_bench.cached import cached_bench, local_ids  # noqa: E402
 from pbr_bench.compare import paired  # noqa: E402
 from pbr_bench.datasets import Dataset, load_named, load_personabench  # noqa: E402
 from pbr_bench.report import write_rows  # noqa: E402

@@ -34,7 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_bench.datasets import Dataset, load_personabench  # noqa: E402
+from pbr_bench.cached import cached_bench, local_ids  # noqa: E402
+from pbr_bench.datasets import load_personabench  # noqa: E402
 from pbr_bench.report import write_rows  # noqa: E402
 from pbr_bench.runner import Bench  # noqa: E402
 from pbr_core.config import PBRConfig  # noqa: E402
@@ -45,52 +46,6 @@ LOWS = [0.3, 0.4, 0.5, 0.6]
 WIDTHS = [0.1, 0.2, 0.3]
 MIN_SHIFTS = [0.0, 0.1, 0.2, 0.3, 0.5]
 GATES = [True, False]  # safe_history_gate
-
-
-class CacheOnly:
-    """Serves a local model's cached generations under its model id; a miss is an error."""
-
-    prompt_style = "completion"
-
-    def __init__(self, model_id: str) -> None:
-        self.model_id = model_id
-
-    def generate(self, prompt: str) -> str:
-        raise LookupError(
-            f"no cached {self.model_id} generation for this prompt; run python -m pbr_bench"
-        )
-
-
-def local_ids() -> dict[str, str]:
-    """The generation-cache model ids of the two local LLMs, as their bench runs created them."""
-    from pbr_bench.llms import SmolLM2Generator
-    from pbr_core.models import LocalGemmaGenerator
-
-    return {
-        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
-        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
-    }
-
-
-def cached_bench(
-    ds: Dataset, name: str, model_id: str, limit: int | None, seed: int = 0
-) -> Bench | None:
-    """A bench over the questions whose every P-PRF answer of ``model_id`` is cached (``None``
-    when there are none): score only what the LLM answered; never generate here."""
-    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
-    cache = bench.generation_cache
-    assert cache is not None
-    total = len(bench.queries)
-    bench.queries = [
-        q
-        for q in bench.queries
-        if all(
-            cache.get(model_id, prompt) is not None
-            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
-        )
-    ]
-    print(f"{ds.name} {name}: {len(bench.queries)} of {total} questions have cached answers")
-    return bench if bench.queries else None
 
 
 def sources(noise: str, limits: dict[str, int | None], seed: int) -> dict[str, Bench]:

@@ -1,0 +1,56 @@
+"""Benches that score LLM answers from the generation cache only (a miss is an error, never a
+new generation): what the benchmark scripts use to rescore runs made earlier."""
+
+from __future__ import annotations
+
+from .datasets import Dataset
+from .runner import Bench
+
+__all__ = ["CacheOnly", "cached_bench", "local_ids"]
+
+
+class CacheOnly:
+    """Serves a local model's cached generations under its model id; a miss is an error."""
+
+    prompt_style = "completion"
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+
+    def generate(self, prompt: str) -> str:
+        raise LookupError(
+            f"no cached {self.model_id} generation for this prompt; run python -m pbr_bench"
+        )
+
+
+def local_ids() -> dict[str, str]:
+    """The generation-cache model ids of the two local LLMs, as their bench runs created them."""
+    from pbr_core.models import LocalGemmaGenerator
+
+    from .llms import SmolLM2Generator
+
+    return {
+        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
+        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
+    }
+
+
+def cached_bench(
+    ds: Dataset, name: str, model_id: str, limit: int | None, seed: int = 0
+) -> Bench | None:
+    """A bench over the questions whose every P-PRF answer of ``model_id`` is cached (``None``
+    when there are none): score only what the LLM answered; never generate here."""
+    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
+    cache = bench.generation_cache
+    assert cache is not None
+    total = len(bench.queries)
+    bench.queries = [
+        q
+        for q in bench.queries
+        if all(
+            cache.get(model_id, prompt) is not None
+            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
+        )
+    ]
+    print(f"{ds.name} {name}: {len(bench.queries)} of {total} questions have cached answers")
+    return bench if bench.queries else None
