@@ -69,9 +69,10 @@ class PBRConfig:
             the plain query whenever that item is closer to the query than all the feedback).
             ``None`` disables it; so does ``safe_history_gate=False`` (the gate predicts that
             gate); ignored by the other fusion modes, whose ``q*`` without feedback is not
-            theirs. The default 0.60 was chosen by ``benchmarks/pre_gate.py`` on its tuning split
-            (LoCoMo turn level n30 seed 0 + PersonaBench 0.0's first 115 questions): the lowest
-            threshold that lost nothing there.
+            theirs. The default 0.52 (``benchmarks/pre_gate.py``, ``docs/configuration.md``): the
+            middle of the band where every measured cell keeps R@5 / N@5 within .005 of
+            always-call with <= 0.5 LLM calls per LoCoMo question and >= 1.8 on PersonaBench;
+            confirmed on 200 held-out LoCoMo questions (0.19 calls per question, R@5 -.0005).
         max_query_chars: the query is cut to this many characters in the two prompts (like a
             history item, to ``max_item_chars``), so a huge query cannot make huge prompts. Only
             the prompts: the query's embedding ``q`` is made from the whole query.
@@ -122,7 +123,7 @@ class PBRConfig:
     trust_high: float = 0.7
     safe_min_shift: float = 0.2
     safe_history_gate: bool = True
-    pre_gate: float | None = 0.6
+    pre_gate: float | None = 0.52
     max_query_chars: int = 800
     llm_timeout_s: float | None = 30.0
     max_concurrent_llm_calls: int = 16

@@ -104,4 +104,4 @@ def test_pre_gate_is_validated() -> None:
     for bad in (1.5, -2.0, True, "0.5"):
         with pytest.raises(ValueError, match="pre_gate"):
             PBRConfig(pre_gate=bad)  # type: ignore[arg-type]
-    assert PBRConfig().pre_gate == 0.6
+    assert PBRConfig().pre_gate == 0.52
