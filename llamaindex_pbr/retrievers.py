@@ -704,18 +704,20 @@ class PBRRetriever(BaseRetriever):
             NotImplementedError: the store cannot list its nodes; use :meth:`delete_nodes`.
         """
         user_id = self._require_user("delete a document's nodes")
-        host = self._shared.corpus.host
         with host_store_errors(self._any_store(), "delete"):
-            if host is None or not host.can_list:
-                raise NotImplementedError(
-                    "this index's vector store cannot list its nodes; delete them by id with "
-                    "delete_nodes([...])"
-                )
-            refs = host.ref_doc_ids(user_id)  # type: ignore[attr-defined]
+            refs = self._ref_docs(user_id, "delete them by id with delete_nodes([...])")
             ids = [node_id for node_id, ref in refs.items() if ref == ref_doc_id]
             if not ids:
                 raise KeyError(f"user {user_id!r} has no nodes of document {ref_doc_id!r}")
             self._shared.corpus.delete(user_id, ids)
+
+    def _ref_docs(self, user_id: str, instead: str) -> dict[str, str]:
+        """The user's node ids (their own) -> the document each came from, listed from the
+        store; ``NotImplementedError`` saying what to do ``instead`` where it cannot list."""
+        host = self._shared.corpus.host
+        if host is None or not host.can_list:
+            raise NotImplementedError(f"this index's vector store cannot list its nodes; {instead}")
+        return host.ref_doc_ids(user_id)  # type: ignore[attr-defined]
 
     def refresh_ref_docs(
         self,
@@ -734,26 +736,30 @@ class PBRRetriever(BaseRetriever):
             NotImplementedError: the store cannot list its nodes (nothing to compare with).
         """
         user_id = self._require_user("refresh documents")
+        if not documents:
+            return []
         corpus = self._shared.corpus
-        host = corpus.host
+        instead = (
+            "pbr cannot tell what changed: delete_nodes([...]) and add_documents([...]) instead"
+        )
+        with host_store_errors(self._any_store(), "search"):
+            refs = self._ref_docs(user_id, instead)  # listed once, kept current below
         out = []
         for document in documents:
+            old = [node_id for node_id, ref in refs.items() if ref == document.doc_id]
             with host_store_errors(self._any_store(), "search"):
-                if host is None or not host.can_list:
-                    raise NotImplementedError(
-                        "this index's vector store cannot list its nodes, so pbr cannot tell "
-                        "what changed; delete_nodes([...]) and add_documents([...]) instead"
-                    )
-                refs = host.ref_doc_ids(user_id)  # type: ignore[attr-defined]
-                old = [node_id for node_id, ref in refs.items() if ref == document.doc_id]
-                stored = host.nodes(user_id, [corpus.key_of(user_id, i) for i in old])  # type: ignore[attr-defined]
+                keys = [corpus.key_of(user_id, i) for i in old]
+                stored = corpus.host.nodes(user_id, keys)  # type: ignore[union-attr]
             hashes = {n.source_node.hash if n.source_node else None for n in stored.values()}
             if old and hashes == {document.hash}:
                 out.append(False)
                 continue
-            self.add_documents([document], transformations=transformations)
+            new = self.add_documents([document], transformations=transformations)
             if old:
                 self.delete_nodes(old)
+            for node_id in old:
+                del refs[node_id]
+            refs.update(dict.fromkeys(new, document.doc_id))
             out.append(True)
         return out
 
