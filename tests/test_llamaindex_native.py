@@ -72,19 +72,24 @@ def test_top_k_and_filters_can_be_set_on_a_view() -> None:
     assert base.for_user("ann").similarity_top_k != 0
 
 
-@pytest.mark.parametrize("backend", ["simple", "chroma"])
-def test_delete_ref_doc_removes_only_the_users_own_document(backend: str, request: Any) -> None:
-    if backend == "chroma":
-        from llama_index.vector_stores.chroma import ChromaVectorStore
+@pytest.fixture(params=["simple", "chroma"])
+def listed(request: Any) -> PBRRetriever:
+    """An empty base over a store pbr lists: a SimpleVectorStore, or a collection of its own on
+    the shared ``chroma run`` server."""
+    if request.param == "simple":
+        return base_over()
+    from llama_index.vector_stores.chroma import ChromaVectorStore
 
-        server = request.getfixturevalue("shared_chroma")
-        collection = server.client().create_collection(f"refdoc-{uuid.uuid4().hex[:8]}")
-        storage = StorageContext.from_defaults(
-            vector_store=ChromaVectorStore(chroma_collection=collection)
-        )
-        base = base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
-    else:
-        base = base_over()
+    server = request.getfixturevalue("shared_chroma")
+    collection = server.client().create_collection(f"listed-{uuid.uuid4().hex[:8]}")
+    storage = StorageContext.from_defaults(
+        vector_store=ChromaVectorStore(chroma_collection=collection)
+    )
+    return base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
+
+
+def test_delete_ref_doc_removes_only_the_users_own_document(listed: PBRRetriever) -> None:
+    base = listed
     add_docs(base)
     ann, ben = base.for_user("ann", similarity_top_k=10), base.for_user("ben", similarity_top_k=10)
     ann.delete_ref_doc("diary")
@@ -134,21 +139,8 @@ def test_an_ingestion_pipelines_nodes_can_be_added_through_a_view() -> None:
     assert base.retrieve("diary page", user_id="ben") == []
 
 
-@pytest.mark.parametrize("backend", ["simple", "chroma"])
-def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(
-    backend: str, request: Any
-) -> None:
-    if backend == "chroma":
-        from llama_index.vector_stores.chroma import ChromaVectorStore
-
-        server = request.getfixturevalue("shared_chroma")
-        collection = server.client().create_collection(f"refresh-{uuid.uuid4().hex[:8]}")
-        storage = StorageContext.from_defaults(
-            vector_store=ChromaVectorStore(chroma_collection=collection)
-        )
-        base = base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
-    else:
-        base = base_over()
+def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(listed: PBRRetriever) -> None:
+    base = listed
     ann, ben = base.for_user("ann", similarity_top_k=10), base.for_user("ben", similarity_top_k=10)
     for user in (ann, ben):
         assert user.refresh_ref_docs([Document(text="notes v1", id_="notes")]) == [True]
