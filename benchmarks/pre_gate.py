@@ -46,9 +46,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pbr_bench.cached import CacheOnly, local_ids  # noqa: E402
+from pbr_bench.cached import cached_questions, local_ids  # noqa: E402
 from pbr_bench.compare import sign_test  # noqa: E402
-from pbr_bench.datasets import Dataset, load_named  # noqa: E402
+from pbr_bench.datasets import load_named  # noqa: E402
 from pbr_bench.metrics import best_over_combinations  # noqa: E402
 from pbr_bench.report import write_rows  # noqa: E402
 from pbr_bench.runner import Bench  # noqa: E402
@@ -202,36 +202,12 @@ def verify(cell: Cell, t: float | None) -> bool:
     )
 
 
-def cached(
-    ds: Dataset, llm: str, model_id: str, limit: int | None, seed: int = 0
-) -> tuple[Bench | None, int]:
-    """A bench over the questions whose every always-call P-PRF answer of ``model_id`` is cached
-    (``None`` when there are none), and how many questions were asked for. Unlike
-    ``safe_sweep.cached_bench`` the prompts are those of the ungated pipeline: with the default
-    ``pre_gate`` a gated question would pass as cached without its answers."""
-    bench = Bench(ds, generator=CacheOnly(model_id), llm_name=llm, limit=limit, seed=seed)
-    cache, always = bench.generation_cache, bench.config.with_(fusion="safe", pre_gate=None)
-    assert cache is not None
-    total = len(bench.queries)
-    bench.queries = [
-        q
-        for q in bench.queries
-        if all(
-            cache.get(model_id, prompt) is not None
-            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text, config=always)
-            or ()
-        )
-    ]
-    print(f"{ds.name} {llm}: {len(bench.queries)} of {total} questions have cached answers")
-    return (bench if bench.queries else None), total
-
-
 def cells() -> list[Cell]:
     ids = local_ids()
     out: list[Cell] = []
     name, limit, seed, llm = TUNE
     ds = load_named(name)
-    bench, total = cached(ds, llm, ids[llm], limit=limit, seed=seed)
+    bench, total = cached_questions(ds, llm, ids[llm], limit=limit, seed=seed)
     if bench is None or len(bench.queries) < total:
         raise SystemExit(
             f"the tuning cell {TUNE_SPLIT!r} is incomplete; generate it first: python -m pbr_bench "
@@ -241,7 +217,7 @@ def cells() -> list[Cell]:
     out.append(collect(bench, f"{ds.name} n{limit} s{seed}", llm, "tune"))
     pb = load_named("personabench-0.0")
     sources: list[tuple[str, Bench | None]] = [("authors", Bench(pb, llm_name="authors"))]
-    sources += [(n, cached(pb, n, m, limit=None)[0]) for n, m in ids.items()]
+    sources += [(n, cached_questions(pb, n, m, limit=None)[0]) for n, m in ids.items()]
     for llm, bench in sources:
         if bench is not None:
             full = collect(bench, pb.name, llm, "all")
@@ -252,11 +228,11 @@ def cells() -> list[Cell]:
             ]
     for limit, seed in LOCOMO_OTHER:
         for llm, model_id in ids.items():
-            bench = cached(ds, llm, model_id, limit=limit, seed=seed)[0]
+            bench = cached_questions(ds, llm, model_id, limit=limit, seed=seed)[0]
             if bench is not None:
                 out.append(collect(bench, f"{ds.name} n{limit} s{seed}", llm, "other"))
     _, limit, seed, llm = HELD_OUT
-    bench, total = cached(ds, llm, ids[llm], limit=limit, seed=seed)
+    bench, total = cached_questions(ds, llm, ids[llm], limit=limit, seed=seed)
     if bench is not None and len(bench.queries) == total:
         out.append(collect(bench, f"{ds.name} n{limit} s{seed}", llm, "held-out"))
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .datasets import Dataset
 from .runner import Bench
 
-__all__ = ["CacheOnly", "cached_bench", "local_ids"]
+__all__ = ["CacheOnly", "cached_bench", "cached_questions", "local_ids"]
 
 
 class CacheOnly:
@@ -35,13 +35,19 @@ def local_ids() -> dict[str, str]:
     }
 
 
-def cached_bench(
+def cached_questions(
     ds: Dataset, name: str, model_id: str, limit: int | None, seed: int = 0
-) -> Bench | None:
+) -> tuple[Bench | None, int]:
     """A bench over the questions whose every P-PRF answer of ``model_id`` is cached (``None``
-    when there are none): score only what the LLM answered; never generate here."""
+    when there are none), and how many questions were asked for: score only what the LLM
+    answered; never generate here.
+
+    The prompts checked are those of the ungated pipeline (``"safe"`` fusion without
+    ``pre_gate``): with the pre-generation gate a question it skips asks for no prompt, so it
+    would pass as cached without the answers that always-call and the paper's fusion need.
+    """
     bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
-    cache = bench.generation_cache
+    cache, ungated = bench.generation_cache, bench.config.with_(fusion="safe", pre_gate=None)
     assert cache is not None
     total = len(bench.queries)
     bench.queries = [
@@ -49,8 +55,16 @@ def cached_bench(
         for q in bench.queries
         if all(
             cache.get(model_id, prompt) is not None
-            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text) or ()
+            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text, config=ungated)
+            or ()
         )
     ]
     print(f"{ds.name} {name}: {len(bench.queries)} of {total} questions have cached answers")
-    return bench if bench.queries else None
+    return (bench if bench.queries else None), total
+
+
+def cached_bench(
+    ds: Dataset, name: str, model_id: str, limit: int | None, seed: int = 0
+) -> Bench | None:
+    """:func:`cached_questions`' bench alone."""
+    return cached_questions(ds, name, model_id, limit, seed)[0]
