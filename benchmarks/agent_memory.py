@@ -69,7 +69,6 @@ import argparse
 import asyncio
 import csv
 import gc
-import hashlib
 import json
 import platform
 import re
@@ -100,8 +99,9 @@ from langchain_pbr import PBRStore  # noqa: E402
 from llamaindex_pbr import PBRMemoryBlock  # noqa: E402
 from pbr_bench.compare import sign_test  # noqa: E402
 from pbr_bench.datasets import Dataset, Query, load_named  # noqa: E402
-from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
 from pbr_bench.metrics import best_over_combinations  # noqa: E402
+from pbr_bench.splits import is_tuning_user  # noqa: E402
 from pbr_core import PBRConfig  # noqa: E402
 
 DATASET = "locomo-turn"
@@ -123,23 +123,6 @@ LI_PAIRS = [("llamaindex", LI_PBR, LI_PLAIN)]
 
 _ENVELOPE = re.compile(r"^<message role='[^']*'>(.*)</message>$", re.S)
 _PARTS = re.compile(r"<message role='[^']*'>(.*?)</message>", re.S)
-
-
-def tuning(user: str) -> bool:
-    """The tuning split (fixed before any result was read); everything else is test."""
-    return int(hashlib.sha1(user.encode()).hexdigest(), 16) % 3 == 0
-
-
-class CountingEncoder:
-    """all-MiniLM-L6-v2 for texts the cache lacks (expected: none), counting them."""
-
-    def __init__(self) -> None:
-        self._encode = minilm_encoder()
-        self.encoded = 0
-
-    def __call__(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        self.encoded += len(texts)
-        return self._encode(texts, batch_size)
 
 
 class CachedEmbeddings(Embeddings):
@@ -337,7 +320,7 @@ def per_question(
 
 
 def in_split(q: Query, split: str) -> bool:
-    return split == "all" or (split == "tune") == tuning(q.user_id)
+    return split == "all" or (split == "tune") == is_tuning_user(q.user_id)
 
 
 def score_rows(part: str, run: Run, queries: Sequence[Query]) -> list[dict[str, Any]]:
@@ -552,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "subset": bool(args.users),
         "questions": len(queries),
         "split_rule": "tune = int(sha1(user).hexdigest(), 16) % 3 == 0; test = the rest",
-        "tune_users": [u for u in users if tuning(u)],
+        "tune_users": [u for u in users if is_tuning_user(u)],
         "embedder": f"{MODEL} (EmbeddingCache; newly embedded: {encoded_after_warmup})",
         "langgraph": langgraph.version.__version__,
         "llama_index_core": llama_index.core.__version__,

@@ -51,7 +51,6 @@ and method), ``paired.csv``/``.json``, ``timing.json`` and ``r_at_5.png`` (test 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import statistics
 import sys
@@ -69,9 +68,10 @@ sys.path.insert(0, str(REPO))
 from pbr_bench.bm25 import BM25Index  # noqa: E402
 from pbr_bench.compare import load_rankings, sign_test  # noqa: E402
 from pbr_bench.datasets import Dataset, Query, load_named, load_pbr_generations  # noqa: E402
-from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder  # noqa: E402
 from pbr_bench.metrics import best_over_combinations, evaluate  # noqa: E402
 from pbr_bench.runner import CachedEmbedder  # noqa: E402
+from pbr_bench.splits import is_tuning_user  # noqa: E402
 from pbr_core import PBRConfig, Personalizer  # noqa: E402
 from pbr_core.history import HistoryItem, HistoryStore, UserHistory  # noqa: E402
 from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank  # noqa: E402
@@ -130,27 +130,6 @@ TIMING_ITEMS = 600  # the LoCoMo-turn user whose history size is nearest to this
 TIMING_PASSES = 5
 RESULTS = REPO / "benchmarks" / "results"
 OUT = RESULTS / "hybrid"
-
-
-def tuning(user: str) -> bool:
-    """The tuning split (fixed before any result was read); everything else is test."""
-    return int(hashlib.sha1(user.encode()).hexdigest(), 16) % 3 == 0
-
-
-class CountingEncoder:
-    """all-MiniLM-L6-v2 for the texts the embedding cache lacks, counting them."""
-
-    def __init__(self) -> None:
-        self._encode = minilm_encoder()
-        self.encoded = 0
-        self.seconds = 0.0
-
-    def __call__(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        start = time.perf_counter()
-        out = self._encode(texts, batch_size)
-        self.seconds += time.perf_counter() - start
-        self.encoded += len(texts)
-        return out
 
 
 @dataclass
@@ -213,7 +192,7 @@ def build(name: str, cache: EmbeddingCache, counter: CountingEncoder, window: Wi
         queries=queries,
         qvec={q.id: qv[i] for i, q in enumerate(queries)},
         stats=stats,
-        split_of={q.id: "tune" if tuning(q.user_id) else "test" for q in queries},
+        split_of={q.id: "tune" if is_tuning_user(q.user_id) else "test" for q in queries},
     )
 
 

@@ -14,7 +14,6 @@ set and split for every candidate so the choice can be made on the tuning split 
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ sys.path.insert(0, str(REPO))
 from pbr_bench.datasets import Dataset, load_named  # noqa: E402
 from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
 from pbr_bench.metrics import best_over_combinations  # noqa: E402
+from pbr_bench.splits import is_tuning_user  # noqa: E402
 from pbr_core.lexical import LexicalIndex, query_terms  # noqa: E402
 
 DATASETS = [
@@ -37,10 +37,6 @@ DATASETS = [
     "prefeval-explicit-n50",
 ]
 WINDOW = 256  # all-MiniLM-L6-v2's max_seq_length, word pieces incl. [CLS]/[SEP]
-
-
-def tuning(user: str) -> bool:
-    return int(hashlib.sha1(user.encode()).hexdigest(), 16) % 3 == 0
 
 
 def tokenizer():  # type: ignore[no-untyped-def]
@@ -120,7 +116,7 @@ def collect() -> list[dict]:
                 rows.append(
                     dict(
                         ds=name,
-                        split="tune" if tuning(user) else "test",
+                        split="tune" if is_tuning_user(user) else "test",
                         ids=ids,
                         gold=q.gold,
                         dense=(dvec @ qvec[qi]).astype(np.float32),

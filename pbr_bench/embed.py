@@ -22,12 +22,20 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["EmbeddingCache", "default_cache_dir", "dense_rank", "l2_normalize", "minilm_encoder"]
+__all__ = [
+    "CountingEncoder",
+    "EmbeddingCache",
+    "default_cache_dir",
+    "dense_rank",
+    "l2_normalize",
+    "minilm_encoder",
+]
 
 #: ``encode(texts, batch_size) -> (len(texts), dim)`` array.
 EncodeFn = Callable[[list[str], int], np.ndarray]
@@ -75,6 +83,23 @@ def minilm_encoder(device: str = "cpu") -> EncodeFn:
         )
 
     return encode
+
+
+class CountingEncoder:
+    """:func:`minilm_encoder`, counting the texts it encodes and the seconds it takes (for an
+    :class:`EmbeddingCache`'s misses: what a benchmark had to embed anew)."""
+
+    def __init__(self) -> None:
+        self._encode = minilm_encoder()
+        self.encoded = 0
+        self.seconds = 0.0
+
+    def __call__(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        start = time.perf_counter()
+        out = self._encode(texts, batch_size)
+        self.seconds += time.perf_counter() - start
+        self.encoded += len(texts)
+        return out
 
 
 def _key(text: str) -> str:

@@ -1,0 +1,14 @@
+"""The tuning split of the hybrid-search and agent-memory benchmarks (``benchmarks/hybrid.py``,
+``hybrid_explore.py``, ``agent_memory.py``), fixed before any of their results were read."""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["is_tuning_user"]
+
+
+def is_tuning_user(user_id: str) -> bool:
+    """Whether a user is in the tuning split: ``int(sha1(user_id), 16) % 3 == 0`` (about a third
+    of the users; every other user is test)."""
+    return int(hashlib.sha1(user_id.encode()).hexdigest(), 16) % 3 == 0
