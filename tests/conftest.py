@@ -93,3 +93,26 @@ def own_chroma(_module_chroma: Any) -> Any:
     if not _module_chroma.alive():
         _module_chroma.start()
     return _module_chroma
+
+
+# -- a real PostgreSQL server, used only by tests/test_langgraph_postgres.py -----------------------
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """One ``postgres`` for the session (see tests/postgres_server.py); skipped where the machine
+    has no PostgreSQL."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from postgres_server import PostgresServer, find_binaries
+
+    binaries = find_binaries()
+    if binaries is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres) on this machine")
+    folder = Path(tempfile.mkdtemp(prefix="pbr-postgres-"))
+    server = PostgresServer(folder, binaries).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -296,12 +296,12 @@ def remember_and_recall(state: State, config: RunnableConfig, *, store: BaseStor
     return {"found": [i.value["content"] for i in found]}
 
 
-def graph(store: BaseStore) -> Any:
+def graph(store: BaseStore, checkpointer: Any = None) -> Any:
     builder = StateGraph(State)
     builder.add_node("memory", remember_and_recall)
     builder.add_edge(START, "memory")
     builder.add_edge("memory", END)
-    return builder.compile(checkpointer=InMemorySaver(), store=store)
+    return builder.compile(checkpointer=checkpointer or InMemorySaver(), store=store)
 
 
 def test_a_state_graph_keeps_users_apart() -> None:
