@@ -116,3 +116,25 @@ def postgres_url() -> Iterator[str]:
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def clear_postgres(url: str) -> None:
+    """Empty LangGraph's store and checkpoint tables (each test starts from an empty database)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("store", "checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+            exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+            if exists and exists[0] is not None:
+                conn.execute(f"TRUNCATE {table}")
+
+
+@pytest.fixture
+def postgres(postgres_url: str) -> Iterator[Any]:
+    """A migrated, empty LangGraph ``PostgresStore`` on the session's server."""
+    from langgraph.store.postgres import PostgresStore
+
+    with PostgresStore.from_conn_string(postgres_url) as store:
+        store.setup()
+        clear_postgres(postgres_url)
+        yield store

@@ -9,13 +9,14 @@ apart.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 pytest.importorskip("langgraph.store.postgres")
 
 import psycopg
+from conftest import clear_postgres
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.store.base import BaseStore
@@ -25,28 +26,11 @@ from test_langgraph_store import ALICE, BOB, BagOfWords, filled, graph, keys
 from langchain_pbr import PBRStore
 
 
-def _clear(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for table in ("store", "checkpoints", "checkpoint_blobs", "checkpoint_writes"):
-            exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
-            if exists and exists[0] is not None:
-                conn.execute(f"TRUNCATE {table}")
-
-
-@pytest.fixture
-def postgres(postgres_url: str) -> Iterator[PostgresStore]:
-    """A migrated, empty PostgresStore on the session's server."""
-    with PostgresStore.from_conn_string(postgres_url) as store:
-        store.setup()
-        _clear(postgres_url)
-        yield store
-
-
 @pytest.fixture
 async def apostgres(postgres_url: str) -> AsyncIterator[AsyncPostgresStore]:
     async with AsyncPostgresStore.from_conn_string(postgres_url) as store:
         await store.setup()
-        _clear(postgres_url)
+        clear_postgres(postgres_url)
         yield store
 
 
