@@ -56,7 +56,6 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,26 +66,18 @@ sys.path.insert(0, str(REPO))
 
 from pbr_bench.bm25 import BM25Index  # noqa: E402
 from pbr_bench.compare import load_rankings, sign_test  # noqa: E402
-from pbr_bench.datasets import Dataset, Query, load_named, load_pbr_generations  # noqa: E402
+from pbr_bench.datasets import Query, load_pbr_generations  # noqa: E402
 from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder  # noqa: E402
+from pbr_bench.histories import DATASETS, Built, build  # noqa: E402
 from pbr_bench.metrics import best_over_combinations, evaluate  # noqa: E402
 from pbr_bench.runner import CachedEmbedder  # noqa: E402
-from pbr_bench.splits import is_tuning_user  # noqa: E402
 from pbr_core import PBRConfig, Personalizer  # noqa: E402
-from pbr_core.history import HistoryItem, HistoryStore, UserHistory  # noqa: E402
+from pbr_core.history import HistoryStore, UserHistory  # noqa: E402
 from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank  # noqa: E402
 from pbr_core.models import MiniLMEmbedder  # noqa: E402
 from pbr_core.pipeline import PseudoFeedback  # noqa: E402
-from pbr_core.windows import Window, split, window_of  # noqa: E402
+from pbr_core.windows import split, window_of  # noqa: E402
 
-DATASETS = [
-    "personabench-0.0",
-    "personabench-0.7",
-    "locomo-turn",
-    "locomo-session",
-    "prefeval-explicit-n10",
-    "prefeval-explicit-n50",
-]
 PBR_DATASET = "personabench-0.0"
 METHODS = [
     "dense",
@@ -130,70 +121,6 @@ TIMING_ITEMS = 600  # the LoCoMo-turn user whose history size is nearest to this
 TIMING_PASSES = 5
 RESULTS = REPO / "benchmarks" / "results"
 OUT = RESULTS / "hybrid"
-
-
-@dataclass
-class WindowStats:
-    items: int = 0
-    long_items: int = 0
-    windows: int = 0
-    windows_newly_encoded: int = 0
-
-
-@dataclass
-class Built:
-    """One data set's users in two stores (with and without windows) and its questions."""
-
-    ds: Dataset
-    plain: HistoryStore
-    windowed: HistoryStore
-    queries: list[Query]
-    qvec: dict[str, np.ndarray]
-    stats: WindowStats
-    split_of: dict[str, str] = field(default_factory=dict)  # question id -> "test" / "tune"
-
-
-def build(name: str, cache: EmbeddingCache, counter: CountingEncoder, window: Window) -> Built:
-    ds = load_named(name)
-    queries = ds.scored_queries
-    users = sorted({q.user_id for q in queries})
-    plain, windowed = HistoryStore(), HistoryStore()
-    stats = WindowStats()
-    for user in users:
-        corpus = ds.corpora[user]
-        items = [HistoryItem(id=d.id, text=d.text) for d in corpus.docs]
-        vectors = cache.encode(corpus.texts)
-        long_ids: list[str] = []
-        parts: list[list[str]] = []
-        for item in items:
-            if not window.fits(item.text):
-                long_ids.append(item.id)
-                parts.append(split(item.text, window))
-        flat = [w for ws in parts for w in ws]
-        windows: dict[str, np.ndarray] = {}
-        if flat:
-            before = counter.encoded
-            wvec = cache.encode(flat)
-            stats.windows_newly_encoded += counter.encoded - before
-            start = 0
-            for item_id, ws in zip(long_ids, parts):
-                windows[item_id] = wvec[start : start + len(ws)]
-                start += len(ws)
-        stats.items += len(items)
-        stats.long_items += len(long_ids)
-        stats.windows += len(flat)
-        plain.upsert(user, items, vectors)
-        windowed.upsert(user, items, vectors, windows=windows)
-    qv = cache.encode([q.text for q in queries])
-    return Built(
-        ds=ds,
-        plain=plain,
-        windowed=windowed,
-        queries=queries,
-        qvec={q.id: qv[i] for i, q in enumerate(queries)},
-        stats=stats,
-        split_of={q.id: "tune" if is_tuning_user(q.user_id) else "test" for q in queries},
-    )
 
 
 def ids(history: UserHistory, ranked: Sequence[Ranked]) -> list[str]:
@@ -296,7 +223,7 @@ def pbr_rankings(built: Built, cache: EmbeddingCache) -> tuple[dict[str, dict], 
         hybrid_plain_rows[q.id] = ids(hp, rank(hp, pq.vector, terms, K, mode="hybrid"))
         for weight in FEEDBACK_WEIGHTS:
             expanded = lexical_terms(pq.explanation, weight)
-            ranked = rank(hw, pq.vector, expanded, K, mode="hybrid")
+            ranked = rank(hw, pq.vector, expanded, K, mode="hybrid", own_terms=terms)
             feedback_rows[weight][q.id] = ids(hw, ranked)
     notes = {
         "fusion": config.fusion,

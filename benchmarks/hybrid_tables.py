@@ -4,7 +4,10 @@ The numbers in the docs are generated, never typed: this replaces the text betwe
 ``<!-- hybrid-results:start -->`` and ``<!-- hybrid-results:end -->`` in ``docs/hybrid.md``.
 
     python benchmarks/hybrid.py          # the measurement (minutes; writes the CSVs)
+    python benchmarks/hybrid_llm.py      # the local LLMs' rows (minutes; writes llm.csv)
     python benchmarks/hybrid_tables.py   # the tables (instant)
+
+The local-LLM table goes between ``<!-- hybrid-llm:start -->`` and ``<!-- hybrid-llm:end -->``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "hybrid"
 DOC = ROOT / "docs" / "hybrid.md"
 START, END = "<!-- hybrid-results:start -->", "<!-- hybrid-results:end -->"
+LLM_START, LLM_END = "<!-- hybrid-llm:start -->", "<!-- hybrid-llm:end -->"
 DATASETS = [
     ("personabench-0.0", "PB 0.0"),
     ("personabench-0.7", "PB 0.7"),
@@ -88,11 +92,43 @@ def paired_table(paired: list[dict[str, str]], split: str) -> list[str]:
     return lines
 
 
+def llm_table(rows: list[dict[str, str]]) -> list[str]:
+    """Per data set and local LLM: the default pipeline with the LLM against the no-LLM hybrid,
+    dense and BM25 (R@5 / N@5, LLM calls per question, per-question R@5 wins / losses)."""
+    lines = [
+        "| data set | LLM | questions | hybrid + PBR | LLM calls / q | no-LLM hybrid "
+        "| vs it: W / L, p | dense | bm25 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    cells = {(r["dataset"], r["llm"], r["method"]): r for r in rows}
+    for ds, llm in dict.fromkeys((r["dataset"], r["llm"]) for r in rows):
+        ours, base = cells[(ds, llm, "hybrid + PBR")], cells[(ds, llm, "hybrid (no LLM)")]
+        dense, bm25 = cells[(ds, llm, "dense")], cells[(ds, llm, "bm25")]
+
+        def pair(r: dict[str, str]) -> str:
+            return f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f}"
+
+        lines.append(
+            f"| {labels.get(ds, ds)} | {llm} | {ours['n']} | {pair(ours)} | "
+            f"{float(ours['llm_calls_per_q']):.2f} | {pair(base)} | "
+            f"{base['pbr_wins']} / {base['pbr_losses']}, {float(base['p_sign']):.2g} | "
+            f"{pair(dense)} | {pair(bm25)} |"
+        )
+    return lines
+
+
+def replace(text: str, start: str, end: str, body: list[str]) -> str:
+    block = "\n".join([start, "", *body, "", end])
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        return before + block + rest.split(end, 1)[1]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
 def main() -> None:
     summary, paired = read("summary.csv"), read("paired.csv")
     body = [
-        START,
-        "",
         "R@5 / N@5 on the **test split** (PersonaBench is all test; the tuning split held no",
         "PersonaBench user). `bm25` is pbr's BM25 alone (equal scores in item order, as a plain",
         "BM25 retriever ranks); `bm25 (bm25s)` the committed bm25s baseline (Lucene's 33 stop",
@@ -109,16 +145,10 @@ def main() -> None:
         "Per question, R@5, test split (hybrid minus the other; exact two-sided sign test):",
         "",
         *paired_table(paired, "test"),
-        "",
-        END,
     ]
-    text = DOC.read_text(encoding="utf-8")
-    if START in text and END in text:
-        before, rest = text.split(START, 1)
-        after = rest.split(END, 1)[1]
-        text = before + "\n".join(body) + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
+    text = replace(DOC.read_text(encoding="utf-8"), START, END, body)
+    if (RESULTS / "llm.csv").exists():
+        text = replace(text, LLM_START, LLM_END, llm_table(read("llm.csv")))
     DOC.write_text(text, encoding="utf-8")
     print(f"wrote the tables into {DOC.relative_to(ROOT)}")
 

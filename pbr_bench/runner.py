@@ -119,6 +119,14 @@ def _scored(ds: Dataset, limit: int | None, seed: int) -> list[Query]:
     return queries
 
 
+def generation_cache_of(model_id: str) -> GenerationCache:
+    """The committed generation cache of an LLM: ``benchmarks/cache/<model id, made safe>.jsonl``
+    (every bench run of that model reads and appends the same file)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id)
+    GENERATION_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    return GenerationCache(GENERATION_CACHE_DIR / f"{safe[:80]}.jsonl")
+
+
 class Bench:
     """Holds one data set, its embeddings and one personalizer over all its users.
 
@@ -153,9 +161,7 @@ class Bench:
         cache = embeddings or EmbeddingCache("all-MiniLM-L6-v2", minilm_encoder())
         self.embedder = CachedEmbedder(cache)
         if generation_cache is None and generator is not None:
-            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id_of(generator))
-            GENERATION_CACHE_DIR.mkdir(parents=True, exist_ok=True)
-            generation_cache = GenerationCache(GENERATION_CACHE_DIR / f"{safe[:80]}.jsonl")
+            generation_cache = generation_cache_of(model_id_of(generator))
         self.generation_cache = generation_cache
         self.personalizer = Personalizer(
             self.embedder, generator, config=self.config, cache=generation_cache

@@ -421,6 +421,7 @@ class Corpus:
         *,
         mode: SearchMode = "hybrid",
         found: Sequence[tuple[str, Mapping[str, Any], float | None]] | None = None,
+        own_terms: Mapping[str, float] | None = None,
     ) -> list[ScoredRecord]:
         """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`).
 
@@ -429,6 +430,8 @@ class Corpus:
             history: the snapshot the query was personalized with (:meth:`history`).
             vector: the unit search vector ``q*``.
             terms: the lexical query (:func:`pbr_core.hybrid.lexical_terms`).
+            own_terms: the user's own words in it (None: ``terms``), which hybrid mode reads
+                the lexical leg's weight from.
             k: how many results.
             mode: ``"hybrid"``, ``"dense"`` or ``"lexical"``.
             found: a host search's results ``(store key, store metadata, store score)``, when
@@ -457,7 +460,9 @@ class Corpus:
                     continue  # a shadowed duplicate of the item (see _refresh)
                 raw[pos] = (key, score)
         candidates = list(raw) if found is not None else None
-        ranked = rank(history, vector, terms, k, mode=mode, candidates=candidates)
+        ranked = rank(
+            history, vector, terms, k, mode=mode, candidates=candidates, own_terms=own_terms
+        )
         out: list[ScoredRecord] = []
         for r, hit in zip(ranked, hits(history, ranked)):
             key, score = raw.get(r.position) or (self.key_of(user_id, hit.id), None)

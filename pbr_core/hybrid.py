@@ -3,21 +3,27 @@
 Dense search misses the exact words a user's items share with the question (names, places,
 dates: on LoCoMo conversations BM25 beats all-MiniLM-L6-v2 by 8 to 37 points of R@5); BM25 misses
 paraphrase (on PrefEval it trails dense by 35 to 57 points). Fusing both is what every serious
-memory system does. The rule here is score-level and has no tuned parameter:
+memory system does. The rule here is score-level, decided per query from the lexical leg's own
+evidence:
 
-    score(d) = 0.5 · (cos(d) − min cos) / (max cos − min cos) + 0.5 · bm25(d) / max bm25
+    c       = max bm25 / ceiling                  (coverage: how much of the query's words the
+                                                   best lexical match holds, 0..1)
+    w       = √c                                  (the lexical leg's weight)
+    score(d) = [ (cos(d) − min cos) / (max cos − min cos) + w · bm25(d) / max bm25 ] / (1 + w)
 
-over the items being ranked (all of the user's, or a host search's candidates): each leg is
-scaled to [0, 1] within the query, then averaged. The rule was chosen among min-max, z-score,
-RRF, coverage-scaled and multiplicative fusions, with weights from 0.3 to 0.8, on a tuning split
-named before any number was read (a third of the users of each data set, see
-``benchmarks/hybrid_explore.py``): equal weights had the best mean there and no data set below
-the better of dense and BM25. A query with no lexical match at all ranks by the dense leg alone.
-``cos`` is the item's best window when the item is longer than the embedder reads
-(:mod:`pbr_core.windows`).
+over the items being ranked (all of the user's, or a host search's candidates). ``ceiling`` is
+:meth:`pbr_core.lexical.LexicalIndex.ceiling`, ``Σ idf`` of the query's words, computed for the
+*user's own words* (LLM feedback expands the lexical query but does not lower the coverage). A
+best lexical match holding the query's rare words (a name, a place) gives BM25 as much say as
+the dense leg; one sharing only an everyday word with the question (PrefEval, PersonaBench) gives
+it little. A query with no lexical match ranks by the dense leg alone. ``cos`` is the item's best
+window when the item is longer than the embedder reads (:mod:`pbr_core.windows`).
 
-Results and the per-question comparison against dense, BM25 and a LangChain-style RRF ensemble:
-``docs/hybrid.md``.
+The rule was chosen among min-max, z-score, distribution-based, RRF, coverage-scaled, agreement-
+and confidence-weighted fusions on a tuning split named before its numbers were read
+(``benchmarks/hybrid_adaptive.py``); the earlier equal-weight rule (``w = 1``) lost to plain dense
+on PersonaBench and PrefEval. Results and the per-question comparison against dense, BM25 and a
+LangChain-style RRF ensemble: ``docs/hybrid.md``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "host_candidates",
     "lexical_query",
     "lexical_terms",
+    "lexical_weight",
     "rank",
 ]
 
@@ -130,16 +137,26 @@ def _rank_of(scores: np.ndarray, i: int) -> int:
     return int(np.count_nonzero(scores > s) + np.count_nonzero(scores[:i] == s)) + 1
 
 
-def fuse(dense: np.ndarray, lexical: np.ndarray) -> np.ndarray:
-    """The hybrid score of each item: the mean of the two legs, each scaled to [0, 1] over the
-    items given (a leg that is constant, e.g. no lexical match, contributes 0 to every item)."""
+def lexical_weight(lexical: np.ndarray, ceiling: float) -> float:
+    """The lexical leg's weight for one query: ``√(max bm25 / ceiling)``, in [0, 1] (0 when no
+    item matches or the query has no word with an idf)."""
+    top = float(np.max(lexical)) if np.size(lexical) else 0.0
+    if top <= 0.0 or ceiling <= 0.0:
+        return 0.0
+    return float(np.sqrt(min(1.0, top / ceiling)))
+
+
+def fuse(dense: np.ndarray, lexical: np.ndarray, weight: float = 1.0) -> np.ndarray:
+    """The hybrid score of each item in [0, 1]: the dense leg scaled to [0, 1] over the items
+    given, plus ``weight`` times BM25 / its maximum, over ``1 + weight`` (a leg that is constant,
+    e.g. no lexical match, contributes 0 to every item). ``weight`` is :func:`lexical_weight`."""
     d = np.asarray(dense, dtype=np.float64)
     lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
     d_part = (d - lo) / (hi - lo) if hi > lo else np.zeros_like(d)
     lx = np.asarray(lexical, dtype=np.float64)
     top = float(lx.max()) if lx.size else 0.0
     l_part = lx / top if top > 0 else np.zeros_like(lx)
-    return 0.5 * d_part + 0.5 * l_part
+    return (d_part + weight * l_part) / (1.0 + weight)
 
 
 def rank(
@@ -150,9 +167,13 @@ def rank(
     *,
     mode: SearchMode = "hybrid",
     candidates: Sequence[int] | None = None,
+    own_terms: Mapping[str, float] | None = None,
 ) -> list[Ranked]:
     """The ``k`` best of the user's items (or of ``candidates``, positions from a host search
     that applied filters pbr cannot evaluate), best first.
+
+    ``terms`` is the lexical query; ``own_terms`` the user's own words in it (None: ``terms``),
+    which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`).
 
     Exact: every candidate is scored in both legs (one matrix-vector product and the postings
     of the query's words), so an approximate index cannot make an item unreachable.
@@ -164,14 +185,18 @@ def rank(
     if rows.size == 0:
         return []
     dense = history.dense_scores(vector)[rows]
-    lexical = history.lexical().scores(terms)[rows] if mode != "dense" else np.zeros(rows.size)
+    index = history.lexical() if mode != "dense" else None
+    lexical = index.scores(terms)[rows] if index is not None else np.zeros(rows.size)
     if mode == "dense":
         score = dense.astype(np.float64)
     elif mode == "lexical":
         # ties (e.g. no query word at all) fall back to the dense order
         score = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
     else:
-        score = fuse(dense, lexical)
+        assert index is not None
+        own = terms if own_terms is None else own_terms
+        own_scores = lexical if own_terms is None else index.scores(own)[rows]
+        score = fuse(dense, lexical, lexical_weight(own_scores, index.ceiling(own)))
     return [
         Ranked(
             position=int(rows[i]),

@@ -21,7 +21,7 @@ import numpy as np
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
 from .history import UserHistory
-from .hybrid import host_candidates, lexical_terms
+from .hybrid import host_candidates, lexical_query, lexical_terms
 
 if TYPE_CHECKING:  # the pipeline ranks with this module too
     from .pipeline import PersonalizedQuery
@@ -61,7 +61,10 @@ def rank_personalized(
     now: the host search is included when the caller timed it)."""
     start = time.perf_counter() if since is None else since
     terms = lexical_terms(pq.explanation, config.lexical_feedback_weight)
-    results = corpus.search(user_id, history, pq.vector, terms, k, mode=config.search, found=found)
+    own = lexical_query(pq.explanation.query)
+    results = corpus.search(
+        user_id, history, pq.vector, terms, k, mode=config.search, found=found, own_terms=own
+    )
     pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
     return results
 

@@ -38,7 +38,7 @@ from pbr_core import (
     VectorStoreUnavailableError,
 )
 from pbr_core.corpus import scoped_key
-from pbr_core.hybrid import lexical_terms, rank
+from pbr_core.hybrid import lexical_query, lexical_terms, rank
 
 DIM = 32
 USERS = [f"u{i:02d}" for i in range(50)]
@@ -148,7 +148,7 @@ def test_without_a_view_filter_pbr_ranks_every_item_of_the_user_itself(
         pq = Personalizer(r.embeddings, store=r.history).personalize(user, QUERY, feedback=feedback)
         history = r.history.get(user)
         terms = lexical_terms(pq.explanation, hybrid.config.lexical_feedback_weight)
-        want = rank(history, pq.vector, terms, K)
+        want = rank(history, pq.vector, terms, K, own_terms=lexical_query(QUERY))
         assert [d.id for d in docs] == [history.items[x.position].id for x in want]
         assert all(d.metadata["store_score"] is None for d in docs)
         assert all(d.metadata["pbr_search"]["mode"] == "hybrid" for d in docs)

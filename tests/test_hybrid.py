@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError, Personalizer
-from pbr_core.hybrid import fuse, host_candidates, lexical_query, rank
+from pbr_core.hybrid import fuse, host_candidates, lexical_query, lexical_weight, rank
 from pbr_core.lexical import LexicalIndex
 from pbr_core.windows import Window, split, window_of
 
@@ -77,6 +77,79 @@ def snapshot(items: Sequence[tuple[str, str]] = ITEMS, emb: BagOfWords | None = 
 def test_fuse_averages_the_two_legs_each_scaled_to_unit_range() -> None:
     fused = fuse(np.array([0.2, 0.6, 1.0]), np.array([4.0, 0.0, 2.0]))
     np.testing.assert_allclose(fused, [0.5 * 0 + 0.5 * 1, 0.5 * 0.5 + 0, 0.5 * 1 + 0.5 * 0.5])
+
+
+def test_fuse_gives_the_lexical_leg_its_weight_and_stays_in_unit_range() -> None:
+    fused = fuse(np.array([0.2, 0.6, 1.0]), np.array([4.0, 0.0, 2.0]), weight=0.25)
+    np.testing.assert_allclose(fused, np.array([0 + 0.25, 0.5, 1 + 0.125]) / 1.25)
+    np.testing.assert_allclose(fuse(np.array([0.1, 0.9]), np.array([3.0, 1.0]), 0.0), [0, 1])
+
+
+def test_lexical_weight_is_the_square_root_of_the_best_items_coverage() -> None:
+    assert lexical_weight(np.array([0.0, 2.0, 1.0]), 8.0) == pytest.approx(0.5)
+    assert lexical_weight(np.zeros(3), 8.0) == 0.0  # no item holds a query word
+    assert lexical_weight(np.array([1.0]), 0.0) == 0.0  # only stop words asked
+    assert lexical_weight(np.array([9.0]), 8.0) == 1.0  # never above 1
+
+
+def test_a_match_on_an_everyday_word_says_less_than_a_match_on_the_querys_rare_words() -> None:
+    """Coverage decides the lexical leg's say. The dense favourite ("pref", the answer in other
+    words) shares no word with the question; an item sharing only one everyday word of a
+    question whose other words no item holds must not overtake it (the equal-weight rule let
+    it), one holding all of the question's words must."""
+    filler = [(f"f{i}", f"note {i} about the weather and the news") for i in range(30)]
+    items = [
+        ("pref", "I only eat plants"),
+        ("common", "the weather"),
+        ("rare", "Sapporo ramen bar"),
+        *filler,
+    ]
+    rng = np.random.default_rng(0)
+    q = np.eye(DIM)[0]
+    noise = rng.normal(size=(len(items), DIM)) * 0.05
+    cos = np.array([1.0, 0.3, 0.5, *([0.2] * len(filler))])  # each item's cosine with q
+    vectors = cos[:, None] * q + np.sqrt(1 - cos[:, None] ** 2) * np.eye(DIM)[1] + noise
+    history = HistoryStore().upsert(
+        "u", [HistoryItem(id=i, text=t) for i, t in items], vectors.tolist()
+    )
+    index = history.lexical()
+
+    def top(question: str, **kw: float) -> str:
+        terms = lexical_query(question)
+        if "weight" in kw:  # the rule as it was: both legs at equal weight
+            fused = fuse(history.dense_scores(q), index.scores(terms), kw["weight"])
+            return history.items[int(np.argmax(fused))].id
+        return history.items[rank(history, q, terms, 1)[0].position].id
+
+    def weight(question: str) -> float:
+        return lexical_weight(index.scores(lexical_query(question)), index.ceiling(question))
+
+    everyday, rare = "recommend a cosy bistro for rainy weather", "a Sapporo ramen bar"
+    assert weight(everyday) < 0.3 < 0.6 < weight(rare)
+    assert top(everyday) == "pref"
+    assert top(everyday, weight=1.0) == "common"
+    assert top(rare) == "rare"
+
+
+def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
+    """LLM feedback expands the lexical query; its many extra words must not lower the weight
+    the user's own words earned."""
+    history, emb = snapshot()
+    index = history.lexical()
+    q = np.asarray(emb.embed_query("dentist Thursday"))
+    own = lexical_query("dentist Thursday")
+    expanded = lexical_query(
+        "dentist Thursday", ["a dentist visit", "teeth cleaning checkup appointment"], 0.25
+    )
+    w_own = lexical_weight(index.scores(own), index.ceiling(own))
+    w_expanded = lexical_weight(index.scores(expanded), index.ceiling(expanded))
+    assert w_own > w_expanded > 0
+    expected = fuse(history.dense_scores(q), index.scores(expanded), w_own)
+    got = rank(history, q, expanded, 4, own_terms=own)
+    assert [r.score for r in got] == pytest.approx(sorted(expected, reverse=True))
+    plain = rank(history, q, expanded, 4)  # without own_terms: the expanded query's weight
+    expected = fuse(history.dense_scores(q), index.scores(expanded), w_expanded)
+    assert [r.score for r in plain] == pytest.approx(sorted(expected, reverse=True))
 
 
 def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:

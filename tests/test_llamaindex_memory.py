@@ -80,7 +80,7 @@ class ListLLM(CustomLLM):
 
 
 def block_for(user_id: str, **kwargs: Any) -> PBRMemoryBlock:
-    return PBRMemoryBlock(user_id=user_id, embed_model=HashEmbedding(dim=64), **kwargs)
+    return PBRMemoryBlock(user_id=user_id, embed_model=HashEmbedding(dim=256), **kwargs)
 
 
 def memory_for(block: PBRMemoryBlock, session_id: str) -> Memory:

@@ -1,0 +1,153 @@
+"""Hybrid + PBR with each small local LLM, on every data set with cached generations (issue #24).
+
+The issue's goal with LLM feedback: with each small local LLM, no data set significantly below
+the no-LLM hybrid (paired sign test, p < .05, on >= 200 questions) and the mean over data sets
+>= it. This script scores the library's default pipeline (``PBRConfig()``: safe fusion, the
+pre-generation gate, the lexical feedback weight, hybrid search with windows) against the no-LLM
+hybrid, plain dense and BM25, for the embedded Gemma 3 270M and SmolLM2-135M, whose answers come
+only from the committed generation caches (``benchmarks/cache/``): no model runs. A question is
+scored for an LLM when every prompt of the *ungated* pipeline is cached (so that the gate's
+skips and the always-call pipeline are scored on the same questions); the others are counted.
+
+Nothing is tuned here: every row is a default of the library.
+
+    python benchmarks/hybrid_llm.py    # a few minutes; writes results/hybrid/llm.{csv,json}
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pbr_bench.cached import CacheOnly, local_ids  # noqa: E402
+from pbr_bench.compare import sign_test  # noqa: E402
+from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
+from pbr_bench.histories import DATASETS, build  # noqa: E402
+from pbr_bench.metrics import best_over_combinations  # noqa: E402
+from pbr_bench.runner import CachedEmbedder, generation_cache_of  # noqa: E402
+from pbr_core import PBRConfig, Personalizer  # noqa: E402
+from pbr_core.hybrid import lexical_query, lexical_terms, rank  # noqa: E402
+from pbr_core.models import MiniLMEmbedder  # noqa: E402
+from pbr_core.windows import window_of  # noqa: E402
+
+K, CUT = 10, 5
+MIN_QUESTIONS = 200  # the issue's threshold for a data set to count in the verdict
+OUT = REPO / "benchmarks" / "results" / "hybrid"
+BASELINE = "hybrid (no LLM)"
+
+
+def ids(history: Any, ranked: Any) -> list[str]:
+    return [history.items[r.position].id for r in ranked]
+
+
+def main() -> None:
+    counter = CountingEncoder()
+    emb_cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
+    window = window_of(MiniLMEmbedder())
+    assert window is not None
+    config = PBRConfig()
+    ungated = config.with_(pre_gate=None)
+    rows_out: list[dict[str, Any]] = []
+    for name in DATASETS:
+        built = build(name, emb_cache, counter, window)
+        for llm, model_id in local_ids().items():
+            gen_cache = generation_cache_of(model_id)
+            personalizer = Personalizer(
+                CachedEmbedder(emb_cache),
+                CacheOnly(model_id),
+                config=config,
+                store=built.windowed,
+                cache=gen_cache,
+            )
+            scored: dict[str, list[tuple[float, float]]] = {}
+            calls = 0
+            for q in built.queries:
+                prompts = personalizer.feedback_prompts(q.user_id, q.text, config=ungated)
+                if not prompts or any(gen_cache.get(model_id, p) is None for p in prompts):
+                    continue
+                hw, hp = built.windowed.get(q.user_id), built.plain.get(q.user_id)
+                v, terms = built.qvec[q.id], lexical_query(q.text)
+                pq = personalizer.personalize(q.user_id, q.text)
+                calls += pq.explanation.llm_calls + pq.explanation.llm_cached
+                gated = lexical_terms(pq.explanation, config.lexical_feedback_weight)
+                lists = {
+                    "dense": ids(hp, rank(hp, v, terms, K, mode="dense")),
+                    "bm25": ids(hp, rank(hp, v, terms, K, mode="lexical")),
+                    BASELINE: ids(hw, rank(hw, v, terms, K)),
+                    "hybrid + PBR": ids(hw, rank(hw, pq.vector, gated, K, own_terms=terms)),
+                }
+                for method, top in lists.items():
+                    scored.setdefault(method, []).append(best_over_combinations(top, q.gold, CUT))
+            n = len(scored.get(BASELINE, []))
+            print(f"{name} {llm}: {n} of {len(built.queries)} questions cached", flush=True)
+            if n == 0:
+                continue
+            ours = np.array(scored["hybrid + PBR"])
+            for method, vals in scored.items():
+                arr = np.array(vals)
+                row: dict[str, Any] = {
+                    "dataset": name,
+                    "llm": llm,
+                    "method": method,
+                    "n": n,
+                    "R@5": float(arr[:, 0].mean()),
+                    "N@5": float(arr[:, 1].mean()),
+                    "llm_calls_per_q": calls / n if method == "hybrid + PBR" else 0.0,
+                }
+                if method != "hybrid + PBR":
+                    d = ours[:, 0] - arr[:, 0]
+                    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+                    row.update(
+                        pbr_wins=wins,
+                        pbr_losses=losses,
+                        pbr_mean_delta=float(d.mean()),
+                        p_sign=sign_test(wins, losses),
+                    )
+                rows_out.append(row)
+    verdict = []
+    for llm in local_ids():
+        mine = [r for r in rows_out if r["llm"] == llm and r["method"] == BASELINE]
+        big = [r for r in mine if r["n"] >= MIN_QUESTIONS]
+        worse = [r["dataset"] for r in big if r["pbr_mean_delta"] < 0 and r["p_sign"] < 0.05]
+        mean_delta = float(np.mean([r["pbr_mean_delta"] for r in big])) if big else float("nan")
+        verdict.append(
+            dict(
+                llm=llm,
+                datasets_with_200=[r["dataset"] for r in big],
+                significantly_worse=worse,
+                mean_delta_over_datasets=mean_delta,
+            )
+        )
+    OUT.mkdir(parents=True, exist_ok=True)
+    order = ["dataset", "llm", "method", "n", "R@5", "N@5", "llm_calls_per_q"]
+    fields = order + sorted({k for r in rows_out for k in r} - set(order))
+    with (OUT / "llm.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows_out)
+    (OUT / "llm.json").write_text(json.dumps({"rows": rows_out, "verdict": verdict}, indent=1))
+    for r in rows_out:
+        extra = (
+            f"  PBR {r['pbr_wins']}/{r['pbr_losses']} {r['pbr_mean_delta']:+.4f} "
+            f"p {r['p_sign']:.2g}"
+            if "pbr_wins" in r
+            else f"  calls/q {r['llm_calls_per_q']:.2f}"
+        )
+        print(
+            f"{r['dataset']:22s} {r['llm']:13s} {r['method']:16s} n {r['n']:4d} "
+            f"R@5 {r['R@5']:.4f} N@5 {r['N@5']:.4f}{extra}"
+        )
+    for v in verdict:
+        print(v)
+
+
+if __name__ == "__main__":
+    main()
