@@ -42,7 +42,7 @@ from pbr_core.retrieval import rank_personalized
 
 from ._bridge import LanguageModelLike, generator_for, prompt_set, prompt_style_of
 
-__all__ = ["PBRStore"]
+__all__ = ["PBRSearchItem", "PBRStore"]
 
 #: How many items one listing request of the wrapped store asks for.
 DEFAULT_PAGE_SIZE = 1000
@@ -149,6 +149,24 @@ class NamespaceRecords:
         return parsed if parsed[0][: len(prefix)] == prefix else None
 
 
+class PBRSearchItem(SearchItem):
+    """A ``SearchItem`` of a pbr search, with how pbr ranked it in :attr:`pbr`.
+
+    It is the wrapped store's item (``value`` untouched, ``dict()`` as LangGraph's, so a tool
+    that shows results to an LLM shows only the memory), plus ``pbr``: ``"result"`` (this
+    item's ``score``, and each leg's score and rank) and ``"explanation"`` (the request's, shared
+    by its results: the same dict as :meth:`PBRStore.last_explanation`).
+    """
+
+    __slots__ = ("pbr",)
+
+    def __init__(self, item: Item, score: float, pbr: dict[str, Any]) -> None:
+        super().__init__(
+            item.namespace, item.key, item.value, item.created_at, item.updated_at, score=score
+        )
+        self.pbr = pbr
+
+
 class PBRStore(BaseStore):
     """A LangGraph store whose natural-language search is pbr's, per user.
 
@@ -179,10 +197,10 @@ class PBRStore(BaseStore):
     sub-namespaces included) and nothing else: two users' prefixes differ in the user's
     element, so neither ever sees the other's items. ``filter`` restricts the candidates before
     ranking (evaluated by ``inner``, as LangGraph defines it), then ``offset``/``limit`` cut the
-    ranked list. Each result is a ``SearchItem`` copied from ``inner`` (value untouched) with
-    ``score`` = pbr's score (what ``config.search`` ranks by); the request's explanation (pbr's
-    terms, weights, and per result the dense and lexical scores and ranks) is
-    :meth:`last_explanation` of the prefix.
+    ranked list. Each result is a :class:`PBRSearchItem` (a ``SearchItem``) copied from
+    ``inner`` (value untouched) with ``score`` = pbr's score (what ``config.search`` ranks by)
+    and ``pbr``: the result's dense and lexical scores and ranks, and the request's explanation
+    (pbr's terms, weights, timings), which is also :meth:`last_explanation` of the prefix.
 
     Within one :meth:`batch`, pbr's searches run first and see the state before the batch (as
     ``InMemoryStore``'s reads do); the other operations then go to ``inner`` in one call.
@@ -336,29 +354,19 @@ class PBRStore(BaseStore):
         targets = [_parse_item_key(s.key) for s in page]
         gets: list[Op] = [GetOp(t[0], t[1], op.refresh_ttl) for t in targets if t is not None]
         got = self.inner.batch(gets) if gets else []
-        out: list[SearchItem] = []
+        out: list[PBRSearchItem] = []
         explained: list[dict[str, Any]] = []
         for s, item in zip([s for s, t in zip(page, targets) if t is not None], got):
             if not isinstance(item, Item):
                 continue  # deleted since the listing
-            out.append(
-                SearchItem(
-                    item.namespace,
-                    item.key,
-                    item.value,
-                    item.created_at,
-                    item.updated_at,
-                    score=float(s.hit.score),
-                )
-            )
-            explained.append(
-                {
-                    "namespace": item.namespace,
-                    "key": item.key,
-                    "score": float(s.hit.score),
-                    **(s.hit.legs or {}),
-                }
-            )
+            result = {
+                "namespace": item.namespace,
+                "key": item.key,
+                "score": float(s.hit.score),
+                **(s.hit.legs or {}),
+            }
+            explained.append(result)
+            out.append(PBRSearchItem(item, float(s.hit.score), {"result": result}))
         pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
         payload = {
             **explanation_payload(pq.explanation),
@@ -367,9 +375,11 @@ class PBRStore(BaseStore):
             "mode": cfg.search,
             "results": explained,
         }
+        for found_item in out:
+            found_item.pbr["explanation"] = payload
         with self._guard:
             self._explanations[prefix] = payload
-        return out
+        return list(out)
 
 
 #: A namespace element that is a template placeholder nobody filled, e.g. LangMem's

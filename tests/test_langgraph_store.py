@@ -145,6 +145,25 @@ def test_query_search_is_per_user_and_hybrid() -> None:
     assert store.last_explanation(("memories", "bob")) is None
 
 
+def test_each_result_carries_how_pbr_ranked_it() -> None:
+    from langchain_pbr.memory_store import PBRSearchItem
+
+    plain = filled(InMemoryStore())
+    store = PBRStore(plain, BagOfWords())
+    got = store.search(("memories", "alice"), query="Sapporo")
+    explained = store.last_explanation(("memories", "alice"))
+    assert all(isinstance(i, PBRSearchItem) and isinstance(i, SearchItem) for i in got)
+    top = got[0]
+    assert isinstance(top, PBRSearchItem)
+    assert top.pbr["result"]["key"] == "m2" and top.pbr["result"]["score"] == top.score
+    assert top.pbr["result"]["lexical_rank"] == 1 and "dense_rank" in top.pbr["result"]
+    assert top.pbr["explanation"] == explained  # the request's, shared by its results
+    # what a tool shows an LLM is LangGraph's own dict: the memory, not pbr's bookkeeping
+    stored = plain.get(("memories", "alice"), "m2")
+    assert stored is not None
+    assert top.dict() == {**stored.dict(), "score": top.score}
+
+
 def test_limit_offset_and_filter() -> None:
     store = filled(PBRStore(InMemoryStore(), BagOfWords()))
     ns = ("memories", "alice")
