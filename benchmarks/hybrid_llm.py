@@ -42,6 +42,7 @@ K, CUT = 10, 5
 MIN_QUESTIONS = 200  # the threshold for a data set to count in the verdict
 OUT = REPO / "benchmarks" / "results" / "hybrid"
 BASELINE = "hybrid (no LLM)"
+DIAGNOSTICS: dict[str, PBRConfig] = {}  # label -> config, filled in main()
 
 
 def ids(history: Any, ranked: Any) -> list[str]:
@@ -55,6 +56,13 @@ def main() -> None:
     assert window is not None
     config = PBRConfig()
     ungated = config.with_(pre_gate=None)
+    DIAGNOSTICS.update(
+        {
+            "hybrid + PBR, no pre-gate": ungated,
+            "hybrid + PBR, no gates": ungated.with_(safe_history_gate=False),
+            "hybrid + PBR, no anchor, no gates": ungated.with_(fusion="no_anchor"),
+        }
+    )
     rows_out: list[dict[str, Any]] = []
     for name in DATASETS:
         built = build(name, emb_cache, counter, window)
@@ -84,6 +92,11 @@ def main() -> None:
                     BASELINE: ids(hw, rank(hw, v, terms, K)),
                     "hybrid + PBR": ids(hw, rank(hw, pq.vector, gated, K, own_terms=terms)),
                 }
+                # diagnostics: what the gates throw away, and the anchor's share
+                for label, variant in DIAGNOSTICS.items():
+                    dq = personalizer.personalize(q.user_id, q.text, config=variant)
+                    expanded = lexical_terms(dq.explanation, variant.lexical_feedback_weight)
+                    lists[label] = ids(hw, rank(hw, dq.vector, expanded, K, own_terms=terms))
                 for method, top in lists.items():
                     scored.setdefault(method, []).append(best_over_combinations(top, q.gold, CUT))
             n = len(scored.get(BASELINE, []))
@@ -91,6 +104,7 @@ def main() -> None:
             if n == 0:
                 continue
             ours = np.array(scored["hybrid + PBR"])
+            base_arr = np.array(scored[BASELINE])
             for method, vals in scored.items():
                 arr = np.array(vals)
                 row: dict[str, Any] = {
@@ -102,7 +116,16 @@ def main() -> None:
                     "N@5": float(arr[:, 1].mean()),
                     "llm_calls_per_q": calls / n if method == "hybrid + PBR" else 0.0,
                 }
-                if method != "hybrid + PBR":
+                if method in DIAGNOSTICS:  # the variant against the no-LLM hybrid
+                    d = arr[:, 0] - base_arr[:, 0]
+                    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+                    row.update(
+                        vs_hybrid_wins=wins,
+                        vs_hybrid_losses=losses,
+                        vs_hybrid_mean_delta=float(d.mean()),
+                        vs_hybrid_p_sign=sign_test(wins, losses),
+                    )
+                elif method != "hybrid + PBR":
                     d = ours[:, 0] - arr[:, 0]
                     wins, losses = int((d > 0).sum()), int((d < 0).sum())
                     row.update(
@@ -135,12 +158,18 @@ def main() -> None:
         w.writerows(rows_out)
     (OUT / "llm.json").write_text(json.dumps({"rows": rows_out, "verdict": verdict}, indent=1))
     for r in rows_out:
-        extra = (
-            f"  PBR {r['pbr_wins']}/{r['pbr_losses']} {r['pbr_mean_delta']:+.4f} "
-            f"p {r['p_sign']:.2g}"
-            if "pbr_wins" in r
-            else f"  calls/q {r['llm_calls_per_q']:.2f}"
-        )
+        if "pbr_wins" in r:
+            extra = (
+                f"  PBR {r['pbr_wins']}/{r['pbr_losses']} {r['pbr_mean_delta']:+.4f} "
+                f"p {r['p_sign']:.2g}"
+            )
+        elif "vs_hybrid_wins" in r:
+            extra = (
+                f"  vs hybrid {r['vs_hybrid_wins']}/{r['vs_hybrid_losses']} "
+                f"{r['vs_hybrid_mean_delta']:+.4f} p {r['vs_hybrid_p_sign']:.2g}"
+            )
+        else:
+            extra = f"  calls/q {r['llm_calls_per_q']:.2f}"
         print(
             f"{r['dataset']:22s} {r['llm']:13s} {r['method']:16s} n {r['n']:4d} "
             f"R@5 {r['R@5']:.4f} N@5 {r['N@5']:.4f}{extra}"

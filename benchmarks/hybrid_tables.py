@@ -13,6 +13,7 @@ The local-LLM table goes between ``<!-- hybrid-llm:start -->`` and ``<!-- hybrid
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +119,25 @@ def llm_table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+def diagnostics_table(rows: list[dict[str, str]]) -> list[str]:
+    """The pipeline with its gates (and the anchor) switched off, against the no-LLM hybrid."""
+    lines = [
+        "| data set | LLM | variant | R@5 / N@5 | vs no-LLM hybrid: W / L, mean ΔR@5, p |",
+        "|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    for r in rows:
+        if not r.get("vs_hybrid_wins"):
+            continue
+        lines.append(
+            f"| {labels.get(r['dataset'], r['dataset'])} | {r['llm']} | {r['method']} | "
+            f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f} | "
+            f"{r['vs_hybrid_wins']} / {r['vs_hybrid_losses']}, "
+            f"{float(r['vs_hybrid_mean_delta']):+.4f}, {float(r['vs_hybrid_p_sign']):.2g} |"
+        )
+    return lines
+
+
 def replace(text: str, start: str, end: str, body: list[str]) -> str:
     block = "\n".join([start, "", *body, "", end])
     if start in text and end in text:
@@ -148,7 +168,25 @@ def main() -> None:
     ]
     text = replace(DOC.read_text(encoding="utf-8"), START, END, body)
     if (RESULTS / "llm.csv").exists():
-        text = replace(text, LLM_START, LLM_END, llm_table(read("llm.csv")))
+        llm = read("llm.csv")
+        body = [
+            *llm_table(llm),
+            "",
+            "What the gates and the anchor do inside the hybrid pipeline (diagnostic variants of",
+            "the default, same questions):",
+            "",
+            *diagnostics_table(llm),
+        ]
+        verdict = json.loads((RESULTS / "llm.json").read_text())["verdict"]
+        body += ["", "Verdict (the issue's goal, data sets with ≥ 200 scored questions):", ""]
+        for v in verdict:
+            worse = ", ".join(v["significantly_worse"]) or "none"
+            body.append(
+                f"- {v['llm']}: {', '.join(v['datasets_with_200'])}; significantly below the "
+                f"no-LLM hybrid: {worse}; mean ΔR@5 over them "
+                f"{v['mean_delta_over_datasets']:+.4f}."
+            )
+        text = replace(text, LLM_START, LLM_END, body)
     DOC.write_text(text, encoding="utf-8")
     print(f"wrote the tables into {DOC.relative_to(ROOT)}")
 
