@@ -44,7 +44,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
@@ -54,12 +53,10 @@ sys.path.insert(0, str(ROOT))
 from safe_report import FIELDS, OUT, benches, score  # noqa: E402
 from safe_sweep import admissible  # noqa: E402
 
-import pbr_core.pipeline as pipeline  # noqa: E402
 from pbr_bench.metrics import evaluate  # noqa: E402
 from pbr_bench.report import write_rows  # noqa: E402
 from pbr_bench.runner import Bench, MethodRun  # noqa: E402
-from pbr_core.fusion import FusionResult, fuse  # noqa: E402
-from pbr_core.history import UserHistory  # noqa: E402
+from pbr_core.fusion import FusionInputs, FusionResult, default_rule, fuse  # noqa: E402
 
 Rule = Callable[..., FusionResult]
 #: ``(plain ranking, safe ranking) -> ranking``
@@ -188,32 +185,40 @@ VARIANTS: dict[str, Rule | None] = {
 
 
 @contextlib.contextmanager
-def variant(rule: Rule | None) -> Iterator[None]:
-    """Route ``"safe"`` fusion through ``rule``, which also sees the vectors of the related
-    history and the user's history (read from the request the pipeline is finishing)."""
+def variant(bench: Bench, rule: Rule | None) -> Iterator[None]:
+    """Route the bench's ``"safe"`` fusion through ``rule`` (``Personalizer.fusion_rule``), which
+    also sees the vectors of the related history and the user's history."""
     if rule is None:
         yield
         return
-    finish = pipeline.Personalizer._finish
-    seen: dict[str, Any] = {}
 
-    def spy_finish(self, req, parsed, vecs):  # type: ignore[no-untyped-def]
-        history: UserHistory = req.history
-        rows = [history.position(h.id) for h in req.explanation.related]
-        seen["history"] = history
-        seen["related"] = np.asarray(history.vectors, dtype=np.float64)[rows]
-        return finish(self, req, parsed, vecs)
+    def routed(inputs: FusionInputs) -> FusionResult:
+        cfg = inputs.config
+        if cfg.fusion != "safe":
+            return default_rule(inputs)
+        related = np.asarray(inputs.history.vectors, dtype=np.float64)[list(inputs.related)]
+        return rule(
+            inputs.q,
+            inputs.anchor,
+            inputs.f_avg,
+            inputs.r,
+            related,
+            inputs.history,
+            mode="safe",
+            trust_low=cfg.trust_low,
+            trust_high=cfg.trust_high,
+            safe_min_shift=cfg.safe_min_shift,
+            best_history_cos=inputs.best_history_cos,
+            history_gate=cfg.safe_history_gate,
+        )
 
-    def routed(q, *, anchor=None, f_avg=None, r=None, mode="full", **kw):  # type: ignore[no-untyped-def]
-        if mode != "safe":
-            return fuse(q, anchor=anchor, f_avg=f_avg, r=r, mode=mode, **kw)
-        return rule(q, anchor, f_avg, r, seen["related"], seen["history"], mode=mode, **kw)
-
-    with (
-        mock.patch.object(pipeline.Personalizer, "_finish", spy_finish),
-        mock.patch.object(pipeline, "fuse", routed),
-    ):
+    personalizer = bench.personalizer
+    before = personalizer.fusion_rule
+    personalizer.fusion_rule = routed
+    try:
         yield
+    finally:
+        personalizer.fusion_rule = before
 
 
 def ranked(bench: Bench, plain: MethodRun, safe: MethodRun, rule: RankRule) -> MethodRun:
@@ -253,7 +258,7 @@ def main() -> int:
         plain = bench.run("plain", progress=False)
         runs = {"plain": plain, "paper": bench.run("pbr", progress=False)}
         for label, rule in VARIANTS.items():
-            with variant(rule):
+            with variant(bench, rule):
                 runs[label] = bench.run("pbr-safe", progress=False)
         grid = {label: ranked(bench, plain, runs["safe"], r) for label, r in RANK_GRID.items()}
         scored = {

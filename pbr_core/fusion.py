@@ -27,11 +27,16 @@ parameter; the benchmarks that motivated it are in docs/benchmarks.md ("Safe per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import FusionMode, PBRConfig
+
+if TYPE_CHECKING:
+    from .history import UserHistory
 
 #: The optional terms of ``q*``, in the order of :data:`MODE_TERMS`' flags.
 TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")
@@ -181,3 +186,52 @@ def _safe(
     w1 = None if paper.w1 is None else shift * paper.w1
     w2 = None if paper.w2 is None else shift * paper.w2
     return FusionResult(vector.astype(np.float32), w1, w2, paper.used, {**report, "shift": shift})
+
+
+# -- the extension point: a fusion rule ---------------------------------------------------------
+@dataclass(frozen=True)
+class FusionInputs:
+    """Everything a fusion rule may read for one request (spec §2.4's inputs, and their context).
+
+    Attributes:
+        q: the unit query vector.
+        anchor: ``c_anchor``, or None (no history, or the mode does not use it).
+        f_avg: the mean of the unit pseudo-utterance vectors, or None.
+        r: the unit reasoning vector, or None.
+        config: the request's parameters (``fusion`` is the mode asked for).
+        history: the user's history snapshot the request was personalized with.
+        related: positions in ``history`` of the related items the prompts showed, best first.
+        best_history_cos: the query's cosine with its closest history item (None: no history).
+    """
+
+    q: np.ndarray
+    anchor: np.ndarray | None
+    f_avg: np.ndarray | None
+    r: np.ndarray | None
+    config: PBRConfig
+    history: UserHistory
+    related: tuple[int, ...]
+    best_history_cos: float | None
+
+
+#: How ``q*`` is made from a request's terms: ``Personalizer(fusion_rule=...)``. The rule returns
+#: a :class:`FusionResult` whose ``vector`` the pipeline normalises; ``used``, ``w1``/``w2``,
+#: ``trust`` and ``fallback`` go into the explanation as they are.
+FusionRule = Callable[[FusionInputs], FusionResult]
+
+
+def default_rule(inputs: FusionInputs) -> FusionResult:
+    """The library's rule: :func:`fuse` in ``inputs.config.fusion`` mode with its parameters."""
+    cfg = inputs.config
+    return fuse(
+        inputs.q,
+        anchor=inputs.anchor,
+        f_avg=inputs.f_avg,
+        r=inputs.r,
+        mode=cfg.fusion,
+        trust_low=cfg.trust_low,
+        trust_high=cfg.trust_high,
+        safe_min_shift=cfg.safe_min_shift,
+        best_history_cos=inputs.best_history_cos,
+        history_gate=cfg.safe_history_gate,
+    )

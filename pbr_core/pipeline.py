@@ -34,7 +34,7 @@ from .config import PBRConfig
 from .corpus import Corpus
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
-from .fusion import MODE_TERMS, TERMS, FusionResult, fuse
+from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
 from .history import HistoryItem, HistoryStore, UserHistory
 from .prf import (
     CHAT_PROMPTS,
@@ -214,6 +214,10 @@ class Personalizer:
             personalizer over the same ``store`` (the adapters' per-request personalizers),
             sized by ``config.max_concurrent_llm_calls`` when first made; a personalizer with
             its own store (or its own executor) is never slowed by another one's stuck LLM.
+        fusion_rule: how ``q*`` is made from the query, anchor and P-PRF vectors
+            (:data:`pbr_core.fusion.FusionRule`); default :func:`pbr_core.fusion.default_rule`,
+            the spec's fusion in ``config.fusion`` mode. The place to try another rule without
+            touching the rest of the pipeline.
     """
 
     def __init__(
@@ -228,8 +232,10 @@ class Personalizer:
         vector_search: VectorSearch | None = None,
         strict: bool = False,
         llm_executor: LLMExecutor | None = None,
+        fusion_rule: FusionRule = default_rule,
     ) -> None:
         self._generator = generator
+        self.fusion_rule = fusion_rule
         self.config = config or PBRConfig()
         self.store = store if store is not None else HistoryStore()  # an empty store is falsy
         # The one write path for items (validation, ownership): pbr's own store as the record.
@@ -755,18 +761,25 @@ class Personalizer:
         n_f = len(parsed[0].items)
         f_avg = vecs[:n_f].mean(axis=0) if n_f else None
         r = vecs[n_f] if parsed[1].items else None
-        cfg = req.config
-        result: FusionResult = fuse(
-            req.q,
-            anchor=req.anchor,
-            f_avg=f_avg,
-            r=r,
-            mode=cfg.fusion,
-            trust_low=cfg.trust_low,
-            trust_high=cfg.trust_high,
-            safe_min_shift=cfg.safe_min_shift,
-            best_history_cos=req.explanation.related[0].score if req.explanation.related else None,
-            history_gate=cfg.safe_history_gate,
+        history = req.history
+        related = tuple(
+            pos
+            for pos in (history.position(h.id) for h in req.explanation.related)
+            if pos is not None
+        )
+        result: FusionResult = self.fusion_rule(
+            FusionInputs(
+                q=req.q,
+                anchor=req.anchor,
+                f_avg=f_avg,
+                r=r,
+                config=req.config,
+                history=history,
+                related=related,
+                best_history_cos=(
+                    req.explanation.related[0].score if req.explanation.related else None
+                ),
+            )
         )
         expl = req.explanation
         expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2

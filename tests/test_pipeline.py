@@ -357,3 +357,37 @@ def test_a_lazily_loaded_personalizer_answers_like_the_saved_one(tmp_path) -> No
         p.personalize("alice", "dinner?").vector,
         atol=1e-7,
     )
+
+
+def test_a_fusion_rule_plugs_in_and_sees_the_requests_terms() -> None:
+    """``Personalizer(fusion_rule=...)``: the pipeline hands the rule every term and the related
+    history, normalises what it returns and explains it; the default rule is the spec's."""
+    from pbr_core.fusion import FusionInputs, FusionResult, default_rule
+
+    seen: list[FusionInputs] = []
+
+    def only_reasoning(inputs: FusionInputs) -> FusionResult:
+        seen.append(inputs)
+        assert inputs.r is not None
+        return FusionResult(vector=2.0 * inputs.r, w1=None, w2=1.0, used=("query", "reasoning"))
+
+    cfg = PBRConfig(theta=0.0, k2=2, alpha=0.85, fusion="paper")
+    feedback = PseudoFeedback(["u1", "u2"], "reason")
+    custom = Personalizer(TableEmbedder(TABLE), config=cfg, fusion_rule=only_reasoning)
+    custom.add_texts("u", ["h1", "h2", "h3"])
+    got = custom.personalize("u", "q", feedback=feedback)
+    np.testing.assert_allclose(got.vector, unit(TABLE["reason"]), atol=1e-6)
+    assert got.explanation.used == ("query", "reasoning") and got.explanation.w2 == 1.0
+    (inputs,) = seen
+    assert inputs.config.fusion == "paper" and inputs.anchor is not None
+    assert [inputs.history.items[i].id for i in inputs.related] == [
+        h.id for h in got.explanation.related
+    ]
+    assert inputs.best_history_cos == pytest.approx(got.explanation.related[0].score)
+
+    spec = Personalizer(TableEmbedder(TABLE), config=cfg, store=custom.store)
+    assert spec.fusion_rule is default_rule
+    want = spec.personalize("u", "q", feedback=feedback)
+    np.testing.assert_allclose(
+        want.vector, unit(default_rule(inputs).vector).astype(np.float32), atol=1e-6
+    )
