@@ -354,8 +354,7 @@ class PBRStore(BaseStore):
         targets = [_parse_item_key(s.key) for s in page]
         gets: list[Op] = [GetOp(t[0], t[1], op.refresh_ttl) for t in targets if t is not None]
         got = self.inner.batch(gets) if gets else []
-        out: list[PBRSearchItem] = []
-        explained: list[dict[str, Any]] = []
+        answered: list[tuple[Item, dict[str, Any]]] = []  # (the item as read back, its legs)
         for s, item in zip([s for s, t in zip(page, targets) if t is not None], got):
             if not isinstance(item, Item):
                 continue  # deleted since the listing
@@ -365,21 +364,21 @@ class PBRStore(BaseStore):
                 "score": float(s.hit.score),
                 **(s.hit.legs or {}),
             }
-            explained.append(result)
-            out.append(PBRSearchItem(item, float(s.hit.score), {"result": result}))
+            answered.append((item, result))
         pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
         payload = {
             **explanation_payload(pq.explanation),
             "namespace": prefix,
             "user": self.user_of(prefix),
             "mode": cfg.search,
-            "results": explained,
+            "results": [result for _, result in answered],
         }
-        for found_item in out:
-            found_item.pbr["explanation"] = payload
         with self._guard:
             self._explanations[prefix] = payload
-        return list(out)
+        return [
+            PBRSearchItem(item, result["score"], {"result": result, "explanation": payload})
+            for item, result in answered
+        ]
 
 
 #: A namespace element that is a template placeholder nobody filled, e.g. LangMem's

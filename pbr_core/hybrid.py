@@ -194,8 +194,9 @@ def rank(
         score = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
     else:
         assert index is not None
+        # the user's words alone need their own pass only when feedback expanded the query
         own = terms if own_terms is None else own_terms
-        own_scores = lexical if own_terms is None else index.scores(own)[rows]
+        own_scores = lexical if own == terms else index.scores(own)[rows]
         score = fuse(dense, lexical, lexical_weight(own_scores, index.ceiling(own)))
     return [
         Ranked(
