@@ -27,7 +27,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pbr_bench.cached import CacheOnly, local_ids  # noqa: E402
+from pbr_bench.cached import CacheOnly, answers_cached, local_ids  # noqa: E402
 from pbr_bench.compare import sign_test  # noqa: E402
 from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
 from pbr_bench.histories import DATASETS, build  # noqa: E402
@@ -47,6 +47,17 @@ DIAGNOSTICS: dict[str, PBRConfig] = {}  # label -> config, filled in main()
 
 def ids(history: Any, ranked: Any) -> list[str]:
     return [history.items[r.position].id for r in ranked]
+
+
+def paired(d: np.ndarray, prefix: str, p_prefix: str) -> dict[str, Any]:
+    """Per-question R@5 differences as wins / losses / mean and the two-sided sign test."""
+    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    return {
+        f"{prefix}wins": wins,
+        f"{prefix}losses": losses,
+        f"{prefix}mean_delta": float(d.mean()),
+        f"{p_prefix}p_sign": sign_test(wins, losses),
+    }
 
 
 def main() -> None:
@@ -78,8 +89,7 @@ def main() -> None:
             scored: dict[str, list[tuple[float, float]]] = {}
             calls = 0
             for q in built.queries:
-                prompts = personalizer.feedback_prompts(q.user_id, q.text, config=ungated)
-                if not prompts or any(gen_cache.get(model_id, p) is None for p in prompts):
+                if not answers_cached(personalizer, gen_cache, model_id, q.user_id, q.text):
                     continue
                 hw, hp = built.windowed.get(q.user_id), built.plain.get(q.user_id)
                 v, terms = built.qvec[q.id], lexical_query(q.text)
@@ -117,23 +127,9 @@ def main() -> None:
                     "llm_calls_per_q": calls / n if method == "hybrid + PBR" else 0.0,
                 }
                 if method in DIAGNOSTICS:  # the variant against the no-LLM hybrid
-                    d = arr[:, 0] - base_arr[:, 0]
-                    wins, losses = int((d > 0).sum()), int((d < 0).sum())
-                    row.update(
-                        vs_hybrid_wins=wins,
-                        vs_hybrid_losses=losses,
-                        vs_hybrid_mean_delta=float(d.mean()),
-                        vs_hybrid_p_sign=sign_test(wins, losses),
-                    )
-                elif method != "hybrid + PBR":
-                    d = ours[:, 0] - arr[:, 0]
-                    wins, losses = int((d > 0).sum()), int((d < 0).sum())
-                    row.update(
-                        pbr_wins=wins,
-                        pbr_losses=losses,
-                        pbr_mean_delta=float(d.mean()),
-                        p_sign=sign_test(wins, losses),
-                    )
+                    row.update(paired(arr[:, 0] - base_arr[:, 0], "vs_hybrid_", "vs_hybrid_"))
+                elif method != "hybrid + PBR":  # the default pipeline against this method
+                    row.update(paired(ours[:, 0] - arr[:, 0], "pbr_", ""))
                 rows_out.append(row)
     verdict = []
     for llm in local_ids():

@@ -3,10 +3,12 @@ new generation): what the benchmark scripts use to rescore runs made earlier."""
 
 from __future__ import annotations
 
+from pbr_core import GenerationCache, Personalizer
+
 from .datasets import Dataset
 from .runner import Bench
 
-__all__ = ["CacheOnly", "cached_bench", "cached_questions", "local_ids"]
+__all__ = ["CacheOnly", "answers_cached", "cached_bench", "cached_questions", "local_ids"]
 
 
 class CacheOnly:
@@ -47,20 +49,31 @@ def cached_questions(
     would pass as cached without the answers that always-call and the paper's fusion need.
     """
     bench = Bench(ds, generator=CacheOnly(model_id), llm_name=name, limit=limit, seed=seed)
-    cache, ungated = bench.generation_cache, bench.config.with_(fusion="safe", pre_gate=None)
+    cache = bench.generation_cache
     assert cache is not None
     total = len(bench.queries)
     bench.queries = [
         q
         for q in bench.queries
-        if all(
-            cache.get(model_id, prompt) is not None
-            for prompt in bench.personalizer.feedback_prompts(q.user_id, q.text, config=ungated)
-            or ()
-        )
+        if answers_cached(bench.personalizer, cache, model_id, q.user_id, q.text)
     ]
     print(f"{ds.name} {name}: {len(bench.queries)} of {total} questions have cached answers")
     return (bench if bench.queries else None), total
+
+
+def answers_cached(
+    personalizer: Personalizer,
+    cache: GenerationCache,
+    model_id: str,
+    user_id: str,
+    query: str,
+) -> bool:
+    """Whether every P-PRF answer of ``model_id`` for this question is in ``cache``, for the
+    prompts of the ungated pipeline (``"safe"`` fusion without ``pre_gate``, see
+    :func:`cached_questions`); a question that asks for no prompt counts as cached."""
+    ungated = personalizer.config.with_(fusion="safe", pre_gate=None)
+    prompts = personalizer.feedback_prompts(user_id, query, config=ungated) or ()
+    return all(cache.get(model_id, prompt) is not None for prompt in prompts)
 
 
 def cached_bench(

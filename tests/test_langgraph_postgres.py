@@ -21,7 +21,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.store.base import BaseStore
 from langgraph.store.postgres import AsyncPostgresStore, PostgresStore
-from test_langgraph_store import ALICE, BOB, BagOfWords, filled, graph, keys
+from test_langgraph_store import ALICE, BOB, NOTES, BagOfWords, filled, graph, keys
 
 from langchain_pbr import PBRStore
 
@@ -86,10 +86,7 @@ def test_a_state_graph_with_postgres_checkpointer_and_store_keeps_users_apart(
     postgres: PostgresStore, postgres_url: str
 ) -> None:
     store = PBRStore(postgres, BagOfWords())
-    notes = {
-        "alice": ["alice walks the dog", "alice plays cello", "alice eats ramen"],
-        "bob": ["bob repairs cameras", "bob avoids peanuts", "bob eats ramen"],
-    }
+    notes = NOTES
     with PostgresSaver.from_conn_string(postgres_url) as saver:
         saver.setup()
         app = graph(store, saver)

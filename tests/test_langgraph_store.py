@@ -323,13 +323,17 @@ def graph(store: BaseStore, checkpointer: Any = None) -> Any:
     return builder.compile(checkpointer=checkpointer or InMemorySaver(), store=store)
 
 
+#: What each user tells the graph, turn by turn (the graph tests interleave the two users).
+NOTES = {
+    "alice": ["alice walks the dog", "alice plays cello", "alice eats ramen"],
+    "bob": ["bob repairs cameras", "bob avoids peanuts", "bob eats ramen"],
+}
+
+
 def test_a_state_graph_keeps_users_apart() -> None:
     store = PBRStore(InMemoryStore(), BagOfWords())
     app = graph(store)
-    notes = {
-        "alice": ["alice walks the dog", "alice plays cello", "alice eats ramen"],
-        "bob": ["bob repairs cameras", "bob avoids peanuts", "bob eats ramen"],
-    }
+    notes = NOTES
     seen: dict[str, list[str]] = {"alice": [], "bob": []}
     for turn in range(3):
         for user in ("alice", "bob"):  # the two users' threads interleaved
