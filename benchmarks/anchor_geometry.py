@@ -13,18 +13,16 @@ Writes ``benchmarks/results/anchor_geometry.{csv,json}``.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pbr_bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval
+from pbr_bench.report import write_rows
+from pbr_bench.runner import Bench
 
-from pbr_bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import Bench  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "benchmarks" / "results"
 

@@ -46,21 +46,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from langchain_chroma import Chroma
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import ConfigurableField
 from tqdm import tqdm
 
+from langchain_pbr import PBRRetriever
+from pbr_bench.chroma_server import ChromaServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from langchain_chroma import Chroma  # noqa: E402
-from langchain_core.documents import Document  # noqa: E402
-from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
-from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
-from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
-from langchain_core.runnables import ConfigurableField  # noqa: E402
-
-from langchain_pbr import PBRRetriever  # noqa: E402
-from pbr_bench.chroma_server import ChromaServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 K = 10

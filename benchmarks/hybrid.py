@@ -53,7 +53,6 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,22 +60,21 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pbr_bench.bm25 import BM25Index
+from pbr_bench.compare import load_rankings, sign_test
+from pbr_bench.datasets import Query, load_pbr_generations
+from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder
+from pbr_bench.histories import DATASETS, Built, build
+from pbr_bench.metrics import best_over_combinations, evaluate
+from pbr_bench.runner import CachedEmbedder
+from pbr_core import PBRConfig, Personalizer
+from pbr_core.history import HistoryStore, UserHistory
+from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank
+from pbr_core.models import MiniLMEmbedder
+from pbr_core.pipeline import PseudoFeedback
+from pbr_core.windows import split, window_of
 
-from pbr_bench.bm25 import BM25Index  # noqa: E402
-from pbr_bench.compare import load_rankings, sign_test  # noqa: E402
-from pbr_bench.datasets import Query, load_pbr_generations  # noqa: E402
-from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder  # noqa: E402
-from pbr_bench.histories import DATASETS, Built, build  # noqa: E402
-from pbr_bench.metrics import best_over_combinations, evaluate  # noqa: E402
-from pbr_bench.runner import CachedEmbedder  # noqa: E402
-from pbr_core import PBRConfig, Personalizer  # noqa: E402
-from pbr_core.history import HistoryStore, UserHistory  # noqa: E402
-from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank  # noqa: E402
-from pbr_core.models import MiniLMEmbedder  # noqa: E402
-from pbr_core.pipeline import PseudoFeedback  # noqa: E402
-from pbr_core.windows import split, window_of  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PBR_DATASET = "personabench-0.0"
 METHODS = [

@@ -35,17 +35,16 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pbr_bench.compare import sign_test
+from pbr_bench.embed import CountingEncoder, EmbeddingCache
+from pbr_bench.histories import DATASETS, build
+from pbr_bench.metrics import best_over_combinations
+from pbr_bench.splits import is_tuning_question
+from pbr_core.hybrid import lexical_query
+from pbr_core.models import MiniLMEmbedder
+from pbr_core.windows import window_of
 
-from pbr_bench.compare import sign_test  # noqa: E402
-from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
-from pbr_bench.histories import DATASETS, build  # noqa: E402
-from pbr_bench.metrics import best_over_combinations  # noqa: E402
-from pbr_bench.splits import is_tuning_question  # noqa: E402
-from pbr_core.hybrid import lexical_query  # noqa: E402
-from pbr_core.models import MiniLMEmbedder  # noqa: E402
-from pbr_core.windows import window_of  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 CUT = 5
 CACHE = REPO / ".pbr-cache" / "hybrid_adaptive.pkl"

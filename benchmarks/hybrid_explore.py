@@ -19,14 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pbr_bench.datasets import Dataset, load_named
+from pbr_bench.embed import EmbeddingCache, minilm_encoder
+from pbr_bench.metrics import best_over_combinations
+from pbr_bench.splits import is_tuning_user
+from pbr_core.lexical import LexicalIndex, query_terms
 
-from pbr_bench.datasets import Dataset, load_named  # noqa: E402
-from pbr_bench.embed import EmbeddingCache, minilm_encoder  # noqa: E402
-from pbr_bench.metrics import best_over_combinations  # noqa: E402
-from pbr_bench.splits import is_tuning_user  # noqa: E402
-from pbr_core.lexical import LexicalIndex, query_terms  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATASETS = [
     "personabench-0.0",

@@ -18,25 +18,23 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from pbr_bench.cached import CacheOnly, answers_cached, local_ids
+from pbr_bench.compare import sign_test
+from pbr_bench.embed import CountingEncoder, EmbeddingCache
+from pbr_bench.histories import DATASETS, build
+from pbr_bench.metrics import best_over_combinations
+from pbr_bench.runner import CachedEmbedder, generation_cache_of
+from pbr_core import PBRConfig, Personalizer
+from pbr_core.hybrid import lexical_query, lexical_terms, rank
+from pbr_core.models import MiniLMEmbedder
+from pbr_core.windows import window_of
 
-from pbr_bench.cached import CacheOnly, answers_cached, local_ids  # noqa: E402
-from pbr_bench.compare import sign_test  # noqa: E402
-from pbr_bench.embed import CountingEncoder, EmbeddingCache  # noqa: E402
-from pbr_bench.histories import DATASETS, build  # noqa: E402
-from pbr_bench.metrics import best_over_combinations  # noqa: E402
-from pbr_bench.runner import CachedEmbedder, generation_cache_of  # noqa: E402
-from pbr_core import PBRConfig, Personalizer  # noqa: E402
-from pbr_core.hybrid import lexical_query, lexical_terms, rank  # noqa: E402
-from pbr_core.models import MiniLMEmbedder  # noqa: E402
-from pbr_core.windows import window_of  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 K, CUT = 10, 5
 MIN_QUESTIONS = 200  # the threshold for a data set to count in the verdict

@@ -1,6 +1,6 @@
 """What the lexical leg and the fusion add to a query, per user size (issue #24's speed targets).
 
-One synthetic user of 1k, 10k and 100k items (texts from ``benchmarks/lexical_speed.py``'s
+One synthetic user of 1k, 10k and 100k items (texts from ``pbr_bench.synthetic``'s
 Zipf corpus, random unit 384-d vectors, fixed seeds) in a :class:`pbr_core.HistoryStore`. Per
 size: median milliseconds of :func:`pbr_core.hybrid.rank` for k = 10 in dense mode (the cosine
 ranking alone) and in hybrid mode (cosine + BM25 + fusion), over 50 queries, interleaved so the
@@ -20,20 +20,16 @@ import csv
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pbr_bench.synthetic import corpus, queries, vocabulary
+from pbr_core import HistoryItem, HistoryStore
+from pbr_core.hybrid import lexical_query, rank
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from lexical_speed import corpus, queries, vocabulary  # noqa: E402
-
-from pbr_core import HistoryItem, HistoryStore  # noqa: E402
-from pbr_core.hybrid import lexical_query, rank  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
 DIM = 384

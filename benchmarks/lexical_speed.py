@@ -37,61 +37,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bm25s
 import numpy as np
 
+from pbr_bench.synthetic import (
+    N_QUERIES,
+    QUERY_TERMS,
+    VOCAB_SIZE,
+    ZIPF_S,
+    corpus,
+    queries,
+    vocabulary,
+)
+from pbr_core.lexical import ENGLISH_STOP_WORDS, LexicalIndex
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import bm25s  # noqa: E402
-
-from pbr_core.lexical import ENGLISH_STOP_WORDS, LexicalIndex  # noqa: E402
-
-VOCAB_SIZE = 20_000
-N_STOP = 60
-ZIPF_S = 1.07
-QUERY_TERMS = 5
-N_QUERIES = 50
 TARGETS = {"query_ms_1k": 2.0, "query_ms_100k": 20.0, "build_s_100k": 10.0}
 STOP = list(ENGLISH_STOP_WORDS)
-
-
-def vocabulary(rng: np.random.Generator) -> list[str]:
-    """20k distinct lower-case pseudo-words; the first N_STOP ranks are stop words."""
-    stop = sorted(w for w in ENGLISH_STOP_WORDS if len(w) >= 2)[:N_STOP]
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words: list[str] = list(stop)
-    seen = set(words)
-    while len(words) < VOCAB_SIZE:
-        w = "".join(rng.choice(letters, size=int(rng.integers(3, 11))))
-        if w not in seen and w not in ENGLISH_STOP_WORDS:
-            seen.add(w)
-            words.append(w)
-    return words
-
-
-def zipf_p(n: int) -> np.ndarray:
-    p = 1.0 / np.arange(1, n + 1) ** ZIPF_S
-    return p / p.sum()
-
-
-def corpus(n: int, words: list[str], rng: np.random.Generator) -> list[str]:
-    lengths = rng.integers(8, 31, size=n)
-    ids = rng.choice(len(words), size=int(lengths.sum()), p=zipf_p(len(words)))
-    vocab = np.array(words, dtype=object)[ids]
-    out, at = [], 0
-    for length in lengths.tolist():
-        out.append(" ".join(vocab[at : at + length]).capitalize() + ".")
-        at += length
-    return out
-
-
-def queries(words: list[str], rng: np.random.Generator, frequent: bool = False) -> list[str]:
-    content = words[N_STOP:]
-    if frequent:
-        ids = rng.integers(0, 100, size=(N_QUERIES, QUERY_TERMS))
-    else:
-        ids = rng.choice(len(content), size=(N_QUERIES, QUERY_TERMS), p=zipf_p(len(content)))
-    return [" ".join(content[i] for i in row) for row in ids]
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:

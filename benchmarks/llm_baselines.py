@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pbr_bench.cached import cached_bench, local_ids
+from pbr_bench.cli import load_dataset
+from pbr_bench.compare import paired
+from pbr_bench.datasets import Dataset
+from pbr_bench.metrics import evaluate
+from pbr_bench.report import write_rows
+from pbr_bench.runner import LLM_BASELINES, Bench
 
-from pbr_bench.cached import cached_bench, local_ids  # noqa: E402
-from pbr_bench.cli import load_dataset  # noqa: E402
-from pbr_bench.compare import paired  # noqa: E402
-from pbr_bench.datasets import Dataset  # noqa: E402
-from pbr_bench.metrics import evaluate  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import LLM_BASELINES, Bench  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
 

@@ -76,21 +76,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from langchain_chroma import Chroma
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models.fake import FakeListLLM
 from tqdm import tqdm
 
+from langchain_pbr import PBRRetriever
+from langchain_pbr.stores import host_records
+from pbr_bench.chroma_server import ChromaServer
+from pbr_core import HistoryItem, PBRConfig
+from pbr_core.corpus import Corpus
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from langchain_chroma import Chroma  # noqa: E402
-from langchain_core.documents import Document  # noqa: E402
-from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
-from langchain_core.language_models.fake import FakeListLLM  # noqa: E402
-
-from langchain_pbr import PBRRetriever  # noqa: E402
-from langchain_pbr.stores import host_records  # noqa: E402
-from pbr_bench.chroma_server import ChromaServer  # noqa: E402
-from pbr_core import HistoryItem, PBRConfig  # noqa: E402
-from pbr_core.corpus import Corpus  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ownership"
 K = 10

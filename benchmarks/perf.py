@@ -51,18 +51,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import faiss
 import numpy as np
+import scipy
 from tqdm import tqdm
 
+from pbr_core import HistoryItem, HistoryStore, PBRConfig, Personalizer
+from pbr_core.anchor import ApproximateKnn, compute_anchor
+from pbr_core.fusion import fuse
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import faiss  # noqa: E402
-import scipy  # noqa: E402
-
-from pbr_core import HistoryItem, HistoryStore, PBRConfig, Personalizer  # noqa: E402
-from pbr_core.anchor import ApproximateKnn, compute_anchor  # noqa: E402
-from pbr_core.fusion import fuse  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DIM = 384

@@ -36,22 +36,20 @@ Writes ``benchmarks/results/pre_gate.{csv,json,png}`` (and ``pre_gate_sweep.{csv
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pbr_bench.cached import cached_questions, local_ids
+from pbr_bench.compare import sign_test
+from pbr_bench.datasets import load_named
+from pbr_bench.metrics import best_over_combinations
+from pbr_bench.report import write_rows
+from pbr_bench.runner import Bench
 
-from pbr_bench.cached import cached_questions, local_ids  # noqa: E402
-from pbr_bench.compare import sign_test  # noqa: E402
-from pbr_bench.datasets import load_named  # noqa: E402
-from pbr_bench.metrics import best_over_combinations  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import Bench  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "benchmarks" / "results"
 #: Named before the LoCoMo cell's generations existed: PersonaBench 0.0 questions 1-115 (every

@@ -27,21 +27,18 @@ the best ramps.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
+from pbr_bench.cached import cached_bench, local_ids
+from pbr_bench.datasets import load_personabench
+from pbr_bench.report import write_rows
+from pbr_bench.runner import Bench
+from pbr_bench.safe import admissible
+from pbr_core.config import PBRConfig
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from pbr_bench.cached import cached_bench, local_ids  # noqa: E402
-from pbr_bench.datasets import load_personabench  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import Bench  # noqa: E402
-from pbr_core.config import PBRConfig  # noqa: E402
-
-#: The paper's PBR with gpt-4o-mini on PersonaBench noise 0.0 (its only reported level).
-PAPER = {"R@5": 0.4516, "N@5": 0.3855}
 LOWS = [0.3, 0.4, 0.5, 0.6]
 WIDTHS = [0.1, 0.2, 0.3]
 MIN_SHIFTS = [0.0, 0.1, 0.2, 0.3, 0.5]
@@ -56,18 +53,6 @@ def sources(noise: str, limits: dict[str, int | None], seed: int) -> dict[str, B
         if bench is not None:
             benches[name] = bench
     return benches
-
-
-def admissible(
-    safe: dict[str, dict[str, float]], plain: dict[str, dict[str, float]], paper_check: bool
-) -> bool:
-    """The adoption rule's bar, per LLM source: R@5 and N@5 at least the plain query's, and with
-    ``paper_check`` the authors' generations (sources named ``authors...``) at least the paper's."""
-    ok = all(safe[n][m] >= plain[n][m] for n in safe for m in PAPER)
-    if paper_check:
-        authors = [n for n in safe if n.startswith("authors")]
-        ok = ok and all(safe[n][m] >= PAPER[m] for n in authors for m in PAPER)
-    return ok
 
 
 def score(bench: Bench, method: str, cfg: PBRConfig) -> dict[str, float]:

@@ -40,23 +40,19 @@ and prints both tables.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pbr_bench.metrics import evaluate
+from pbr_bench.report import write_rows
+from pbr_bench.runner import Bench, MethodRun
+from pbr_bench.safe import FIELDS, OUT, admissible, benches, score
+from pbr_core.fusion import FusionInputs, FusionResult, default_rule, fuse
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from safe_report import FIELDS, OUT, benches, score  # noqa: E402
-from safe_sweep import admissible  # noqa: E402
-
-from pbr_bench.metrics import evaluate  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import Bench, MethodRun  # noqa: E402
-from pbr_core.fusion import FusionInputs, FusionResult, default_rule, fuse  # noqa: E402
 
 Rule = Callable[..., FusionResult]
 #: ``(plain ranking, safe ranking) -> ranking``

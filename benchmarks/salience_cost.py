@@ -33,10 +33,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pbr_core.salience import default_scorer, salience
 
-from pbr_core.salience import default_scorer, salience  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,20 +34,19 @@ import numpy as np
 from scipy.stats import spearmanr
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pbr_bench.datasets import (  # noqa: E402
+from pbr_bench.datasets import (
     Dataset,
     _read_json,
     load_locomo,
     load_prefeval,
     resolve_data_dir,
 )
-from pbr_bench.metrics import evaluate  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_bench.runner import Bench  # noqa: E402
-from pbr_core.salience import default_scorer, oracle_salience, rerank, salience  # noqa: E402
+from pbr_bench.metrics import evaluate
+from pbr_bench.report import write_rows
+from pbr_bench.runner import Bench
+from pbr_core.salience import default_scorer, oracle_salience, rerank, salience
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "benchmarks" / "results"
 TAUS = [round(0.1 * i, 1) for i in range(31)]  # 0 … 3 nats per query token

@@ -18,16 +18,14 @@ import argparse
 import os
 import random
 import statistics
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pbr_bench.datasets import load_personabench
+from pbr_bench.report import write_rows
+from pbr_core import Personalizer
+from pbr_core.pipeline import _model_id
 
-from pbr_bench.datasets import load_personabench  # noqa: E402
-from pbr_bench.report import write_rows  # noqa: E402
-from pbr_core import Personalizer  # noqa: E402
-from pbr_core.pipeline import _model_id  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 STAGES = (
     "embed_query",

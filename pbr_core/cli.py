@@ -1,8 +1,8 @@
 """The ``pbr`` command: ``pbr demo`` (the main job).
 
 ``pbr bench ...`` is kept for now: it forwards to the benchmark harness, ``python -m pbr_bench``,
-which lives beside the library in the source checkout and is not part of the wheel. The harness is
-imported only when ``pbr bench`` runs, never when this module is imported.
+its own distribution in the source checkout (``benchmarks/``), not part of the library's wheel.
+The harness is imported only when ``pbr bench`` runs, never when this module is imported.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from collections.abc import Callable
 from .config import FUSION_MODES
 
 BENCH_MISSING = (
-    "the benchmark harness is not installed; run it from a source checkout: python -m pbr_bench ..."
+    "the benchmark harness is not installed; in a source checkout, `make install` (or "
+    "`pip install -e benchmarks`) installs it, then: python -m pbr_bench ..."
 )
 
 
 def _bench_main() -> Callable[[list[str]], int]:
     """``pbr_bench.cli.main``, or SystemExit saying how to run the harness when it is absent
-    (an installed wheel, or a dev venv run outside the checkout's root)."""
+    (an installed wheel without the checkout's ``benchmarks/`` distribution)."""
     try:
         from pbr_bench.cli import main as bench_main
     except ModuleNotFoundError as exc:

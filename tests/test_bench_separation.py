@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +45,40 @@ def test_pbr_bench_without_the_harness_says_how_to_run_it(monkeypatch, tmp_path)
         cli.main(["bench", "run"])
     assert "benchmark harness is not installed" in str(exc.value.code)
     assert "python -m pbr_bench" in str(exc.value.code)
+
+
+REPO = Path(__file__).resolve().parents[1]
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+
+
+def test_the_library_wheel_holds_the_library_only(tmp_path) -> None:
+    subprocess.run(
+        [*PIP_WHEEL, str(REPO), "-w", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("personalize_before_retrieve-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    packages = {t for t in tops if not t.endswith(".dist-info")}
+    assert packages == {"pbr_core", "langchain_pbr", "llamaindex_pbr"}
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if "bench" in n.split("/")[-1] and n.endswith(".py")]
+
+
+def test_the_harness_is_installed_and_finds_the_checkout_from_any_folder(tmp_path) -> None:
+    code = "import pbr_bench.runner as r; print(r.REPO); print(r.GENERATION_CACHE_DIR.is_dir())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert out == [str(REPO), "True"]
+
+
+def test_no_benchmark_script_edits_sys_path_or_imports_another_script() -> None:
+    scripts = sorted((REPO / "benchmarks").glob("*.py"))
+    names = {p.stem for p in scripts}
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        assert "sys.path" not in text, script.name
+        imported = re.findall(r"^(?:from|import) (\w+)", text, flags=re.M)
+        assert not names & set(imported), f"{script.name} imports {names & set(imported)}"

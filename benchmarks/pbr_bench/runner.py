@@ -44,7 +44,7 @@ PBR_METHODS: dict[str, str] = {
 }
 LLM_BASELINES = ("hyde", "query2term", "cot", "thinkqe")
 ALL_METHODS = ("plain", "bm25", *PBR_METHODS, *LLM_BASELINES)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GENERATION_CACHE_DIR = REPO / "benchmarks" / "cache"
 
 # Baseline prompts (spec §4.4), per prompt style: instruction-following vs base completion.

@@ -154,7 +154,7 @@ class Dataset:
 # Data directory
 # --------------------------------------------------------------------------------------------
 
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -40,7 +40,7 @@ __all__ = [
 #: ``encode(texts, batch_size) -> (len(texts), dim)`` array.
 EncodeFn = Callable[[list[str], int], np.ndarray]
 
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_cache_dir() -> Path:

@@ -1,0 +1,134 @@
+"""Where the embedded Gemma's time goes on one personalized query (issue #25's speed goal).
+
+The two P-PRF prompts that ``Personalizer()`` sends for a few PersonaBench 0.0 questions (the
+embedded defaults, pre-gate off so every question asks), generated as the default generator does
+(both prompts in one batched ``generate``, seeded sampling, up to 160 new tokens), and taken apart:
+
+- ``prefill_s``: one forward pass over both left-padded prompts (~1,000 Gemma tokens each);
+- ``step_ms``: one decoding step for the batch of two (a forward pass of one token per row over the
+  KV cache, greedy, no sampling), the median of 20;
+- ``generate_s``: the whole ``LocalGemmaGenerator.generate_batch`` call, and the new tokens it
+  wrote per prompt.
+
+Per dtype (bf16, the default, and fp32) with torch's two threads. What it shows: ``generate_s`` ≈
+``prefill_s`` + new tokens × ``step_ms`` (+ sampling), so at ~1,000 prompt tokens and 160 new
+tokens no exact-output change (same tokens, same sampling) reaches 4 s; the floor is set by the
+output budget and the prompt length, which change the text and so the quality rows.
+
+    python benchmarks/gemma_latency.py --queries 6
+
+Writes ``benchmarks/results/gemma_latency.{json,csv}``. Run it alone: on 2 cores any other model
+process slows torch several-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pbr_bench.datasets import load_personabench
+from pbr_bench.report import write_rows
+from pbr_core import PBRConfig, Personalizer
+from pbr_core.models import LocalGemmaGenerator
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results"
+FIELDS = ["dtype", "question", "prompt_tokens", "new_tokens", "prefill_s", "step_ms", "generate_s"]
+
+
+def prompt_pairs(queries: int, seed: int) -> list[tuple[str, tuple[str, str]]]:
+    """``(question id, (utterance prompt, reasoning prompt))`` as the default pipeline builds."""
+    ds = load_personabench("0.0")
+    questions = random.Random(seed).sample(ds.scored_queries, queries)
+    pbr = Personalizer()
+    for user in sorted({q.user_id for q in questions}):
+        pbr.add_texts(user, ds.corpora[user].texts, ids=ds.corpora[user].ids)
+    no_gate = PBRConfig(pre_gate=None)
+    pairs = []
+    for q in questions:
+        pair = pbr.feedback_prompts(q.user_id, q.text, config=no_gate)
+        if pair is not None:
+            pairs.append((q.id, pair))
+    return pairs
+
+
+def decode_parts(model: Any, tok: Any, prompts: list[str], steps: int = 20) -> tuple[float, float]:
+    """Seconds of the batched prefill, and the median ms of one greedy decoding step after it."""
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model(**enc, use_cache=True, logits_to_keep=1)
+        prefill = time.perf_counter() - t0
+        cache, mask = out.past_key_values, enc["attention_mask"]
+        ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        times = []
+        for _ in range(steps):
+            mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=mask.dtype)], dim=1)
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+            cache, ids = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    return prefill, 1000 * statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--queries", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    args = p.parse_args()
+    pairs = prompt_pairs(args.queries, args.seed)
+    rows: list[dict[str, Any]] = []
+    for dtype in args.dtypes:
+        gen = LocalGemmaGenerator(dtype=dtype)
+        model, tok = gen._load()
+        gen.generate_batch(["warm-up:\n1.", "warm-up, two:\n1."])
+        for qid, pair in pairs:
+            prompts = list(pair)
+            prefill, step = decode_parts(model, tok, prompts)
+            t0 = time.perf_counter()
+            texts = gen.generate_batch(prompts)
+            total = time.perf_counter() - t0
+            row = {
+                "dtype": dtype,
+                "question": qid,
+                "prompt_tokens": "/".join(str(len(tok(x)["input_ids"])) for x in prompts),
+                "new_tokens": "/".join(str(len(tok(t)["input_ids"])) for t in texts),
+                "prefill_s": round(prefill, 2),
+                "step_ms": round(step, 1),
+                "generate_s": round(total, 2),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    medians = {
+        dtype: {
+            f: round(statistics.median(r[f] for r in rows if r["dtype"] == dtype), 2)
+            for f in ("prefill_s", "step_ms", "generate_s")
+        }
+        for dtype in args.dtypes
+    }
+    payload = {
+        "questions": len(pairs),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "median": medians,
+        "runs": rows,
+    }
+    write_rows(rows, OUT / "gemma_latency", fields=FIELDS, payload=payload)
+    for dtype, m in medians.items():
+        print(
+            f"{dtype:9}  prefill {m['prefill_s']:.2f} s  step {m['step_ms']:.1f} ms  "
+            f"generate_batch {m['generate_s']:.2f} s (median)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
