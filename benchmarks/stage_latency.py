@@ -23,7 +23,7 @@ from pathlib import Path
 from pbr_bench.datasets import load_personabench
 from pbr_bench.report import write_rows
 from pbr_core import Personalizer
-from pbr_core.pipeline import _model_id
+from pbr_core.protocols import model_id_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def main() -> int:
     out = ROOT / "benchmarks" / "results"
     payload = {
         "questions": len(runs),
-        "models": {"embedder": _model_id(pbr.embedder), "llm": _model_id(pbr.generator)},
+        "models": {"embedder": model_id_of(pbr.embedder), "llm": model_id_of(pbr.generator)},
         "load_average": os.getloadavg(),
         "median_ms": median,
         "runs": runs,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -82,3 +85,25 @@ def test_no_benchmark_script_edits_sys_path_or_imports_another_script() -> None:
         assert "sys.path" not in text, script.name
         imported = re.findall(r"^(?:from|import) (\w+)", text, flags=re.M)
         assert not names & set(imported), f"{script.name} imports {names & set(imported)}"
+
+
+def test_every_name_a_benchmark_script_imports_exists() -> None:
+    """A script is run by hand, not by the suite: a name removed from the library must not leave
+    a script that fails at its first line."""
+    missing = []
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        for node in ast.parse(script.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "__future__":
+                    continue
+                module = importlib.import_module(node.module)
+                missing += [
+                    f"{script.name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if not hasattr(module, a.name)
+                    and importlib.util.find_spec(f"{node.module}.{a.name}") is None
+                ]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    importlib.import_module(a.name)
+    assert not missing
