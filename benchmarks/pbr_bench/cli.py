@@ -69,7 +69,14 @@ def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
         args.llm
     ]
     return Bench(
-        ds, config=cfg, generator=generator, llm_name=name, limit=args.limit, seed=args.seed, k=10
+        ds,
+        config=cfg,
+        generator=generator,
+        llm_name=name,
+        limit=args.limit,
+        seed=args.seed,
+        k=10,
+        search=args.search,
     )
 
 
@@ -205,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--k2", type=int, default=PBRConfig.k2)
         s.add_argument("--alpha", type=float, default=PBRConfig.alpha)
         s.add_argument("--k1", type=int, default=PBRConfig.k1)
+        s.add_argument(
+            "--search",
+            choices=["dense", "hybrid"],
+            default="dense",
+            help="dense: q* against the user's vectors (the paper's protocol, the committed "
+            "results); hybrid: the library's default search (dense + BM25 fused), methods "
+            "saved as <method>+hybrid",
+        )
         s.add_argument("--data-dir", default=None)
         s.add_argument("--out", default=str(DEFAULT_OUT))
         if name == "run":

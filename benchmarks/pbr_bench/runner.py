@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pbr_core.cache import GenerationCache
-from pbr_core.config import PBRConfig
+from pbr_core.config import PBRConfig, SearchMode
 from pbr_core.history import HistoryItem
 from pbr_core.pipeline import Personalizer, PseudoFeedback
 from pbr_core.protocols import TextGenerator, model_id_of
@@ -151,8 +151,12 @@ class Bench:
         k: int = 10,
         embeddings: EmbeddingCache | None = None,
         generation_cache: GenerationCache | None = None,
+        search: SearchMode = "dense",
     ) -> None:
+        if search not in ("dense", "hybrid"):
+            raise ValueError(f"search must be 'dense' or 'hybrid', got {search!r}")
         self.ds = dataset
+        self.search = search
         self.config = config or PBRConfig()
         self.generator = generator
         self.llm_name = llm_name
@@ -273,7 +277,7 @@ class Bench:
         ks = sorted({1, 5, self.k})
         metrics = evaluate(rankings, gold, ks=ks, categories=cats)
         return MethodRun(
-            method=method,
+            method=method if self.search == "dense" or method == "bm25" else f"{method}+hybrid",
             llm=self.llm_name if method not in ("plain", "bm25", "pbr-no-prf") else "none",
             rankings=rankings,
             metrics=metrics,
@@ -302,16 +306,24 @@ class Bench:
         if method == "plain" or method in PBR_METHODS:
             mode = "plain" if method == "plain" else PBR_METHODS[method]
             run_cfg = cfg.with_(fusion=mode)
+            hybrid_cfg = run_cfg.with_(search="hybrid")
 
             def pbr(q: Query) -> list[str]:
-                pq = self.personalizer.personalize(
-                    q.user_id, q.text, config=run_cfg, feedback=self._feedback(q)
-                )
+                if self.search == "hybrid":  # the library's own search: both legs, fused
+                    found = self.personalizer.search(
+                        q.user_id, q.text, self.k, config=hybrid_cfg, feedback=self._feedback(q)
+                    )
+                    pq, ranking = found.personalized, [h.id for h in found.hits]
+                else:  # the paper's protocol: q* against the user's vectors
+                    pq = self.personalizer.personalize(
+                        q.user_id, q.text, config=run_cfg, feedback=self._feedback(q)
+                    )
+                    ranking = self._search(q.user_id, pq.vector)
                 for name, ms in pq.explanation.timings_ms.items():
                     stage.setdefault(name, []).append(ms)
                 e = pq.explanation
                 weights[q.id] = {"w1": e.w1, "w2": e.w2, "dropped": sorted(e.dropped)}
-                return self._search(q.user_id, pq.vector)
+                return ranking
 
             return pbr
         if method in LLM_BASELINES:
