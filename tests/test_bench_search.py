@@ -38,10 +38,13 @@ def test_the_lexical_leg_reaches_the_harness_only_in_hybrid_mode(tmp_path: Path)
     assert sorted(dense) == sorted(hybrid)
 
 
-def test_bm25_keeps_its_name_and_an_unknown_search_is_refused(tmp_path: Path) -> None:
+def test_methods_that_rank_densely_keep_their_names_and_an_unknown_search_is_refused(
+    tmp_path: Path,
+) -> None:
     bench = make_bench(tmp_path, BatchingGenerator())
     bench.search = "hybrid"
     assert bench.run("bm25", progress=False).method == "bm25"
+    assert bench.run("hyde", progress=False).method == "hyde"  # an LLM baseline: dense search
     with pytest.raises(ValueError, match="'dense' or 'hybrid'"):
         Bench(bench.ds, search="lexical", embeddings=bench.embedder.cache)  # type: ignore[arg-type]
 

@@ -61,10 +61,10 @@ def test_the_library_wheel_holds_the_library_only(tmp_path) -> None:
         capture_output=True,
     )
     (wheel,) = tmp_path.glob("personalize_before_retrieve-*.whl")
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
     packages = {t for t in tops if not t.endswith(".dist-info")}
     assert packages == {"pbr_core", "langchain_pbr", "llamaindex_pbr"}
-    names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if "bench" in n.split("/")[-1] and n.endswith(".py")]
 
 

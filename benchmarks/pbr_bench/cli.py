@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
             choices=["dense", "hybrid"],
             default="dense",
             help="dense: q* against the user's vectors (the paper's protocol, the committed "
-            "results); hybrid: the library's default search (dense + BM25 fused), methods "
-            "saved as <method>+hybrid",
+            "results); hybrid: the library's default search (dense + BM25 fused) for plain and "
+            "the PBR methods, saved as <method>+hybrid",
         )
         s.add_argument("--data-dir", default=None)
         s.add_argument("--out", default=str(DEFAULT_OUT))

@@ -277,7 +277,7 @@ class Bench:
         ks = sorted({1, 5, self.k})
         metrics = evaluate(rankings, gold, ks=ks, categories=cats)
         return MethodRun(
-            method=method if self.search == "dense" or method == "bm25" else f"{method}+hybrid",
+            method=f"{method}+hybrid" if self._ranks_hybrid(method) else method,
             llm=self.llm_name if method not in ("plain", "bm25", "pbr-no-prf") else "none",
             rankings=rankings,
             metrics=metrics,
@@ -285,6 +285,11 @@ class Bench:
             stage_ms={k: float(np.median(v)) for k, v in stage.items()},
             extra={"per_question": weights} if weights else {},
         )
+
+    def _ranks_hybrid(self, method: str) -> bool:
+        """Whether ``method`` ranks through the library's hybrid search: the plain query and the
+        PBR modes with ``search="hybrid"``; BM25 and the LLM baselines rank as they always do."""
+        return self.search == "hybrid" and (method == "plain" or method in PBR_METHODS)
 
     def _ranker(
         self,
@@ -309,7 +314,7 @@ class Bench:
             hybrid_cfg = run_cfg.with_(search="hybrid")
 
             def pbr(q: Query) -> list[str]:
-                if self.search == "hybrid":  # the library's own search: both legs, fused
+                if self._ranks_hybrid(method):  # the library's own search: both legs, fused
                     found = self.personalizer.search(
                         q.user_id, q.text, self.k, config=hybrid_cfg, feedback=self._feedback(q)
                     )
