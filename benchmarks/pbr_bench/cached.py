@@ -18,8 +18,10 @@ class CacheOnly:
 
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id
+        self.misses = 0  # prompts asked for that the cache did not hold
 
     def generate(self, prompt: str) -> str:
+        self.misses += 1
         raise LookupError(
             f"no cached {self.model_id} generation for this prompt; run python -m pbr_bench"
         )

@@ -6,6 +6,8 @@ Examples:
     python -m pbr_bench run --dataset personabench --noise 0.0 --llm authors
     python -m pbr_bench run --dataset locomo --level turn --llm local --limit 100
     python -m pbr_bench sweep --dataset personabench --noise 0.0 --llm authors
+    python -m pbr_bench reproduce --cell personabench-0.0   # rerun committed runs, compare
+    python -m pbr_bench tables                              # the docs' tables from the results
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import numpy as np
 from tqdm import tqdm
 
 from pbr_core.config import PBRConfig
+from pbr_core.protocols import model_id_of
 
+from .cached import CacheOnly
 from .datasets import Dataset, load_locomo, load_personabench, load_prefeval
 from .plots import category_bars, sweep_heatmap
 from .report import write_rows
@@ -50,7 +54,7 @@ def results_dir(args: argparse.Namespace, ds: Dataset) -> Path:
 
 
 def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
-    generator = None
+    generator: Any = None
     if args.llm == "local":
         from pbr_core.models import LocalGemmaGenerator
 
@@ -64,6 +68,8 @@ def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
         generator = SmolLM2Generator(dtype="float32")
     elif args.llm == "authors" and args.dataset != "personabench":
         raise SystemExit("the authors' generations exist for PersonaBench only")
+    if generator is not None and getattr(args, "cached_only", False):
+        generator = CacheOnly(model_id_of(generator))  # same cache entries, never generates
     cfg = PBRConfig(theta=args.theta, k2=args.k2, alpha=args.alpha, k1=args.k1)
     name = {"local": "gemma-270m", "smollm2": "smollm2-135m", "authors": "authors", "none": "none"}[
         args.llm
@@ -100,6 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs = []
     for method in tqdm(methods, desc=f"{ds.name}: methods", unit="method"):
         run = bench.run(method)
+        misses = getattr(bench.generator, "misses", 0)
+        if misses:  # --cached-only: scored as failed calls, not as the LLM's answers
+            print(f"{method}: {misses} prompts had no cached answer; nothing written")
+            return 3
         save_run(run, ds.name, out)
         runs.append(run)
     cols = ["R@1", "R@5", "N@5", "R@10", "N@10", "MRR"]
@@ -220,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
             "results); hybrid: the library's default search (dense + BM25 fused) for plain and "
             "the PBR methods, saved as <method>+hybrid",
         )
+        s.add_argument(
+            "--cached-only",
+            action="store_true",
+            help="local LLMs: score from the committed generation cache only, never generate "
+            "(a miss fails the run); what `reproduce` uses",
+        )
         s.add_argument("--data-dir", default=None)
         s.add_argument("--out", default=str(DEFAULT_OUT))
         if name == "run":
@@ -230,12 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--method", default="pbr", choices=[*PBR_METHODS])
         else:
             s.add_argument("--baseline", default="plain__none", help="<method>__<llm>")
+    r = sub.add_parser("reproduce", help="rerun every committed run from the caches, compare")
+    r.add_argument("--cell", default=None, help="only cells whose path contains this")
+    r.add_argument(
+        "--write", action="store_true", help="rerun into benchmarks/results (replace the files)"
+    )
+    t = sub.add_parser("tables", help="rewrite the docs' benchmark tables from the results")
+    t.add_argument("--check", action="store_true", help="exit 1 if any table is out of date")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare}
+    from .doctables import cmd_tables
+    from .reproduce import cmd_reproduce
+
+    commands = {
+        "run": cmd_run,
+        "sweep": cmd_sweep,
+        "compare": cmd_compare,
+        "reproduce": cmd_reproduce,
+        "tables": cmd_tables,
+    }
     return commands[args.command](args)
 
 

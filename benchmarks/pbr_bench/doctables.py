@@ -1,0 +1,515 @@
+"""The benchmark tables in the docs, generated from the committed result files.
+
+Why: numbers typed by hand drift from the results they quote. Each table is a function of the
+committed CSVs under ``benchmarks/results/``, registered under a name; a Markdown file holds it
+between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (the same table may appear in
+several files). Rewriting a result file and running
+
+    python -m pbr_bench tables            # rewrite every marked table in README.md and docs/
+    python -m pbr_bench tables --check    # exit 1 if any table differs from its results
+
+keeps the docs true; the test suite runs ``--check``. Bold marks the best value of a column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runner import REPO
+
+RESULTS = REPO / "benchmarks" / "results"
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+TABLES: dict[str, Callable[[Path], list[str]]] = {}
+_BLOCK = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+
+
+def table(name: str) -> Callable[[Callable[[Path], list[str]]], Callable[[Path], list[str]]]:
+    """Register a table generator: ``results folder -> Markdown lines``."""
+
+    def register(fn: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+        if name in TABLES:
+            raise ValueError(f"table {name!r} is registered twice")
+        TABLES[name] = fn
+        return fn
+
+    return register
+
+
+def read(results: Path, name: str) -> list[dict[str, str]]:
+    """The rows of ``results/<name>`` (a CSV)."""
+    with (results / name).open(encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def pick(rows: Iterable[dict[str, str]], **where: str) -> dict[str, str]:
+    """The one row whose columns equal ``where``; a missing or ambiguous row is an error."""
+    hits = [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+    if len(hits) != 1:
+        raise LookupError(f"{len(hits)} rows match {where}")
+    return hits[0]
+
+
+def dec(value: str | float) -> str:
+    """``0.3783`` → ``.3783`` (four decimals, the leading zero dropped as in the papers)."""
+    text = f"{float(value):.4f}"
+    return text[1:] if text.startswith("0.") else text
+
+
+def p_value(value: str | float) -> str:
+    return f"{float(value):.2g}"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: a result row (a CSV under the results folder and the columns that pick
+    it) and, optionally, the per-question record against plain from a paired CSV."""
+
+    label: str
+    file: str
+    where: dict[str, str]
+    paired: str | None = None  # a paired_vs_plain CSV (its ``method`` is ``<method>__<llm>``)
+    extra: tuple[str, ...] = field(default=())  # further fixed cells (e.g. the paper's numbers)
+
+    def values(self, results: Path, metrics: Iterable[str]) -> list[float]:
+        found = pick(read(results, self.file), **self.where)
+        return [float(found[m]) for m in metrics]
+
+    def record(self, results: Path) -> str:
+        """``wins / losses (p)`` against plain, or ``—`` for a row without one."""
+        if self.paired is None:
+            found = pick(read(results, self.file), **self.where)
+            if not found.get("wins"):
+                return "—"
+        else:
+            key = f"{self.where['method']}__{self.where['llm']}"
+            found = pick(read(results, self.paired), method=key)
+        return f"{found['wins']} / {found['losses']} (p {p_value(found['sign_p'])})"
+
+
+def bold_best(columns: list[list[float]]) -> list[list[str]]:
+    """Format each column, bolding its maximum (every tie)."""
+    out = []
+    for col in columns:
+        best = max(col)
+        out.append([f"**{dec(v)}**" if v == best else dec(v) for v in col])
+    return out
+
+
+def method_table(
+    results: Path,
+    rows: list[Row],
+    metrics: list[str],
+    *,
+    head: str = "method",
+    extra_heads: tuple[str, ...] = (),
+    record: str | None = "wins / losses vs plain (sign test)",
+) -> list[str]:
+    """One row per method: its metrics (best bold), fixed extra cells, its paired record."""
+    values = [r.values(results, metrics) for r in rows]
+    cols = bold_best([list(c) for c in zip(*values, strict=True)])
+    heads = [head, *metrics, *extra_heads, *([record] if record else [])]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    for i, row in enumerate(rows):
+        cells = [row.label, *(c[i] for c in cols), *row.extra]
+        if record:
+            cells.append(row.record(results))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+# -- the harness's tables (python -m pbr_bench run / compare) --------------------------------------
+
+PB0 = "personabench-0.0"
+#: the paper's Table (PersonaBench noise 0.0, all-MiniLM-L6-v2, gpt-4o-mini): R@5 / N@5
+PAPER_PB0 = {
+    "plain": ".3783 / .3074",
+    "authors-settings": ".4516 / .3855",
+    "no-anchor": ".4382 / .3729",
+    "no-prf": ".2860 / .2449 (θ .7, k2 10, α 1)",
+}
+
+
+def _run(
+    folder: str, tag: str, method: str, llm: str, label: str, extra: tuple[str, ...] = ()
+) -> Row:
+    """A row of ``<folder>/summary__<tag>.csv`` with its record in the folder's paired file;
+    ``plain`` has no record (it is what the others are compared with)."""
+    paired = None if method == "plain" else f"{folder}/paired_vs_plain__none.csv"
+    where = {"method": method, "llm": llm}
+    return Row(label, f"{folder}/summary__{tag}.csv", where, paired, extra)
+
+
+@table("personabench-authors")
+def personabench_authors(results: Path) -> list[str]:
+    """The reproduction: PersonaBench 0.0 with the authors' gpt-4o-mini generations."""
+    a = "authors"
+    rows = [
+        _run(PB0, a, "plain", "none", "plain query", extra=(PAPER_PB0["plain"] + " (exact)",)),
+        _run(PB0, a, "bm25", "none", "BM25", extra=("—",)),
+        Row(
+            "PBR, the authors' settings (θ .7, k2 10, α 1)",
+            f"{PB0}/sweep__pbr__authors.csv",
+            {"alpha": "1.0", "theta": "0.7", "k2": "10"},
+            extra=(PAPER_PB0["authors-settings"],),
+        ),
+        _run(
+            PB0,
+            a,
+            "pbr",
+            a,
+            "PBR, paper fusion, library anchor defaults (θ .65, k2 5, α .85)",
+            extra=("—",),
+        ),
+        _run(PB0, a, "pbr-no-anchor", a, "PBR without P-Anchor", extra=(PAPER_PB0["no-anchor"],)),
+        _run(
+            PB0,
+            a,
+            "pbr-no-prf",
+            "none",
+            "PBR without P-PRF (q + anchor)",
+            extra=(PAPER_PB0["no-prf"],),
+        ),
+        _run(PB0, a, "pbr-no-utterances", a, "PBR without utterances", extra=("—",)),
+        _run(PB0, a, "pbr-no-reasoning", a, "PBR without reasoning", extra=("—",)),
+        _run(PB0, a, "pbr-safe", a, "**PBR, library defaults** (`safe` fusion)", extra=("—",)),
+    ]
+    return method_table(results, rows, ["R@5", "N@5"], extra_heads=("paper R@5 / N@5",))
+
+
+def _pair(row: dict[str, str]) -> str:
+    return f"{dec(row['R@5'])} / {dec(row['N@5'])}"
+
+
+@table("personabench-noise")
+def personabench_noise(results: Path) -> list[str]:
+    """PersonaBench at each noise level, the authors' generations, library defaults."""
+    methods = [
+        ("plain", "none", "plain"),
+        ("bm25", "none", "BM25"),
+        ("pbr", "authors", "PBR, paper fusion"),
+        ("pbr-safe", "authors", "PBR, `safe` (default)"),
+        ("pbr-no-prf", "none", "q + anchor (no P-PRF)"),
+    ]
+    heads = [
+        "noise",
+        *(m[2] for m in methods),
+        "paper-fusion wins / losses (p)",
+        "`safe` W / L (p)",
+    ]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    for noise in ("0.0", "0.3", "0.5", "0.7"):
+        folder = f"personabench-{noise}"
+        summary = read(results, f"{folder}/summary__authors.csv")
+        paired = read(results, f"{folder}/paired_vs_plain__none.csv")
+        cells = [_pair(pick(summary, method=m, llm=llm)) for m, llm, _ in methods]
+        records = [
+            (lambda r: f"{r['wins']} / {r['losses']} ({p_value(r['sign_p'])})")(
+                pick(paired, method=f"{m}__authors")
+            )
+            for m in ("pbr", "pbr-safe")
+        ]
+        lines.append(f"| {noise} | " + " | ".join([*cells, *records]) + " |")
+    return lines
+
+
+@table("prefeval-no-llm")
+def prefeval_no_llm(results: Path) -> list[str]:
+    """PrefEval explicit preferences among N fillers, no LLM: R@1 / R@5."""
+    methods = [("plain", "plain"), ("bm25", "BM25"), ("pbr-no-prf", "q + anchor")]
+    heads = ["N fillers", *(f"{label} R@1 / R@5" for _, label in methods)]
+    lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+    for n in (10, 50, 100, 300):
+        summary = read(results, f"prefeval-explicit-n{n}/summary__none.csv")
+        cells = [
+            (lambda r: f"{dec(r['R@1'])} / {dec(r['R@5'])}")(pick(summary, method=m))
+            for m, _ in methods
+        ]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("personabench-gemma")
+def personabench_gemma(results: Path) -> list[str]:
+    """PersonaBench 0.0 with the embedded Gemma 3 270M as the LLM (all 230 questions)."""
+    g, t = "gemma-270m", "local"
+    rows = [
+        _run(PB0, t, "plain", "none", "plain query"),
+        _run(PB0, t, "pbr", g, "PBR, paper fusion"),
+        _run(PB0, t, "pbr-safe", g, "**PBR, `safe` fusion (default)**"),
+        Row(
+            "PBR, `safe` fusion without the history gate",
+            "safe_report.csv",
+            {"dataset": PB0, "llm": g, "fusion": "safe, no gate"},
+        ),
+        _run(PB0, t, "pbr-no-anchor", g, "without P-Anchor"),
+        _run(PB0, t, "pbr-no-utterances", g, "without utterances"),
+        _run(PB0, t, "pbr-no-reasoning", g, "without reasoning"),
+        _run(PB0, t, "pbr-no-prf", "none", "without P-PRF (q + anchor)"),
+        _run(PB0, t, "bm25", "none", "BM25"),
+    ]
+    return method_table(
+        results,
+        rows,
+        ["R@5", "N@5"],
+        head="method (230 questions)",
+        record="wins / losses vs plain (sign test p)",
+    )
+
+
+@table("personabench-0.7-small-llms")
+def personabench_07_small_llms(results: Path) -> list[str]:
+    """PersonaBench 0.7 with both small local LLMs: R@5 / N@5 (R@5 wins / losses vs plain)."""
+    folder = "personabench-0.7"
+    paired = read(results, f"{folder}/paired_vs_plain__none.csv")
+    tags = ("local", "smollm2")
+    summaries = {tag: read(results, f"{folder}/summary__{tag}.csv") for tag in tags}
+    methods = [
+        ("plain", "plain query"),
+        ("pbr", "PBR, paper fusion"),
+        ("pbr-safe", "**PBR, `safe` fusion (default)**"),
+        ("pbr-no-anchor", "without P-Anchor"),
+        ("pbr-no-utterances", "without utterances"),
+        ("pbr-no-reasoning", "without reasoning"),
+        ("pbr-no-prf", "without P-PRF (q + anchor)"),
+        ("bm25", "BM25"),
+    ]
+    lines = [
+        "| method (230 questions), R@5 / N@5 (R@5 wins / losses vs plain, sign test p) "
+        "| Gemma 3 270M | SmolLM2-135M |",
+        "|---|---|---|",
+    ]
+    for method, label in methods:
+        cells = []
+        for tag in tags:
+            row = next(r for r in summaries[tag] if r["method"] == method)
+            text = _pair(row)
+            if method != "plain":
+                rec = pick(paired, method=f"{method}__{row['llm']}")
+                text += f" ({rec['wins']} / {rec['losses']}, p {p_value(rec['sign_p'])})"
+            cells.append(text)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("headline-gemma")
+def headline_gemma(results: Path) -> list[str]:
+    """The README's one sentence on the embedded Gemma (PersonaBench 0.0)."""
+    summary = read(results, f"{PB0}/summary__local.csv")
+    safe, paper = pick(summary, method="pbr-safe"), pick(summary, method="pbr")
+    rec = pick(read(results, f"{PB0}/paired_vs_plain__none.csv"), method="pbr-safe__gemma-270m")
+    sentence = (
+        "With the embedded Gemma 3 270M in place of gpt-4o-mini (dense search, as above), `safe` "
+        f"fusion (the default) reaches R@5 {dec(safe['R@5'])} / N@5 {dec(safe['N@5'])} on the "
+        f"same questions ({rec['wins']} wins / {rec['losses']} losses against plain, p "
+        f"{p_value(rec['sign_p'])}) where the paper's fusion gets {dec(paper['R@5'])} / "
+        f"{dec(paper['N@5'])}."
+    )
+    return textwrap.wrap(sentence, width=100)
+
+
+# -- docs/hybrid.md (python benchmarks/hybrid.py, benchmarks/hybrid_llm.py) ----------------------
+
+HYBRID = "hybrid"
+DATASETS = [
+    ("personabench-0.0", "PB 0.0"),
+    ("personabench-0.7", "PB 0.7"),
+    ("locomo-turn", "LoCoMo turn"),
+    ("locomo-session", "LoCoMo session"),
+    ("prefeval-explicit-n10", "PrefEval N=10"),
+    ("prefeval-explicit-n50", "PrefEval N=50"),
+]
+METHODS = [
+    "dense",
+    "dense+windows",
+    "bm25 (no dense tie-break)",
+    "bm25 (bm25s)",
+    "ensemble RRF",
+    "hybrid (no windows)",
+    "hybrid",
+    "dense + PBR (authors)",
+    "hybrid + PBR (authors)",
+    "hybrid (no windows) + PBR (authors)",
+    "hybrid + PBR (authors), lexical feedback 0.25",
+    "hybrid + PBR (authors), lexical feedback 0.5",
+]
+# Display names: the PBR row without lexical feedback says so; the library defaults are bold.
+LABELS = {
+    "hybrid": "**hybrid** (default, no LLM)",
+    "hybrid + PBR (authors)": "hybrid + PBR (authors), lexical feedback 0",
+    "hybrid + PBR (authors), lexical feedback 0.25": (
+        "**hybrid + PBR (authors), lexical feedback 0.25** (default)"
+    ),
+}
+
+
+def hybrid_metric_table(summary: list[dict[str, str]], split: str) -> list[str]:
+    cells = {(r["dataset"], r["method"]): r for r in summary if r["split"] == split}
+    counts = [next((r["n"] for (d, _), r in cells.items() if d == ds), "") for ds, _ in DATASETS]
+    head = "| method | " + " | ".join(f"{label} ({n} q)" for (_, label), n in zip(DATASETS, counts))
+    lines = [head + " |", "|---" * (len(DATASETS) + 1) + "|"]
+    for method in METHODS:
+        row = [cells.get((ds, method)) for ds, _ in DATASETS]
+        if not any(row):
+            continue
+        vals = [f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f}" if r else "" for r in row]
+        name = LABELS.get(method, method)
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+    return lines
+
+
+def hybrid_paired_table(paired: list[dict[str, str]], split: str) -> list[str]:
+    lines = [
+        "| data set | comparison | wins / losses / ties | mean ΔR@5 | sign test p |",
+        "|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    for r in paired:
+        if r["split"] != split:
+            continue
+        lines.append(
+            f"| {labels.get(r['dataset'], r['dataset'])} | "
+            f"{LABELS.get(r['method'], r['method']).replace('**', '')} vs {r['baseline']} | "
+            f"{r['wins']} / {r['losses']} / {r['ties']} | {float(r['mean_delta']):+.4f} | "
+            f"{float(r['p_sign']):.2g} |"
+        )
+    return lines
+
+
+def hybrid_llm_table(rows: list[dict[str, str]]) -> list[str]:
+    """Per data set and local LLM: the default pipeline with the LLM against the no-LLM hybrid,
+    dense and BM25 (R@5 / N@5, LLM calls per question, per-question R@5 wins / losses)."""
+    lines = [
+        "| data set | LLM | questions | hybrid + PBR | LLM calls / q | no-LLM hybrid "
+        "| vs it: W / L, p | dense | bm25 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    cells = {(r["dataset"], r["llm"], r["method"]): r for r in rows}
+    for ds, llm in dict.fromkeys((r["dataset"], r["llm"]) for r in rows):
+        ours, base = cells[(ds, llm, "hybrid + PBR")], cells[(ds, llm, "hybrid (no LLM)")]
+        dense, bm25 = cells[(ds, llm, "dense")], cells[(ds, llm, "bm25")]
+
+        def pair(r: dict[str, str]) -> str:
+            return f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f}"
+
+        lines.append(
+            f"| {labels.get(ds, ds)} | {llm} | {ours['n']} | {pair(ours)} | "
+            f"{float(ours['llm_calls_per_q']):.2f} | {pair(base)} | "
+            f"{base['pbr_wins']} / {base['pbr_losses']}, {float(base['p_sign']):.2g} | "
+            f"{pair(dense)} | {pair(bm25)} |"
+        )
+    return lines
+
+
+def hybrid_diagnostics_table(rows: list[dict[str, str]]) -> list[str]:
+    """The pipeline with its gates (and the anchor) switched off, against the no-LLM hybrid."""
+    lines = [
+        "| data set | LLM | variant | R@5 / N@5 | vs no-LLM hybrid: W / L, mean ΔR@5, p |",
+        "|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    for r in rows:
+        if not r.get("vs_hybrid_wins"):
+            continue
+        lines.append(
+            f"| {labels.get(r['dataset'], r['dataset'])} | {r['llm']} | {r['method']} | "
+            f"{float(r['R@5']):.4f} / {float(r['N@5']):.4f} | "
+            f"{r['vs_hybrid_wins']} / {r['vs_hybrid_losses']}, "
+            f"{float(r['vs_hybrid_mean_delta']):+.4f}, {float(r['vs_hybrid_p_sign']):.2g} |"
+        )
+    return lines
+
+
+@table("hybrid-results")
+def hybrid_results(results: Path) -> list[str]:
+    """The no-LLM and authors' rows of every data set, test split and all questions."""
+    summary, paired = read(results, "hybrid/summary.csv"), read(results, "hybrid/paired.csv")
+    return [
+        "R@5 / N@5 on the **test split** (PersonaBench is all test; the tuning split held no",
+        "PersonaBench user). `bm25` is pbr's BM25 alone (equal scores in item order, as a plain",
+        "BM25 retriever ranks); `bm25 (bm25s)` the committed bm25s baseline (Lucene's 33 stop",
+        "words); `ensemble RRF` is LangChain's `EnsembleRetriever` rule (c = 60, equal weights)",
+        "over dense and pbr's lexical ranking. PBR rows use the authors' cached gpt-4o-mini",
+        "generations (PersonaBench 0.0 only).",
+        "",
+        *hybrid_metric_table(summary, "test"),
+        "",
+        "All questions:",
+        "",
+        *hybrid_metric_table(summary, "all"),
+        "",
+        "Per question, R@5, test split (hybrid minus the other; exact two-sided sign test):",
+        "",
+        *hybrid_paired_table(paired, "test"),
+    ]
+
+
+@table("hybrid-llm")
+def hybrid_llm(results: Path) -> list[str]:
+    """The default pipeline with each small local LLM against the no-LLM hybrid."""
+    llm = read(results, "hybrid/llm.csv")
+    body = [
+        *hybrid_llm_table(llm),
+        "",
+        "What the gates and the anchor do inside the hybrid pipeline (diagnostic variants of",
+        "the default, same questions):",
+        "",
+        *hybrid_diagnostics_table(llm),
+    ]
+    verdict = json.loads((results / "hybrid" / "llm.json").read_text())["verdict"]
+    body += ["", "Verdict (the issue's goal, data sets with ≥ 200 scored questions):", ""]
+    for v in verdict:
+        worse = ", ".join(v["significantly_worse"]) or "none"
+        body.append(
+            f"- {v['llm']}: {', '.join(v['datasets_with_200'])}; significantly below the "
+            f"no-LLM hybrid: {worse}; mean ΔR@5 over them "
+            f"{v['mean_delta_over_datasets']:+.4f}."
+        )
+    return body
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def render(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
+    """``text`` with every marked table regenerated, and the names of the tables in it.
+
+    An unknown table name is an error (a typo would otherwise leave stale numbers in place).
+    """
+    names: list[str] = []
+
+    def fill(m: re.Match[str]) -> str:
+        name = m[2]
+        if name not in TABLES:
+            raise KeyError(f"no table named {name!r} (known: {', '.join(sorted(TABLES))})")
+        names.append(name)
+        return m[1] + "\n" + "\n".join(TABLES[name](results)) + "\n\n" + m[4]
+
+    return _BLOCK.sub(fill, text), names
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """Rewrite (or, with ``--check``, compare) every marked table in README.md and docs/."""
+    stale, used = [], set()
+    for doc in DOCS:
+        old = doc.read_text(encoding="utf-8")
+        new, names = render(old)
+        used.update(names)
+        if new != old:
+            stale.append(str(doc.relative_to(REPO)))
+            if not args.check:
+                doc.write_text(new, encoding="utf-8")
+    unused = sorted(set(TABLES) - used)
+    if unused:
+        print(f"registered but in no document: {', '.join(unused)}")
+        return 1
+    verb = "differ from their results" if args.check else "rewritten"
+    print(f"{len(used)} tables; {len(stale)} files {verb}: {', '.join(stale) or 'none'}")
+    return 1 if args.check and stale else 0
