@@ -61,6 +61,31 @@ class ScriptedGenerator:
         return self.utterances if "candidates" in prompt else self.reasoning
 
 
+# -- markers: which kind of test each one is, from what it uses (pyproject.toml lists them) -------
+_SERVER_FIXTURES = {
+    "chroma": {"shared_chroma", "_module_chroma", "own_chroma"},
+    "postgres": {"postgres_url", "postgres"},
+}
+_INTEGRATION = {"slow", "chroma", "postgres", "notebook"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by what it needs, so that a kind can be selected (``-m chroma``) or left
+    out (``-m "not integration"``: the unit tests) without a list to keep."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for mark, fixtures in _SERVER_FIXTURES.items():
+            if used & fixtures:
+                item.add_marker(mark)
+        name = item.path.name
+        if name.endswith("_notebook.py"):
+            item.add_marker("notebook")
+        if name.startswith("test_bench_"):
+            item.add_marker("bench")
+        if any(item.get_closest_marker(m) for m in _INTEGRATION):
+            item.add_marker("integration")
+
+
 @pytest.fixture
 def hash_embedder() -> HashEmbedder:
     return HashEmbedder()

@@ -1,0 +1,33 @@
+"""Each test is marked by what it needs (``tests/conftest.py``), so one kind can be run alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+
+
+def collected(marker: str, *files: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, *files],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return {line.split("::")[0] for line in out.splitlines() if "::" in line}
+
+
+def test_a_test_using_a_chroma_server_is_marked_chroma_and_integration() -> None:
+    files = ("tests/test_ownership_processes.py", "tests/test_fusion.py")
+    assert collected("chroma", *files) == {"tests/test_ownership_processes.py"}
+    assert collected("integration", *files) == {"tests/test_ownership_processes.py"}
+    assert collected("not integration", *files) == {"tests/test_fusion.py"}
+
+
+def test_notebooks_and_the_harness_are_marked_by_file() -> None:
+    files = ("tests/test_langchain_notebook.py", "tests/test_bench_metrics.py")
+    assert collected("notebook", *files) == {"tests/test_langchain_notebook.py"}
+    assert collected("bench", *files) == {"tests/test_bench_metrics.py"}
