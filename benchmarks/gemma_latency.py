@@ -16,6 +16,8 @@ tokens no exact-output change (same tokens, same sampling) reaches 4 s; the floo
 output budget and the prompt length, which change the text and so the quality rows.
 
     python benchmarks/gemma_latency.py --queries 6
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/gemma_latency.py --queries 6 \
+        --dtypes bfloat16 --budgets 160 96 --out gemma_latency_budget   # output budgets, 1 core
 
 Writes ``benchmarks/results/gemma_latency.{json,csv}``. Run it alone: on 2 cores any other model
 process slows torch several-fold.
@@ -40,7 +42,8 @@ from pbr_core.models import LocalGemmaGenerator
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
-FIELDS = ["dtype", "question", "prompt_tokens", "new_tokens", "prefill_s", "step_ms", "generate_s"]
+FIELDS = ["dtype", "budget", "question", "prompt_tokens", "new_tokens"]
+FIELDS += ["prefill_s", "step_ms", "generate_s"]
 
 
 def prompt_pairs(queries: int, seed: int) -> list[tuple[str, tuple[str, str]]]:
@@ -83,11 +86,19 @@ def main() -> int:
     p.add_argument("--queries", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument(
+        "--budgets",
+        nargs="+",
+        type=int,
+        default=[160],
+        help="max_new_tokens values to time (output_budget.py scores their quality)",
+    )
+    p.add_argument("--out", default="gemma_latency", help="result files' stem in results/")
     args = p.parse_args()
     pairs = prompt_pairs(args.queries, args.seed)
     rows: list[dict[str, Any]] = []
-    for dtype in args.dtypes:
-        gen = LocalGemmaGenerator(dtype=dtype)
+    for dtype, budget in [(d, b) for d in args.dtypes for b in args.budgets]:
+        gen = LocalGemmaGenerator(dtype=dtype, max_new_tokens=budget)
         model, tok = gen._load()
         gen.generate_batch(["warm-up:\n1.", "warm-up, two:\n1."])
         for qid, pair in pairs:
@@ -98,6 +109,7 @@ def main() -> int:
             total = time.perf_counter() - t0
             row = {
                 "dtype": dtype,
+                "budget": budget,
                 "question": qid,
                 "prompt_tokens": "/".join(str(len(tok(x)["input_ids"])) for x in prompts),
                 "new_tokens": "/".join(str(len(tok(t)["input_ids"])) for t in texts),
@@ -108,11 +120,17 @@ def main() -> int:
             rows.append(row)
             print(row, flush=True)
     medians = {
-        dtype: {
-            f: round(statistics.median(r[f] for r in rows if r["dtype"] == dtype), 2)
+        f"{dtype}/{budget}": {
+            f: round(
+                statistics.median(
+                    r[f] for r in rows if r["dtype"] == dtype and r["budget"] == budget
+                ),
+                2,
+            )
             for f in ("prefill_s", "step_ms", "generate_s")
         }
         for dtype in args.dtypes
+        for budget in args.budgets
     }
     payload = {
         "questions": len(pairs),
@@ -121,10 +139,10 @@ def main() -> int:
         "median": medians,
         "runs": rows,
     }
-    write_rows(rows, OUT / "gemma_latency", fields=FIELDS, payload=payload)
+    write_rows(rows, OUT / args.out, fields=FIELDS, payload=payload)
     for dtype, m in medians.items():
         print(
-            f"{dtype:9}  prefill {m['prefill_s']:.2f} s  step {m['step_ms']:.1f} ms  "
+            f"{dtype:14}  prefill {m['prefill_s']:.2f} s  step {m['step_ms']:.1f} ms  "
             f"generate_batch {m['generate_s']:.2f} s (median)"
         )
     return 0

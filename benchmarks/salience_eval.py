@@ -86,9 +86,9 @@ def main() -> int:
     ds = load(args)
     generator = None
     if not args.no_pbr:
-        from pbr_core.models import LocalGemmaGenerator
+        from pbr_bench.llms import harness_generator
 
-        generator = LocalGemmaGenerator(dtype="float32")  # as `python -m pbr_bench run --llm local`
+        generator = harness_generator("local")  # as `python -m pbr_bench run --llm local`
     bench = Bench(
         ds, generator=generator, llm_name="gemma-270m", limit=args.limit, seed=args.seed, k=args.n
     )

@@ -13,6 +13,8 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field
 
+from pbr_core.models import DEFAULT_MAX_NEW_TOKENS
+
 if TYPE_CHECKING:
     from pbr_core.models import LocalGemmaGenerator
 
@@ -80,7 +82,7 @@ class LocalGemmaChatModel(BaseChatModel):
             retriever = PBRRetriever(llm=LocalGemmaChatModel())  # == PBRRetriever(llm=None)
     """
 
-    max_new_tokens: int = Field(default=160, ge=1, alias="max_tokens")
+    max_new_tokens: int = Field(default=DEFAULT_MAX_NEW_TOKENS, ge=1, alias="max_tokens")
     """Most tokens generated per call (``max_tokens=`` works too, as for other chat models)."""
     temperature: float = Field(default=0.8, gt=0)
     top_p: float = Field(default=0.95, gt=0, le=1)

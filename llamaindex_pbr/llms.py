@@ -19,6 +19,8 @@ from llama_index.core.llms import (
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from pydantic import Field
 
+from pbr_core.models import DEFAULT_MAX_NEW_TOKENS
+
 if TYPE_CHECKING:
     from pbr_core.models import LocalGemmaGenerator
 
@@ -73,7 +75,9 @@ class LocalGemmaLLM(CustomLLM):
     #: In-process compute: pbr gives it no ``llm_timeout_s`` (its first call loads the model).
     in_process: ClassVar[bool] = True
 
-    max_new_tokens: int = Field(default=160, ge=1, description="Most tokens generated per call.")
+    max_new_tokens: int = Field(
+        default=DEFAULT_MAX_NEW_TOKENS, ge=1, description="Most tokens generated per call."
+    )
     temperature: float = Field(default=0.8, gt=0)
     top_p: float = Field(default=0.95, gt=0, le=1)
     top_k: int = Field(default=64, ge=1)

@@ -54,6 +54,7 @@ def count_list_lines(continuation: str) -> int:
 
 def test_public_api_is_pinned() -> None:
     assert sorted(models.__all__) == [
+        "DEFAULT_MAX_NEW_TOKENS",
         "DEFAULT_STOP",
         "LocalGemmaGenerator",
         "MiniLMEmbedder",
@@ -146,7 +147,7 @@ def test_crashed_conversion_leaves_no_half_cache(
 
 def test_model_id_spells_out_the_sampling_settings() -> None:
     assert LocalGemmaGenerator().model_id == (
-        "gemma-3-270m-q4_k_m/bf16?t=0.8,p=0.95,k=64,rp=1.1,max=160"
+        "gemma-3-270m-q4_k_m/bf16?t=0.8,p=0.95,k=64,rp=1.1,max=96"
     )
     assert LocalGemmaGenerator(max_new_tokens=64, temperature=0.5).model_id == (
         "gemma-3-270m-q4_k_m/bf16?t=0.5,p=0.95,k=64,rp=1.1,max=64"
@@ -266,7 +267,7 @@ def test_embedder_rejects_a_bare_string(embedder: MiniLMEmbedder) -> None:
 
 @pytest.fixture(scope="session")
 def generator() -> LocalGemmaGenerator:
-    # 64 new tokens hold 3-4 questions; the default 160 would only make the tests slower.
+    # 64 new tokens hold 3-4 questions; the default 96 would only make the tests slower.
     gen = LocalGemmaGenerator(max_new_tokens=64)
     models.load_causal_lm(gen.dtype)  # load (and, first time on a machine, convert) once
     return gen
@@ -322,6 +323,21 @@ def test_a_stream_ends_before_a_stop_string_that_spans_pieces(
     expected = cut.generate(QUESTIONS_PROMPT)
     assert stop not in expected
     assert "".join(cut.stream(QUESTIONS_PROMPT)) == expected
+
+
+@pytest.mark.slow
+def test_a_smaller_budget_writes_the_first_tokens_of_a_larger_one(
+    short_generator: LocalGemmaGenerator, batch_texts: list[str]
+) -> None:
+    # What benchmarks/output_budget.py relies on to score a budget from longer cached answers.
+    _, tok = models.load_causal_lm(short_generator.dtype)
+    smaller = LocalGemmaGenerator(max_new_tokens=12).generate_batch(
+        [QUESTIONS_PROMPT, SUMMARY_PROMPT]
+    )
+    for short, long in zip(smaller, batch_texts, strict=True):
+        first = tok(long, add_special_tokens=False)["input_ids"][:12]
+        assert short == tok.decode(first, skip_special_tokens=True)
+        assert long.startswith(short) and len(long) > len(short)
 
 
 @pytest.mark.slow

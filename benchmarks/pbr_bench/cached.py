@@ -29,13 +29,11 @@ class CacheOnly:
 
 def local_ids() -> dict[str, str]:
     """The generation-cache model ids of the two local LLMs, as their bench runs created them."""
-    from pbr_core.models import LocalGemmaGenerator
-
-    from .llms import SmolLM2Generator
+    from .llms import harness_generator
 
     return {
-        "gemma-270m": LocalGemmaGenerator(dtype="float32").model_id,
-        "smollm2-135m": SmolLM2Generator(dtype="float32").model_id,
+        "gemma-270m": harness_generator("local").model_id,
+        "smollm2-135m": harness_generator("smollm2").model_id,
     }
 
 

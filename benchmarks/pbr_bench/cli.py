@@ -55,17 +55,10 @@ def results_dir(args: argparse.Namespace, ds: Dataset) -> Path:
 
 def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
     generator: Any = None
-    if args.llm == "local":
-        from pbr_core.models import LocalGemmaGenerator
+    if args.llm in ("local", "smollm2"):
+        from .llms import harness_generator
 
-        # fp32, not the library's bf16 default: P-PRF prompts run to ~1,000 tokens and bf16
-        # prefill is 4x slower on this AVX2-only CPU (20 s vs 4.7 s for 984 tokens), while
-        # fp32 decoding gains the most from batching (18 s/prompt at 8 prompts vs 36 s in bf16).
-        generator = LocalGemmaGenerator(dtype="float32")
-    elif args.llm == "smollm2":
-        from .llms import SmolLM2Generator
-
-        generator = SmolLM2Generator(dtype="float32")
+        generator = harness_generator(args.llm)
     elif args.llm == "authors" and args.dataset != "personabench":
         raise SystemExit("the authors' generations exist for PersonaBench only")
     if generator is not None and getattr(args, "cached_only", False):

@@ -21,6 +21,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .runner import REPO
 
@@ -312,6 +313,87 @@ def headline_gemma(results: Path) -> list[str]:
         f"{dec(paper['N@5'])}."
     )
     return textwrap.wrap(sentence, width=100)
+
+
+_LLM_LABELS = {
+    "authors (gpt-4o-mini)": "gpt-4o-mini, authors",
+    "gemma-270m": "Gemma 3 270M",
+    "smollm2-135m": "SmolLM2-135M",
+}
+_DATASET_LABELS = {
+    "personabench-0.0": "PersonaBench 0.0",
+    "personabench-0.7": "PersonaBench 0.7",
+    "locomo-turn": "LoCoMo turn",
+    "prefeval-explicit-n10": "PrefEval, N = 10",
+    "prefeval-explicit-n50": "PrefEval, N = 50",
+}
+
+
+@table("safe-report")
+def safe_report(results: Path) -> list[str]:
+    """Plain, the paper's fusion and `safe` fusion per data set and LLM source
+    (``benchmarks/safe_report.py``); held-out cells marked, pooled LoCoMo rows bold."""
+    from .safe import HELD_OUT
+
+    held = {(name, seed) for name, _, seed in HELD_OUT}
+    rows = read(results, "safe_report.csv")
+    modes = ("plain", "paper", "safe, no gate", "safe")
+    lines = [
+        "| data set | LLM source (questions) | plain | paper fusion | safe, no gate "
+        "| **safe (default)** |",
+        "|---|---|---|---|---|---|",
+    ]
+    groups = dict.fromkeys((r["dataset"], r["llm"], r["seed"], r["questions"]) for r in rows)
+    for ds, llm, seed, n in groups:
+        cells = {
+            r["fusion"]: r for r in rows if (r["dataset"], r["llm"], r["seed"]) == (ds, llm, seed)
+        }
+        label = _DATASET_LABELS.get(ds, ds)
+        if seed == "all":
+            label = f"**{label}, every question answered** (pooled)"
+        elif ds.startswith("locomo"):
+            label = f"{label} (seed {seed})"
+        if seed != "all" and (ds, int(seed)) in held:
+            label = f"*held out:* {label}"
+        out = []
+        for mode in modes:
+            r = cells[mode]
+            text = _pair(r)
+            if r["wins"]:
+                p = float(r["sign_p"])
+                text += f" ({r['wins']} / {r['losses']}" + (f", p {p:.2g})" if p < 0.05 else ")")
+            out.append(text)
+        lines.append(f"| {label} | {_LLM_LABELS.get(llm, llm)} ({n}) | " + " | ".join(out) + " |")
+    return lines
+
+
+@table("output-budget")
+def output_budget(results: Path) -> list[str]:
+    """Safe fusion with Gemma's answers cut to the chosen budget against the 160-token answers,
+    per cell (``benchmarks/output_budget.py``): its held-out questions and all of them."""
+    payload = json.loads((results / "output_budget.json").read_text())
+    chosen, rows = payload["chosen"], payload["rows"]
+    by = {(r["cell"], r["split"], r["budget"]): r for r in rows}
+
+    def rec(r: dict[str, Any]) -> str:
+        return f"{r['wins']} / {r['losses']}, {r['dR@5_vs_160']:+.4f}, {p_value(r['sign_p'])}"
+
+    lines = [
+        f"| cell | questions (test / all) | R@5 / N@5, 160 tokens | R@5 / N@5, {chosen} tokens "
+        "| test: W / L, ΔR@5, p | all: W / L, ΔR@5, p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        a160, anew, tnew = (
+            by[(cell, "all", 160)],
+            by[(cell, "all", chosen)],
+            by[(cell, "test", chosen)],
+        )
+        lines.append(
+            f"| {cell} | {tnew['n']} / {anew['n']} | {_pair(a160)} | {_pair(anew)} "
+            f"| {rec(tnew)} | {rec(anew)} |"
+        )
+    return lines
 
 
 # -- docs/hybrid.md (python benchmarks/hybrid.py, benchmarks/hybrid_llm.py) ----------------------
