@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -191,6 +191,32 @@ class _Request:
     sent: tuple[str, str] | None = None  # the (utterance, reasoning) prompts sent to it
     style: PromptStyle = "chat"
     fresh: tuple[int, ...] = ()  # which answers came from the LLM now (not from the cache)
+
+
+@dataclass(frozen=True)
+class _EmbedQuery:
+    """Ask the driver for the query's unit vector (``given``: the caller's own embedding)."""
+
+    text: str
+    given: Sequence[float] | np.ndarray | None
+
+
+@dataclass(frozen=True)
+class _Generate:
+    """Ask the driver for the request's two P-PRF answers (a failure comes back, not raised)."""
+
+    req: _Request
+
+
+@dataclass(frozen=True)
+class _EmbedFeedback:
+    """Ask the driver for the pseudo-feedback texts' unit vectors."""
+
+    texts: list[str]
+    dim: int
+
+
+_Effect = _EmbedQuery | _Generate | _EmbedFeedback
 
 
 class Personalizer:
@@ -384,31 +410,19 @@ class Personalizer:
                 ``QueryBundle.embedding``), by the same model as the history; checked (finite,
                 the history's dimension) and normalised, and the query is not embedded again.
         """
-        try:
-            req = self._start(user_id, query, config, prompts)
-        except UnknownUserError as exc:
-            if unknown_user == "raise":
-                raise
-            q = self._query_vector(query, query_vector)
-            return _unpersonalized(user_id, query, q, config or self.config, str(exc))
-        req.q = self._query_vector(req.query, query_vector)
-        req.watch.lap("embed_query")
-        self._related_and_anchor(req)
-        texts: tuple[str | BaseException | None, str | BaseException | None]
-        if feedback is not None:
-            texts = _feedback_texts(feedback)
-        elif req.needs_llm:
-            self._bind_llm(req, generator or self.generator)
-            texts = self._generate(req)
-        else:
-            texts = (None, None)
-        if not req.pre_gated:
-            req.watch.lap("llm")
-        parsed = self._parse(req, texts, feedback, strict)
-        feedback_texts = [*parsed[0].items, *parsed[1].items]
-        vecs = embed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
-        req.watch.lap("embed_feedback")
-        return self._finish(req, parsed, vecs)
+        return self._drive(
+            self._steps(
+                user_id,
+                query,
+                config=config,
+                generator=generator,
+                feedback=feedback,
+                strict=strict,
+                prompts=prompts,
+                unknown_user=unknown_user,
+                query_vector=query_vector,
+            )
+        )
 
     async def apersonalize(
         self,
@@ -430,14 +444,46 @@ class Personalizer:
         ``generate_batch``) runs in the :attr:`llm_executor`'s own threads, never in asyncio's
         default executor. Cancelling the awaiting task frees it at once.
         """
+        return await self._adrive(
+            self._steps(
+                user_id,
+                query,
+                config=config,
+                generator=generator,
+                feedback=feedback,
+                strict=strict,
+                prompts=prompts,
+                unknown_user=unknown_user,
+                query_vector=query_vector,
+            )
+        )
+
+    # -- the steps of one request, once for both entry points ----------------------------------
+    def _steps(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        config: PBRConfig | None,
+        generator: TextGenerator | None,
+        feedback: PseudoFeedback | None,
+        strict: bool | None,
+        prompts: PromptSet | None,
+        unknown_user: UnknownUserPolicy,
+        query_vector: Sequence[float] | np.ndarray | None,
+    ) -> Generator[_Effect, Any, PersonalizedQuery]:
+        """The spec's §2 for one request, in order: embed the query, related history and anchor
+        (§2.1, with the pre-generation gate), the two P-PRF answers (§2.1), parse and embed them,
+        fuse (§2.2). It yields what needs I/O (an :class:`_Effect`) and gets the result back, so
+        :meth:`personalize` and :meth:`apersonalize` are drivers over one implementation."""
         try:
             req = self._start(user_id, query, config, prompts)
         except UnknownUserError as exc:
             if unknown_user == "raise":
                 raise
-            q = await self._aquery_vector(query, query_vector)
+            q = yield _EmbedQuery(query, query_vector)
             return _unpersonalized(user_id, query, q, config or self.config, str(exc))
-        req.q = await self._aquery_vector(req.query, query_vector)
+        req.q = yield _EmbedQuery(req.query, query_vector)
         req.watch.lap("embed_query")
         self._related_and_anchor(req)
         texts: tuple[str | BaseException | None, str | BaseException | None]
@@ -445,16 +491,46 @@ class Personalizer:
             texts = _feedback_texts(feedback)
         elif req.needs_llm:
             self._bind_llm(req, generator or self.generator)
-            texts = await self._agenerate(req)
+            texts = yield _Generate(req)
         else:
             texts = (None, None)
         if not req.pre_gated:
             req.watch.lap("llm")
         parsed = self._parse(req, texts, feedback, strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
-        vecs = await aembed_documents(self.embedder, feedback_texts, dim=req.q.shape[0])
+        vecs = yield _EmbedFeedback(feedback_texts, req.q.shape[0])
         req.watch.lap("embed_feedback")
         return self._finish(req, parsed, vecs)
+
+    def _drive(self, steps: Generator[_Effect, Any, PersonalizedQuery]) -> PersonalizedQuery:
+        """Run :meth:`_steps` with blocking calls."""
+        try:
+            effect = next(steps)
+            while True:
+                if isinstance(effect, _EmbedQuery):
+                    result: Any = self._query_vector(effect.text, effect.given)
+                elif isinstance(effect, _Generate):
+                    result = self._generate(effect.req)
+                else:
+                    result = embed_documents(self.embedder, effect.texts, dim=effect.dim)
+                effect = steps.send(result)
+        except StopIteration as done:
+            return done.value
+
+    async def _adrive(self, steps: Generator[_Effect, Any, PersonalizedQuery]) -> PersonalizedQuery:
+        """Run :meth:`_steps` with awaited calls (native async embedder / LLM where they exist)."""
+        try:
+            effect = next(steps)
+            while True:
+                if isinstance(effect, _EmbedQuery):
+                    result: Any = await self._aquery_vector(effect.text, effect.given)
+                elif isinstance(effect, _Generate):
+                    result = await self._agenerate(effect.req)
+                else:
+                    result = await aembed_documents(self.embedder, effect.texts, dim=effect.dim)
+                effect = steps.send(result)
+        except StopIteration as done:
+            return done.value
 
     def _query_vector(self, query: str, given: Sequence[float] | np.ndarray | None) -> np.ndarray:
         if given is not None:

@@ -71,7 +71,7 @@ _INTEGRATION = {"slow", "chroma", "postgres", "notebook"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test by what it needs, so that a kind can be selected (``-m chroma``) or left
-    out (``-m "not integration"``: the unit tests) without a list to keep."""
+    out (``-m "not integration"``: the unit tests, ~1 min) without a list to keep."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         for mark, fixtures in _SERVER_FIXTURES.items():

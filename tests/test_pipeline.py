@@ -145,6 +145,35 @@ async def test_sync_and_async_give_the_same_vector() -> None:
     np.testing.assert_allclose((await p.apersonalize("alice", "dinner?")).vector, sync, atol=1e-7)
 
 
+class _HalfBroken(ScriptedGenerator):
+    def generate(self, prompt: str) -> str:
+        if "candidates" in prompt:
+            raise TimeoutError("LLM timed out")
+        return super().generate(prompt)
+
+
+@pytest.mark.parametrize(
+    ("generator", "user", "kwargs"),
+    [
+        (None, "alice", {}),
+        (_HalfBroken(UTTER, REASON), "alice", {}),  # one term degraded
+        (None, "nobody", {"unknown_user": "plain"}),
+        (None, "alice", {"feedback": PseudoFeedback(["beets again"], "they cook")}),
+        (None, "alice", {"config": PBRConfig(pre_gate=0.0)}),  # pre-gated: no LLM call
+    ],
+    ids=["ok", "degraded", "unknown-user", "given-feedback", "pre-gated"],
+)
+async def test_sync_and_async_run_the_same_steps(generator, user: str, kwargs) -> None:
+    p = make(generator)
+    sync = p.personalize(user, "dinner?", **kwargs)
+    asyn = await p.apersonalize(user, "dinner?", **kwargs)
+    np.testing.assert_allclose(asyn.vector, sync.vector, atol=1e-7)
+    a, b = sync.explanation.to_dict(), asyn.explanation.to_dict()
+    a.pop("timings_ms"), b.pop("timings_ms")
+    assert a == b
+    assert sync.explanation.timings_ms.keys() == asyn.explanation.timings_ms.keys()
+
+
 def test_generations_are_cached_on_disk_by_model_and_prompt(tmp_path) -> None:
     path = tmp_path / "gen.jsonl"
     gen = ScriptedGenerator(UTTER, REASON)
