@@ -13,7 +13,7 @@ from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
 
-from pbr_core import CHAT_PROMPTS, COMPLETION_PROMPTS, HistoryItem, PersonalizedQuery, PromptSet
+from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
 from pbr_core.adapters_support import (
     EXPLANATION_KEY,
     SCORE_KEY,
@@ -24,6 +24,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+from pbr_core.prf import prompts_for_style, resolve_prompt_style
 
 #: The variables a PBR prompt template may use (the core fills them in).
 PROMPT_VARIABLES = ("history", "query", "m")
@@ -32,8 +33,7 @@ _REQUIRED_VARIABLES = ("history", "query")
 
 def prompt_style_of(llm: object, style: str | None) -> Literal["chat", "completion"]:
     """The prompt style: the one given, else the LLM's ``prompt_style``, else ``"chat"``."""
-    chosen = style if style is not None else getattr(underlying_model(llm), "prompt_style", "chat")
-    return "completion" if chosen == "completion" else "chat"
+    return resolve_prompt_style(getattr(underlying_model(llm), "prompt_style", None), style)
 
 
 def prompt_set(
@@ -42,7 +42,7 @@ def prompt_set(
     reasoning: PromptTemplate | None,
 ) -> PromptSet:
     """pbr_core's prompts: the given templates, else the style's defaults."""
-    base = COMPLETION_PROMPTS if style == "completion" else CHAT_PROMPTS
+    base = prompts_for_style(style)
     return PromptSet(
         utterances=core_template(utterances) or base.utterances,
         reasoning=core_template(reasoning) or base.reasoning,

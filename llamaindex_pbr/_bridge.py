@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Literal
 
 import numpy as np
 from llama_index.core import Settings, VectorStoreIndex
@@ -26,9 +25,7 @@ from llama_index.core.vector_stores import (
 )
 
 from pbr_core.adapters_support import host_store_errors
-
-PromptStyle = Literal["chat", "completion"]
-_STYLES: tuple[PromptStyle, ...] = ("chat", "completion")
+from pbr_core.prf import PROMPT_STYLES, PromptStyle, resolve_prompt_style
 
 
 def embed_model_id(embed_model: BaseEmbedding) -> str:
@@ -54,14 +51,10 @@ def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptSty
     :class:`~llamaindex_pbr.LocalGemmaLLM` says ``"completion"``), then its metadata: chat models
     get the JSON prompts, completion models the numbered-list prompts.
     """
-    if override is not None:
-        if override not in _STYLES:
-            raise ValueError(f"prompt_style must be one of {_STYLES}, got {override!r}")
-        return override
     declared = getattr(llm, "prompt_style", None)
-    if declared in _STYLES:
-        return declared
-    return "chat" if llm.metadata.is_chat_model else "completion"
+    if override is None and declared not in PROMPT_STYLES:  # only then read the metadata
+        return "chat" if llm.metadata.is_chat_model else "completion"
+    return resolve_prompt_style(declared, override)
 
 
 class LlamaIndexEmbedder:

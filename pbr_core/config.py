@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FusionMode = Literal[
     "full",  # q + c_anchor + w1·f_avg + w2·r          (spec §2.4, the paper's PBR)
@@ -15,22 +15,14 @@ FusionMode = Literal[
     "plain",  # q                                    (no personalization at all)
     "safe",  # full, each LLM term scaled by its query-time trust (see pbr_core.fusion)
 ]
-FUSION_MODES: tuple[FusionMode, ...] = (
-    "full",
-    "paper",
-    "no_anchor",
-    "no_prf",
-    "no_utterances",
-    "no_reasoning",
-    "plain",
-    "safe",
-)
+#: The fusion modes, in the order above: read from the type, so the two cannot drift apart.
+FUSION_MODES: tuple[FusionMode, ...] = get_args(FusionMode)
 
 # How a user's items are ranked for the personalized query (see pbr_core.hybrid).
 SearchMode = Literal["hybrid", "dense", "lexical"]
-SEARCH_MODES: tuple[SearchMode, ...] = ("hybrid", "dense", "lexical")
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 ExplainMode = Literal["all", "first", "none"]
-EXPLAIN_MODES: tuple[ExplainMode, ...] = ("all", "first", "none")
+EXPLAIN_MODES: tuple[ExplainMode, ...] = get_args(ExplainMode)
 
 
 @dataclass(frozen=True)

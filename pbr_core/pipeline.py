@@ -37,14 +37,14 @@ from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
 from .history import HistoryItem, HistoryStore, UserHistory
 from .prf import (
-    CHAT_PROMPTS,
-    COMPLETION_PROMPTS,
     Parsed,
     PromptSet,
     PromptStyle,
     build_prompts,
     parse_reasoning,
     parse_utterances,
+    prompts_for_style,
+    resolve_prompt_style,
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .retrieval import rank_personalized
@@ -298,8 +298,7 @@ class Personalizer:
         """The prompt set used with ``generator``: the explicit one, else by its prompt style."""
         if self.prompts is not None:
             return self.prompts
-        style = getattr(generator, "prompt_style", "chat")
-        return COMPLETION_PROMPTS if style == "completion" else CHAT_PROMPTS
+        return prompts_for_style(resolve_prompt_style(getattr(generator, "prompt_style", None)))
 
     # -- history -------------------------------------------------------------------------------
     def add_texts(

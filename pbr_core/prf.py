@@ -82,6 +82,28 @@ class PromptSet:
 
 CHAT_PROMPTS = PromptSet()
 COMPLETION_PROMPTS = PromptSet(COMPLETION_UTTERANCES, COMPLETION_REASONING, "completion")
+PROMPT_STYLES: tuple[PromptStyle, ...] = ("chat", "completion")
+
+
+def resolve_prompt_style(
+    declared: object, override: str | None = None, fallback: PromptStyle = "chat"
+) -> PromptStyle:
+    """Which P-PRF prompts suit an LLM: the ``override`` a user gave, else the ``prompt_style``
+    the LLM declares (the embedded Gemma: ``"completion"``), else ``fallback`` (what the
+    framework knows, e.g. LlamaIndex's ``is_chat_model``). The one rule for the core and both
+    adapters; an unknown override is an error, an unknown declaration is ignored."""
+    if override is not None:
+        if override not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {override!r}")
+        return override
+    if declared in PROMPT_STYLES:
+        return declared
+    return fallback
+
+
+def prompts_for_style(style: PromptStyle) -> PromptSet:
+    """The default templates of a prompt style."""
+    return COMPLETION_PROMPTS if style == "completion" else CHAT_PROMPTS
 
 
 def format_history(texts: Sequence[str], max_chars: int) -> str:

@@ -152,3 +152,11 @@ def test_safe_fusion_keeps_the_plain_query_when_a_history_item_beats_the_feedbac
     # the paper's fusion has no gate
     paper = fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="paper", best_history_cos=0.99)
     np.testing.assert_allclose(paper.vector, PAPER, rtol=1e-6)
+
+
+def test_every_fusion_mode_says_which_terms_it_uses() -> None:
+    from pbr_core.config import FUSION_MODES
+    from pbr_core.fusion import MODE_TERMS
+
+    assert tuple(MODE_TERMS) == FUSION_MODES  # one list of modes, the FusionMode type's
+    assert MODE_TERMS["paper"] == MODE_TERMS["full"]  # "paper" is the name for "full"

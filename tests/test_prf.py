@@ -112,3 +112,15 @@ def test_long_items_are_cut_to_the_budget() -> None:
 def test_a_prompt_without_placeholders_is_rejected() -> None:
     with pytest.raises(ValueError, match="placeholder"):
         PromptSet(utterances="no slots", reasoning="{history} {query}")
+
+
+def test_the_prompt_style_is_the_override_then_the_llms_own_then_the_fallback() -> None:
+    from pbr_core.prf import COMPLETION_PROMPTS, prompts_for_style, resolve_prompt_style
+
+    assert resolve_prompt_style("completion", "chat") == "chat"
+    assert resolve_prompt_style("completion") == "completion"
+    assert resolve_prompt_style(None) == "chat"
+    assert resolve_prompt_style("json-ish", fallback="completion") == "completion"
+    assert prompts_for_style("completion") is COMPLETION_PROMPTS
+    with pytest.raises(ValueError, match="prompt_style must be one of"):
+        resolve_prompt_style(None, "json")
