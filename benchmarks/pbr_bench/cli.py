@@ -8,6 +8,8 @@ Examples:
     python -m pbr_bench sweep --dataset personabench --noise 0.0 --llm authors
     python -m pbr_bench reproduce --cell personabench-0.0   # rerun committed runs, compare
     python -m pbr_bench tables                              # the docs' tables from the results
+    python -m pbr_bench experiments                         # every benchmark script, by name
+    python -m pbr_bench experiment gemma_latency --queries 4
 """
 
 from __future__ import annotations
@@ -244,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--write", action="store_true", help="rerun into benchmarks/results (replace the files)"
     )
+    sub.add_parser("experiments", help="list the benchmark scripts (benchmarks/*.py)")
+    e = sub.add_parser("experiment", help="run one benchmark script by name")
+    e.add_argument("name", help="a script of benchmarks/ without .py (see `experiments`)")
+    e.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     t = sub.add_parser("tables", help="rewrite the docs' benchmark tables from the results")
     t.add_argument("--check", action="store_true", help="exit 1 if any table is out of date")
     return p
@@ -251,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from . import experiments
     from .doctables import cmd_tables
     from .reproduce import cmd_reproduce
 
@@ -260,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": cmd_compare,
         "reproduce": cmd_reproduce,
         "tables": cmd_tables,
+        "experiments": lambda _: experiments.list_experiments(),
+        "experiment": lambda a: experiments.run(a.name, a.args),
     }
     return commands[args.command](args)
 
