@@ -558,12 +558,24 @@ class Personalizer:
         Why: offline jobs (benchmarks, nightly re-indexing) can generate many queries' feedback in
         large batches and fill the generation cache; ``personalize`` then only reads the cache.
         """
-        req = self._start(user_id, query, config, prompts)
-        req.q = embed_query(self.embedder, req.query, dim=self.store.dim)
-        self._related_and_anchor(req)
-        if not req.needs_llm:
-            return None
-        return self._prompt_pair(req, generator or self.generator)
+        steps = self._steps(
+            user_id,
+            query,
+            config=config,
+            generator=generator,
+            feedback=None,
+            strict=None,
+            prompts=prompts,
+            unknown_user="raise",
+            query_vector=None,
+        )
+        try:  # the request's own steps, up to the LLM call
+            effect = next(steps)
+            while isinstance(effect, _EmbedQuery):
+                effect = steps.send(self._query_vector(effect.text, effect.given))
+            return effect.req.sent if isinstance(effect, _Generate) else None
+        finally:
+            steps.close()
 
     def search(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
         """Personalize, then search the user's corpus with ``q*`` (keyword args as
