@@ -78,19 +78,19 @@ class Row:
     paired: str | None = None  # a paired_vs_plain CSV (its ``method`` is ``<method>__<llm>``)
     extra: tuple[str, ...] = field(default=())  # further fixed cells (e.g. the paper's numbers)
 
-    def values(self, results: Path, metrics: Iterable[str]) -> list[float]:
-        found = pick(read(results, self.file), **self.where)
-        return [float(found[m]) for m in metrics]
+    def result(self, results: Path) -> dict[str, str]:
+        """The result row this table row shows."""
+        return pick(read(results, self.file), **self.where)
 
-    def record(self, results: Path) -> str:
-        """``wins / losses (p)`` against plain, or ``—`` for a row without one."""
-        if self.paired is None:
-            found = pick(read(results, self.file), **self.where)
-            if not found.get("wins"):
-                return "—"
-        else:
+    def record(self, results: Path, result: dict[str, str]) -> str:
+        """``wins / losses (p)`` against plain, from the paired CSV or else the ``result`` row
+        itself, or ``—`` for a row without one."""
+        found = result
+        if self.paired is not None:
             key = f"{self.where['method']}__{self.where['llm']}"
             found = pick(read(results, self.paired), method=key)
+        elif not found.get("wins"):
+            return "—"
         return f"{found['wins']} / {found['losses']} (p {p_value(found['sign_p'])})"
 
 
@@ -113,14 +113,15 @@ def method_table(
     record: str | None = "wins / losses vs plain (sign test)",
 ) -> list[str]:
     """One row per method: its metrics (best bold), fixed extra cells, its paired record."""
-    values = [r.values(results, metrics) for r in rows]
+    found = [r.result(results) for r in rows]
+    values = [[float(f[m]) for m in metrics] for f in found]
     cols = bold_best([list(c) for c in zip(*values, strict=True)])
     heads = [head, *metrics, *extra_heads, *([record] if record else [])]
     lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
     for i, row in enumerate(rows):
         cells = [row.label, *(c[i] for c in cols), *row.extra]
         if record:
-            cells.append(row.record(results))
+            cells.append(row.record(results, found[i]))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

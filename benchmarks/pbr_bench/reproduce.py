@@ -83,15 +83,14 @@ def cells(root: Path = RESULTS) -> list[Cell]:
     return found
 
 
-def max_delta(old: dict[str, dict[str, float]], new: dict[str, dict[str, float]]) -> float:
-    """The largest metric difference between two summaries (inf when their rows differ)."""
-    if old.keys() != new.keys():
-        return float("inf")
-    return max(abs(old[k][m] - new[k][m]) for k in old for m in METRICS)
-
-
-def _delta(old: dict[str, float], new: dict[str, float]) -> float:
-    return max(abs(old[m] - new.get(m, float("inf"))) for m in METRICS)
+def row_deltas(
+    old: dict[str, dict[str, float]], new: dict[str, dict[str, float]]
+) -> dict[str, float]:
+    """Per row of ``old``, its largest metric difference from ``new`` (inf for a missing row)."""
+    return {
+        k: max(abs(old[k][m] - new[k][m]) for m in METRICS) if k in new else float("inf")
+        for k in old
+    }
 
 
 def reproduce(cell: Cell, out: Path, *, paired: bool = False) -> dict[str, object]:
@@ -105,8 +104,9 @@ def reproduce(cell: Cell, out: Path, *, paired: bool = False) -> dict[str, objec
     if code != 0:
         return {**row, "max_delta": "", "worst": "", "reproduces": False}
     new = read_summary(out / cell.name)
-    worst = max(committed, key=lambda k: _delta(committed[k], new.get(k, {})))
-    delta = max_delta(committed, new)
+    deltas = row_deltas(committed, new)
+    worst = max(deltas, key=deltas.__getitem__)
+    delta = max(deltas.values()) if committed.keys() == new.keys() else float("inf")
     if paired and (cell.summary.parent / "paired_vs_plain__none.csv").exists():
         main(["compare", *cell.argv[1:], "--out", str(out)])
     return {
