@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = item.path.name
         if name.endswith("_notebook.py"):
             item.add_marker("notebook")
-        if name.startswith("test_bench_"):
+        if item.path.parent.name == "bench":
             item.add_marker("bench")
         if any(item.get_closest_marker(m) for m in _INTEGRATION):
             item.add_marker("integration")
@@ -91,7 +91,7 @@ def hash_embedder() -> HashEmbedder:
     return HashEmbedder()
 
 
-# -- a real Chroma server, used only by tests/test_chroma_*.py (see tests/chroma_server.py) -----
+# -- a real Chroma server, for the test_chroma_*.py files (see tests/chroma_server.py) ---------
 @pytest.fixture(scope="session")
 def shared_chroma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One ``chroma run`` for the session: free loopback port, fresh data folder, stopped by PID."""
@@ -120,7 +120,7 @@ def own_chroma(_module_chroma: Any) -> Any:
     return _module_chroma
 
 
-# -- a real PostgreSQL server, used only by tests/test_langgraph_postgres.py -----------------------
+# -- a real PostgreSQL server, for tests/langchain/test_langgraph_postgres.py ---------------
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """One ``postgres`` for the session (see tests/postgres_server.py); skipped where the machine

@@ -21,13 +21,13 @@ def collected(marker: str, *files: str) -> set[str]:
 
 
 def test_a_test_using_a_chroma_server_is_marked_chroma_and_integration() -> None:
-    files = ("tests/test_ownership_processes.py", "tests/test_fusion.py")
-    assert collected("chroma", *files) == {"tests/test_ownership_processes.py"}
-    assert collected("integration", *files) == {"tests/test_ownership_processes.py"}
-    assert collected("not integration", *files) == {"tests/test_fusion.py"}
+    files = ("tests/contract/test_ownership_processes.py", "tests/core/test_fusion.py")
+    assert collected("chroma", *files) == {"tests/contract/test_ownership_processes.py"}
+    assert collected("integration", *files) == {"tests/contract/test_ownership_processes.py"}
+    assert collected("not integration", *files) == {"tests/core/test_fusion.py"}
 
 
-def test_notebooks_and_the_harness_are_marked_by_file() -> None:
-    files = ("tests/test_langchain_notebook.py", "tests/test_bench_metrics.py")
-    assert collected("notebook", *files) == {"tests/test_langchain_notebook.py"}
-    assert collected("bench", *files) == {"tests/test_bench_metrics.py"}
+def test_notebooks_are_marked_by_file_and_the_harness_by_folder() -> None:
+    files = ("tests/langchain/test_langchain_notebook.py", "tests/bench/test_bench_metrics.py")
+    assert collected("notebook", *files) == {"tests/langchain/test_langchain_notebook.py"}
+    assert collected("bench", *files) == {"tests/bench/test_bench_metrics.py"}

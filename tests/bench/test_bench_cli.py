@@ -1,0 +1,62 @@
+"""The benchmark harness end to end on the real data and the real embedder (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pbr_bench.cli import main
+from pbr_bench.datasets import resolve_data_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _data() -> None:
+    try:
+        resolve_data_dir()
+    except (FileNotFoundError, OSError) as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"shared data not available: {exc}")
+
+
+def test_plain_query_reproduces_the_papers_personabench_numbers(tmp_path, capsys) -> None:
+    assert (
+        main(["run", "--dataset", "personabench", "--methods", "plain", "--out", str(tmp_path)])
+        == 0
+    )
+    summary = json.loads((tmp_path / "personabench-0.0" / "summary__none.json").read_text())
+    plain = summary[0]
+    assert plain["n"] == 230
+    assert plain["R@5"] == pytest.approx(0.3783, abs=5e-5)  # the paper's .3783 / .3074
+    assert plain["N@5"] == pytest.approx(0.3074, abs=5e-5)
+
+
+def test_cli_smoke_run_writes_tables_plots_and_rankings(tmp_path, capsys) -> None:
+    args = [
+        "--dataset",
+        "personabench",
+        "--llm",
+        "authors",
+        "--limit",
+        "12",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(["run", *args, "--methods", "plain,bm25,pbr,pbr-safe"]) == 0
+    folder = tmp_path / "personabench-0.0" / "n12-seed0"  # a subset never overwrites the full run
+    assert (folder / "bars__authors-n12.png").stat().st_size > 0
+    rows = (folder / "personabench-0.0__pbr__authors.rankings.jsonl").read_text().splitlines()
+    assert len(rows) == 12 and len(json.loads(rows[0])["top"]) == 10
+    summary = json.loads((folder / "summary__authors-n12.json").read_text())
+    assert [r["method"] for r in summary] == ["plain", "bm25", "pbr", "pbr-safe"]
+    assert (folder / "summary__authors-n12.csv").read_text().count("\n") == 1 + len(summary)
+    assert main(["compare", *args]) == 0
+    assert "pbr__authors" in capsys.readouterr().out
+    paired = json.loads((folder / "paired_vs_plain__none.json").read_text())
+    assert {r["method"] for r in paired} >= {"bm25__none", "pbr__authors"}
+
+
+def test_compare_without_a_run_says_which_command_writes_the_rankings(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="run `python -m pbr_bench run`"):
+        main(["compare", "--dataset", "personabench", "--limit", "12", "--out", str(tmp_path)])
