@@ -168,7 +168,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     ds = load_dataset(args)
     folder = results_dir(args, ds)
-    base = load_rankings(folder / f"{ds.name}__{args.baseline}.rankings.jsonl")
+    base_path = folder / f"{ds.name}__{args.baseline}.rankings.jsonl"
+    if not base_path.exists():  # rankings are not committed: `run` (or `reproduce`) writes them
+        raise SystemExit(
+            f"no rankings of {args.baseline} in {folder}: run `python -m pbr_bench run` with the "
+            "same data set first (`python -m pbr_bench reproduce --write`: every committed cell)"
+        )
+    base = load_rankings(base_path)
     rows = []
     for name in sorted(folder.glob(f"{ds.name}__*.rankings.jsonl")):
         method = name.name[len(ds.name) + 2 : -len(".rankings.jsonl")]
