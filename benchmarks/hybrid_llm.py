@@ -12,12 +12,20 @@ skips and the always-call pipeline are scored on the same questions); the others
 Nothing is tuned here: every row is a default of the library.
 
     python benchmarks/hybrid_llm.py    # a few minutes; writes results/hybrid/llm.{csv,json}
+    python benchmarks/hybrid_llm.py --generate smollm2 --datasets locomo-session \
+        --questions 200 --seed 1       # first generate what 200 seeded questions lack (hours)
+
+``--generate`` is the only way this script runs a model: it writes the answers (as written,
+parsable or not) of the ungated pipeline's prompts for a seeded sample of questions into the
+committed cache, then scores as always.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +34,10 @@ import numpy as np
 from pbr_bench.cached import CacheOnly, answers_cached, local_ids
 from pbr_bench.compare import sign_test
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
-from pbr_bench.histories import DATASETS, build
+from pbr_bench.histories import DATASETS, Built, build
+from pbr_bench.llms import harness_generator
 from pbr_bench.metrics import best_over_combinations
-from pbr_bench.runner import CachedEmbedder, generation_cache_of
+from pbr_bench.runner import CachedEmbedder, generate_missing, generation_cache_of
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
 from pbr_core.models import MiniLMEmbedder
@@ -58,7 +67,55 @@ def paired(d: np.ndarray, prefix: str, p_prefix: str) -> dict[str, Any]:
     }
 
 
+def personalizer_of(built: Built, emb_cache: EmbeddingCache, model_id: str) -> Personalizer:
+    """The pipeline this script scores: library defaults over the windowed store, answers only
+    from the generation cache of ``model_id``."""
+    return Personalizer(
+        CachedEmbedder(emb_cache),
+        CacheOnly(model_id),
+        config=PBRConfig(),
+        store=built.windowed,
+        cache=generation_cache_of(model_id),
+    )
+
+
+def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
+    """Write the missing ungated answers of ``llm`` for ``questions`` seeded questions of each
+    data set (the same sample for every LLM) into its generation cache."""
+    counter = CountingEncoder()
+    emb_cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
+    window = window_of(MiniLMEmbedder())
+    assert window is not None
+    generator = harness_generator(llm)
+    model_id = generator.model_id
+    ungated = PBRConfig().with_(fusion="safe", pre_gate=None)  # as answers_cached asks
+    for name in names:
+        built = build(name, emb_cache, counter, window)
+        personalizer = personalizer_of(built, emb_cache, model_id)
+        chosen = random.Random(seed).sample(built.queries, min(questions, len(built.queries)))
+        prompts = [
+            p
+            for q in chosen
+            for p in personalizer.feedback_prompts(q.user_id, q.text, config=ungated) or ()
+        ]
+        cache = generation_cache_of(model_id)
+        done = generate_missing(prompts, generator.generate_batch, model_id, cache, desc=name)
+        print(f"{name} {llm}: {done} of {len(prompts)} prompts generated", flush=True)
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generate", choices=["local", "smollm2"], help="generate first")
+    parser.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
+    parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.generate:
+        generate(args.generate, args.datasets, args.questions, args.seed)
+    score()
+
+
+def score() -> None:
     counter = CountingEncoder()
     emb_cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
     window = window_of(MiniLMEmbedder())
@@ -77,13 +134,7 @@ def main() -> None:
         built = build(name, emb_cache, counter, window)
         for llm, model_id in local_ids().items():
             gen_cache = generation_cache_of(model_id)
-            personalizer = Personalizer(
-                CachedEmbedder(emb_cache),
-                CacheOnly(model_id),
-                config=config,
-                store=built.windowed,
-                cache=gen_cache,
-            )
+            personalizer = personalizer_of(built, emb_cache, model_id)
             scored: dict[str, list[tuple[float, float]]] = {}
             calls = 0
             for q in built.queries:

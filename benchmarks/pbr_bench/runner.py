@@ -127,6 +127,25 @@ def generation_cache_of(model_id: str) -> GenerationCache:
     return GenerationCache(GENERATION_CACHE_DIR / f"{safe[:80]}.jsonl")
 
 
+def generate_missing(
+    prompts: Sequence[str],
+    batch: Callable[[list[str]], list[str]],
+    model_id: str,
+    cache: GenerationCache,
+    batch_size: int = 8,
+    desc: str = "",
+) -> int:
+    """Generate the prompts ``cache`` lacks for ``model_id``, ``batch_size`` at a time in the
+    given order (a fixed order keeps the batches, hence the seeded texts, reproducible), and store
+    every answer as written, parsable or not. Returns how many were generated."""
+    todo = [p for p in dict.fromkeys(prompts) if cache.get(model_id, p) is None]
+    for start in tqdm(range(0, len(todo), batch_size), desc=f"{desc}: generating", unit="batch"):
+        chunk = todo[start : start + batch_size]
+        for prompt, text in zip(chunk, batch(chunk), strict=True):
+            cache.put(model_id, prompt, text)
+    return len(todo)
+
+
 class Bench:
     """Holds one data set, its embeddings and one personalizer over all its users.
 
@@ -246,14 +265,7 @@ class Bench:
         cache: GenerationCache,
         batch_size: int,
     ) -> int:
-        todo = [p for p in prompts if cache.get(model_id, p) is None]
-        for start in tqdm(
-            range(0, len(todo), batch_size), desc=f"{self.ds.name}: generating", unit="batch"
-        ):
-            chunk = todo[start : start + batch_size]
-            for prompt, text in zip(chunk, batch(chunk), strict=True):
-                cache.put(model_id, prompt, text)
-        return len(todo)
+        return generate_missing(prompts, batch, model_id, cache, batch_size, desc=self.ds.name)
 
     def run(self, method: str, config: PBRConfig | None = None, progress: bool = True) -> MethodRun:
         """Rank every selected question with ``method`` and score the rankings."""
