@@ -472,9 +472,10 @@ class Personalizer:
         query_vector: Sequence[float] | np.ndarray | None,
     ) -> Generator[_Effect, Any, PersonalizedQuery]:
         """The spec's §2 for one request, in order: embed the query, related history (§2.1) and
-        anchor (§2.3), the pre-generation gate, the two P-PRF answers, parsed and embed (§2.2),
-        fuse (§2.4, §2.5). It yields what needs I/O (an :class:`_Effect`) and gets the result back, so
-        :meth:`personalize` and :meth:`apersonalize` are drivers over one implementation."""
+        anchor (§2.3), the pre-generation gate, the two P-PRF answers, parsed and embedded
+        (§2.2), fuse (§2.4, §2.5). It yields what needs I/O (an :class:`_Effect`) and gets the
+        result back, so :meth:`personalize` and :meth:`apersonalize` are drivers over one
+        implementation."""
         try:
             req = self._start(user_id, query, config, prompts)
         except UnknownUserError as exc:
