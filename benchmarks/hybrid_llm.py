@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from pbr_bench.cached import CacheOnly, answers_cached, local_ids
+from pbr_bench.cached import CacheOnly, answers_cached, local_ids, ungated_prompts
 from pbr_bench.compare import sign_test
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.histories import DATASETS, Built, build
@@ -41,7 +41,7 @@ from pbr_bench.runner import CachedEmbedder, generate_missing, generation_cache_
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
 from pbr_core.models import MiniLMEmbedder
-from pbr_core.windows import window_of
+from pbr_core.windows import Window, window_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,26 +79,26 @@ def personalizer_of(built: Built, emb_cache: EmbeddingCache, model_id: str) -> P
     )
 
 
+def encoders() -> tuple[CountingEncoder, EmbeddingCache, Window]:
+    """The MiniLM embedding cache (and its counter) and window that both stores are built with."""
+    counter = CountingEncoder()
+    window = window_of(MiniLMEmbedder())
+    assert window is not None
+    return counter, EmbeddingCache("all-MiniLM-L6-v2", counter), window
+
+
 def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
     """Write the missing ungated answers of ``llm`` for ``questions`` seeded questions of each
     data set (the same sample for every LLM) into its generation cache."""
-    counter = CountingEncoder()
-    emb_cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
-    window = window_of(MiniLMEmbedder())
-    assert window is not None
+    counter, emb_cache, window = encoders()
     generator = harness_generator(llm)
     model_id = generator.model_id
-    ungated = PBRConfig().with_(fusion="safe", pre_gate=None)  # as answers_cached asks
+    cache = generation_cache_of(model_id)
     for name in names:
         built = build(name, emb_cache, counter, window)
         personalizer = personalizer_of(built, emb_cache, model_id)
         chosen = random.Random(seed).sample(built.queries, min(questions, len(built.queries)))
-        prompts = [
-            p
-            for q in chosen
-            for p in personalizer.feedback_prompts(q.user_id, q.text, config=ungated) or ()
-        ]
-        cache = generation_cache_of(model_id)
+        prompts = [p for q in chosen for p in ungated_prompts(personalizer, q.user_id, q.text)]
         done = generate_missing(prompts, generator.generate_batch, model_id, cache, desc=name)
         print(f"{name} {llm}: {done} of {len(prompts)} prompts generated", flush=True)
 
@@ -116,10 +116,7 @@ def main() -> None:
 
 
 def score() -> None:
-    counter = CountingEncoder()
-    emb_cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
-    window = window_of(MiniLMEmbedder())
-    assert window is not None
+    counter, emb_cache, window = encoders()
     config = PBRConfig()
     ungated = config.with_(pre_gate=None)
     DIAGNOSTICS.update(

@@ -71,9 +71,15 @@ def answers_cached(
     """Whether every P-PRF answer of ``model_id`` for this question is in ``cache``, for the
     prompts of the ungated pipeline (``"safe"`` fusion without ``pre_gate``, see
     :func:`cached_questions`); a question that asks for no prompt counts as cached."""
-    ungated = personalizer.config.with_(fusion="safe", pre_gate=None)
-    prompts = personalizer.feedback_prompts(user_id, query, config=ungated) or ()
+    prompts = ungated_prompts(personalizer, user_id, query)
     return all(cache.get(model_id, prompt) is not None for prompt in prompts)
+
+
+def ungated_prompts(personalizer: Personalizer, user_id: str, query: str) -> tuple[str, ...]:
+    """The P-PRF prompts of the ungated pipeline (``"safe"`` fusion without ``pre_gate``): the
+    ones a question needs cached to be scored, whatever the gate then decides."""
+    ungated = personalizer.config.with_(fusion="safe", pre_gate=None)
+    return tuple(personalizer.feedback_prompts(user_id, query, config=ungated) or ())
 
 
 def cached_bench(
