@@ -31,17 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from pbr_bench.cached import CacheOnly, answers_cached, local_ids, ungated_prompts
+from pbr_bench.cached import (
+    answered_by_each_llm,
+    cache_only_personalizer,
+    local_ids,
+    ungated_prompts,
+)
 from pbr_bench.compare import sign_test
-from pbr_bench.embed import CountingEncoder, EmbeddingCache
-from pbr_bench.histories import DATASETS, Built, build
+from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.llms import harness_generator
 from pbr_bench.metrics import best_over_combinations
-from pbr_bench.runner import CachedEmbedder, generate_missing, generation_cache_of
-from pbr_core import PBRConfig, Personalizer
+from pbr_bench.runner import generate_missing, generation_cache_of
+from pbr_core import PBRConfig
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
-from pbr_core.models import MiniLMEmbedder
-from pbr_core.windows import Window, window_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,10 +52,9 @@ MIN_QUESTIONS = 200  # the issue's threshold for a data set to count in the verd
 OUT = REPO / "benchmarks" / "results" / "hybrid"
 BASELINE = "hybrid (no LLM)"
 DIAGNOSTICS: dict[str, PBRConfig] = {}  # label -> config, filled in main()
-
-
-def ids(history: Any, ranked: Any) -> list[str]:
-    return [history.items[r.position].id for r in ranked]
+#: The default pipeline's feedback applied to one leg only (the other leg keeps the user's query):
+#: which leg a gain or a loss comes from.
+ONE_LEG = ("hybrid + PBR, dense feedback only", "hybrid + PBR, lexical feedback only")
 
 
 def paired(d: np.ndarray, prefix: str, p_prefix: str) -> dict[str, Any]:
@@ -67,26 +68,6 @@ def paired(d: np.ndarray, prefix: str, p_prefix: str) -> dict[str, Any]:
     }
 
 
-def personalizer_of(built: Built, emb_cache: EmbeddingCache, model_id: str) -> Personalizer:
-    """The pipeline this script scores: library defaults over the windowed store, answers only
-    from the generation cache of ``model_id``."""
-    return Personalizer(
-        CachedEmbedder(emb_cache),
-        CacheOnly(model_id),
-        config=PBRConfig(),
-        store=built.windowed,
-        cache=generation_cache_of(model_id),
-    )
-
-
-def encoders() -> tuple[CountingEncoder, EmbeddingCache, Window]:
-    """The MiniLM embedding cache (and its counter) and window that both stores are built with."""
-    counter = CountingEncoder()
-    window = window_of(MiniLMEmbedder())
-    assert window is not None
-    return counter, EmbeddingCache("all-MiniLM-L6-v2", counter), window
-
-
 def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
     """Write the missing ungated answers of ``llm`` for ``questions`` seeded questions of each
     data set (the same sample for every LLM) into its generation cache."""
@@ -96,7 +77,7 @@ def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
     cache = generation_cache_of(model_id)
     for name in names:
         built = build(name, emb_cache, counter, window)
-        personalizer = personalizer_of(built, emb_cache, model_id)
+        personalizer = cache_only_personalizer(built, emb_cache, model_id)
         chosen = random.Random(seed).sample(built.queries, min(questions, len(built.queries)))
         prompts = [p for q in chosen for p in ungated_prompts(personalizer, q.user_id, q.text)]
         done = generate_missing(prompts, generator.generate_batch, model_id, cache, desc=name)
@@ -129,30 +110,28 @@ def score() -> None:
     rows_out: list[dict[str, Any]] = []
     for name in DATASETS:
         built = build(name, emb_cache, counter, window)
-        for llm, model_id in local_ids().items():
-            gen_cache = generation_cache_of(model_id)
-            personalizer = personalizer_of(built, emb_cache, model_id)
+        for llm, personalizer, answered in answered_by_each_llm(built, emb_cache):
             scored: dict[str, list[tuple[float, float]]] = {}
             calls = 0
-            for q in built.queries:
-                if not answers_cached(personalizer, gen_cache, model_id, q.user_id, q.text):
-                    continue
+            for q in answered:
                 hw, hp = built.windowed.get(q.user_id), built.plain.get(q.user_id)
                 v, terms = built.qvec[q.id], lexical_query(q.text)
                 pq = personalizer.personalize(q.user_id, q.text)
                 calls += pq.explanation.llm_calls + pq.explanation.llm_cached
                 gated = lexical_terms(pq.explanation, config.lexical_feedback_weight)
                 lists = {
-                    "dense": ids(hp, rank(hp, v, terms, K, mode="dense")),
-                    "bm25": ids(hp, rank(hp, v, terms, K, mode="lexical")),
-                    BASELINE: ids(hw, rank(hw, v, terms, K)),
-                    "hybrid + PBR": ids(hw, rank(hw, pq.vector, gated, K, own_terms=terms)),
+                    "dense": item_ids(hp, rank(hp, v, terms, K, mode="dense")),
+                    "bm25": item_ids(hp, rank(hp, v, terms, K, mode="lexical")),
+                    BASELINE: item_ids(hw, rank(hw, v, terms, K)),
+                    "hybrid + PBR": item_ids(hw, rank(hw, pq.vector, gated, K, own_terms=terms)),
+                    ONE_LEG[0]: item_ids(hw, rank(hw, pq.vector, terms, K, own_terms=terms)),
+                    ONE_LEG[1]: item_ids(hw, rank(hw, v, gated, K, own_terms=terms)),
                 }
                 # diagnostics: what the gates throw away, and the anchor's share
                 for label, variant in DIAGNOSTICS.items():
                     dq = personalizer.personalize(q.user_id, q.text, config=variant)
                     expanded = lexical_terms(dq.explanation, variant.lexical_feedback_weight)
-                    lists[label] = ids(hw, rank(hw, dq.vector, expanded, K, own_terms=terms))
+                    lists[label] = item_ids(hw, rank(hw, dq.vector, expanded, K, own_terms=terms))
                 for method, top in lists.items():
                     scored.setdefault(method, []).append(best_over_combinations(top, q.gold, CUT))
             n = len(scored.get(BASELINE, []))
@@ -172,7 +151,7 @@ def score() -> None:
                     "N@5": float(arr[:, 1].mean()),
                     "llm_calls_per_q": calls / n if method == "hybrid + PBR" else 0.0,
                 }
-                if method in DIAGNOSTICS:  # the variant against the no-LLM hybrid
+                if method in DIAGNOSTICS or method in ONE_LEG:  # against the no-LLM hybrid
                     row.update(paired(arr[:, 0] - base_arr[:, 0], "vs_hybrid_", "vs_hybrid_"))
                 elif method != "hybrid + PBR":  # the default pipeline against this method
                     row.update(paired(ours[:, 0] - arr[:, 0], "pbr_", ""))
@@ -216,8 +195,8 @@ def score() -> None:
             f"{r['dataset']:22s} {r['llm']:13s} {r['method']:16s} n {r['n']:4d} "
             f"R@5 {r['R@5']:.4f} N@5 {r['N@5']:.4f}{extra}"
         )
-    for v in verdict:
-        print(v)
+    for judged in verdict:
+        print(judged)
 
 
 if __name__ == "__main__":

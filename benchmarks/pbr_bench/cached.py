@@ -3,12 +3,24 @@ new generation): what the benchmark scripts use to rescore runs made earlier."""
 
 from __future__ import annotations
 
-from pbr_core import GenerationCache, Personalizer
+from collections.abc import Iterator
 
-from .datasets import Dataset
-from .runner import Bench
+from pbr_core import GenerationCache, PBRConfig, Personalizer
 
-__all__ = ["CacheOnly", "answers_cached", "cached_bench", "cached_questions", "local_ids"]
+from .datasets import Dataset, Query
+from .embed import EmbeddingCache
+from .histories import Built
+from .runner import Bench, CachedEmbedder, generation_cache_of
+
+__all__ = [
+    "CacheOnly",
+    "answered_by_each_llm",
+    "answers_cached",
+    "cache_only_personalizer",
+    "cached_bench",
+    "cached_questions",
+    "local_ids",
+]
 
 
 class CacheOnly:
@@ -25,6 +37,34 @@ class CacheOnly:
         raise LookupError(
             f"no cached {self.model_id} generation for this prompt; run python -m pbr_bench"
         )
+
+
+def cache_only_personalizer(built: Built, emb_cache: EmbeddingCache, model_id: str) -> Personalizer:
+    """The library's default pipeline over ``built``'s windowed store, its answers only from
+    the generation cache of ``model_id`` (what the hybrid LLM benchmarks score)."""
+    return Personalizer(
+        CachedEmbedder(emb_cache),
+        CacheOnly(model_id),
+        config=PBRConfig(),
+        store=built.windowed,
+        cache=generation_cache_of(model_id),
+    )
+
+
+def answered_by_each_llm(
+    built: Built, emb_cache: EmbeddingCache
+) -> Iterator[tuple[str, Personalizer, list[Query]]]:
+    """Per local LLM: its label, :func:`cache_only_personalizer` over ``built``, and the
+    questions whose every ungated answer it has cached (the ones a script may score)."""
+    for llm, model_id in local_ids().items():
+        personalizer = cache_only_personalizer(built, emb_cache, model_id)
+        gen_cache = generation_cache_of(model_id)
+        answered = [
+            q
+            for q in built.queries
+            if answers_cached(personalizer, gen_cache, model_id, q.user_id, q.text)
+        ]
+        yield llm, personalizer, answered
 
 
 def local_ids() -> dict[str, str]:

@@ -541,8 +541,8 @@ def hybrid_llm(results: Path) -> list[str]:
     body = [
         *hybrid_llm_table(llm),
         "",
-        "What the gates and the anchor do inside the hybrid pipeline (diagnostic variants of",
-        "the default, same questions):",
+        "What the gates, the anchor and each leg's feedback do inside the hybrid pipeline",
+        "(diagnostic variants of the default, same questions):",
         "",
         *hybrid_diagnostics_table(llm),
     ]
@@ -556,6 +556,39 @@ def hybrid_llm(results: Path) -> list[str]:
             f"{v['mean_delta_over_datasets']:+.4f}."
         )
     return body
+
+
+@table("pre-gate-margin")
+def pre_gate_margin(results: Path) -> list[str]:
+    """A second pre-generation signal: every candidate on the tuning and the test split."""
+    data = json.loads((results / "hybrid" / "pre_gate_margin.json").read_text())
+    summary, chosen = data["summary"], data["chosen_on_tuning_split"]
+    picked = (chosen["signal"], chosen["threshold"])
+    by_split: dict[str, dict[tuple[str, float], dict[str, Any]]] = {}
+    for s in summary:
+        by_split.setdefault(s["split"], {})[(s["signal"], s["threshold"])] = s
+    keys = list(by_split["tune"])
+    cols = [
+        [by_split[split][k]["mean_delta_over_cells"] for k in keys] for split in ("tune", "test")
+    ]
+    best = [max(c) for c in cols]
+    lines = [
+        "| candidate | tuning: mean ΔR@5, calls / q | test: mean ΔR@5, calls / q |",
+        "|---|---|---|",
+    ]
+    for k in keys:
+        name = "none (today's default)" if k[0] == "none" else f"`{k[0]}` ≥ {k[1]:g}"
+        if k == picked:
+            name += " (picked by the rule)"
+        cells = []
+        for i, split in enumerate(("tune", "test")):
+            s = by_split[split][k]
+            delta = f"{s['mean_delta_over_cells']:+.4f}"
+            if s["mean_delta_over_cells"] == best[i]:
+                delta = f"**{delta}**"
+            cells.append(f"{delta}, {s['calls_per_q']:.2f}")
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -9,17 +9,18 @@ effect from the fusion's. Vectors come from the on-disk :class:`~pbr_bench.embed
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from pbr_core.history import HistoryItem, HistoryStore
-from pbr_core.windows import Window, split
+from pbr_core.history import HistoryItem, HistoryStore, UserHistory
+from pbr_core.windows import Window, split, window_of
 
 from .datasets import Dataset, Query, load_named
 from .embed import CountingEncoder, EmbeddingCache
 from .splits import is_tuning_user
 
-__all__ = ["DATASETS", "Built", "WindowStats", "build"]
+__all__ = ["DATASETS", "Built", "WindowStats", "build", "encoders", "item_ids"]
 
 #: The six data sets of the hybrid-search benchmarks (benchmarks/hybrid*.py), in table order.
 DATASETS = [
@@ -98,3 +99,18 @@ def build(name: str, cache: EmbeddingCache, counter: CountingEncoder, window: Wi
         stats=stats,
         split_of={q.id: "tune" if is_tuning_user(q.user_id) else "test" for q in queries},
     )
+
+
+def encoders() -> tuple[CountingEncoder, EmbeddingCache, Window]:
+    """The MiniLM embedding cache (and its counter) and the window :func:`build` is given."""
+    from pbr_core.models import MiniLMEmbedder
+
+    counter = CountingEncoder()
+    window = window_of(MiniLMEmbedder())
+    assert window is not None
+    return counter, EmbeddingCache("all-MiniLM-L6-v2", counter), window
+
+
+def item_ids(history: UserHistory, ranked: Any) -> list[str]:
+    """The item ids of a :func:`pbr_core.hybrid.rank` result, best first."""
+    return [history.items[r.position].id for r in ranked]
