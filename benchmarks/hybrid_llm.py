@@ -37,7 +37,7 @@ from pbr_bench.cached import (
     local_ids,
     ungated_prompts,
 )
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.llms import harness_generator
 from pbr_bench.metrics import best_over_combinations
@@ -59,12 +59,12 @@ ONE_LEG = ("hybrid + PBR, dense feedback only", "hybrid + PBR, lexical feedback 
 
 def paired(d: np.ndarray, prefix: str, p_prefix: str) -> dict[str, Any]:
     """Per-question R@5 differences as wins / losses / mean and the two-sided sign test."""
-    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    wins, losses, mean, p = sign_summary(d)
     return {
         f"{prefix}wins": wins,
         f"{prefix}losses": losses,
-        f"{prefix}mean_delta": float(d.mean()),
-        f"{p_prefix}p_sign": sign_test(wins, losses),
+        f"{prefix}mean_delta": mean,
+        f"{p_prefix}p_sign": p,
     }
 
 
@@ -77,7 +77,7 @@ def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
     cache = generation_cache_of(model_id)
     for name in names:
         built = build(name, emb_cache, counter, window)
-        personalizer = cache_only_personalizer(built, emb_cache, model_id)
+        personalizer = cache_only_personalizer(built, emb_cache, model_id, cache)
         chosen = random.Random(seed).sample(built.queries, min(questions, len(built.queries)))
         prompts = [p for q in chosen for p in ungated_prompts(personalizer, q.user_id, q.text)]
         done = generate_missing(prompts, generator.generate_batch, model_id, cache, desc=name)

@@ -39,7 +39,7 @@ from typing import Any, cast
 import numpy as np
 
 from pbr_bench.cached import answered_by_each_llm
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.splits import is_tuning_question
@@ -112,8 +112,7 @@ def evaluate(rows: list[dict[str, Any]], signal: str | None, t: float) -> list[d
         pbr = np.array([r["pbr"] for r in group])
         base = np.array([r["base"] for r in group])
         gated = np.where(skip, base, pbr)
-        d = gated - base
-        wins, losses = int((d > 0).sum()), int((d < 0).sum())
+        wins, losses, mean_delta, p = sign_summary(gated - base)
         out.append(
             {
                 "dataset": name,
@@ -125,8 +124,8 @@ def evaluate(rows: list[dict[str, Any]], signal: str | None, t: float) -> list[d
                 "hybrid R@5": float(base.mean()),
                 "wins": wins,
                 "losses": losses,
-                "mean_delta": float(d.mean()),
-                "p_sign": sign_test(wins, losses),
+                "mean_delta": mean_delta,
+                "p_sign": p,
                 "calls_per_q": float(np.where(skip, 0, [r["calls"] for r in group]).mean()),
             }
         )

@@ -39,15 +39,21 @@ class CacheOnly:
         )
 
 
-def cache_only_personalizer(built: Built, emb_cache: EmbeddingCache, model_id: str) -> Personalizer:
+def cache_only_personalizer(
+    built: Built,
+    emb_cache: EmbeddingCache,
+    model_id: str,
+    gen_cache: GenerationCache | None = None,
+) -> Personalizer:
     """The library's default pipeline over ``built``'s windowed store, its answers only from
-    the generation cache of ``model_id`` (what the hybrid LLM benchmarks score)."""
+    the generation cache of ``model_id`` (``gen_cache`` when the caller has it open already;
+    what the hybrid LLM benchmarks score)."""
     return Personalizer(
         CachedEmbedder(emb_cache),
         CacheOnly(model_id),
         config=PBRConfig(),
         store=built.windowed,
-        cache=generation_cache_of(model_id),
+        cache=gen_cache if gen_cache is not None else generation_cache_of(model_id),
     )
 
 
@@ -57,8 +63,8 @@ def answered_by_each_llm(
     """Per local LLM: its label, :func:`cache_only_personalizer` over ``built``, and the
     questions whose every ungated answer it has cached (the ones a script may score)."""
     for llm, model_id in local_ids().items():
-        personalizer = cache_only_personalizer(built, emb_cache, model_id)
-        gen_cache = generation_cache_of(model_id)
+        gen_cache = generation_cache_of(model_id)  # read once, shared with the personalizer
+        personalizer = cache_only_personalizer(built, emb_cache, model_id, gen_cache)
         answered = [
             q
             for q in built.queries

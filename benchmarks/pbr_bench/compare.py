@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .datasets import Dataset
 from .metrics import best_over_combinations
 
@@ -32,6 +34,13 @@ def sign_test(wins: int, losses: int) -> float:
 
     n = wins + losses
     return float(binomtest(wins, n).pvalue) if n else 1.0
+
+
+def sign_summary(deltas: np.ndarray) -> tuple[int, int, float, float]:
+    """Per-question differences (other minus baseline) as wins, losses, their mean and the
+    two-sided sign test's p."""
+    wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
+    return wins, losses, float(deltas.mean()), sign_test(wins, losses)
 
 
 def paired(
