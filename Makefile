@@ -31,7 +31,7 @@ test: lint pytest
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
-	$(BIN)/mypy pbr_core benchmarks/pbr_bench langchain_pbr llamaindex_pbr
+	$(BIN)/mypy pbr_core benchmarks/pbr_bench langchain_pbr llamaindex_pbr benchmarks/*.py
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest

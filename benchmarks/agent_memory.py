@@ -93,7 +93,7 @@ from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from langchain_pbr import PBRStore
 from llamaindex_pbr import PBRMemoryBlock
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import Dataset, Query, load_named
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.metrics import best_over_combinations
@@ -354,7 +354,7 @@ def paired_rows(
             if not qs:
                 continue
             deltas = [a[q.id][0] - b[q.id][0] for q in qs]
-            wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+            wins, losses, mean_delta, p = sign_summary(deltas)
             out.append(
                 {
                     "part": part,
@@ -365,8 +365,8 @@ def paired_rows(
                     "wins": wins,
                     "losses": losses,
                     "ties": len(qs) - wins - losses,
-                    "mean_delta_R@5": float(np.mean(deltas)),
-                    "p_sign": sign_test(wins, losses),
+                    "mean_delta_R@5": mean_delta,
+                    "p_sign": p,
                 }
             )
     return out

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from pbr_bench.bm25 import BM25Index
-from pbr_bench.compare import load_rankings, sign_test
+from pbr_bench.compare import load_rankings, sign_summary
 from pbr_bench.datasets import Query, load_pbr_generations
 from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder
 from pbr_bench.histories import DATASETS, Built, build
@@ -273,8 +273,7 @@ def paired_row(
     label: str, split_name: str, a: str, b: str, pairs: list[tuple[float, float]]
 ) -> dict[str, Any]:
     deltas = [x - y for x, y in pairs]
-    wins = sum(d > 0 for d in deltas)
-    losses = sum(d < 0 for d in deltas)
+    wins, losses, mean_delta, p = sign_summary(deltas)
     return {
         "dataset": label,
         "split": split_name,
@@ -284,8 +283,8 @@ def paired_row(
         "wins": wins,
         "losses": losses,
         "ties": len(deltas) - wins - losses,
-        "mean_delta": float(np.mean(deltas)) if deltas else float("nan"),
-        "p_sign": sign_test(wins, losses),
+        "mean_delta": mean_delta,
+        "p_sign": p,
     }
 
 

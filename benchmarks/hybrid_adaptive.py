@@ -159,6 +159,10 @@ def conf_weighted(r: Row, dense: np.ndarray) -> np.ndarray:
     return w * mm(dense) + (1 - w) * lexmax(r["lex"])
 
 
+def _coverage_power(p: float) -> Callable[[Row], np.ndarray]:
+    return lambda r: mm(r["win"]) + coverage(r) ** p * lexmax(r["lex"])
+
+
 RULES: dict[str, Callable[[Row], np.ndarray]] = {
     "dense": lambda r: r["dense"],
     "dense+windows": lambda r: r["win"],
@@ -181,12 +185,7 @@ RULES: dict[str, Callable[[Row], np.ndarray]] = {
     "dbsf-dense, mm-lex": lambda r: dbsf(r["win"]) + lexmax(r["lex"]),
     # added after the first table (still tuning split only): the coverage exponent and the
     # dense leg's reading of windows
-    **{
-        f"mm-win x coverage^{p:g}": (
-            lambda r, p=p: mm(r["win"]) + coverage(r) ** p * lexmax(r["lex"])
-        )
-        for p in (0.25, 0.75)
-    },
+    **{f"mm-win x coverage^{p:g}": _coverage_power(p) for p in (0.25, 0.75)},
     "sqrt coverage, dense = mean(item, window)": lambda r: (
         mm(0.5 * (r["win"] + r["dense"])) + coverage(r) ** 0.5 * lexmax(r["lex"])
     ),

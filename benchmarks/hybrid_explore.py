@@ -15,6 +15,7 @@ set and split for every candidate so the choice can be made on the tuning split 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +149,7 @@ def table(rows: list[dict], rules: dict, split: str) -> None:
         vals = []
         for d in DATASETS:
             sel = [r for r in rows if r["ds"] == d and r["split"] == split]
-            vals.append(np.mean([r5(r, rule(r)) for r in sel]) if sel else float("nan"))
+            vals.append(float(np.mean([r5(r, rule(r)) for r in sel])) if sel else float("nan"))
         ok = [v for v in vals if v == v]
         print(name.ljust(22) + "".join(f"{v:14.4f}" for v in vals) + f"{np.mean(ok):8.4f}")
 
@@ -193,30 +194,48 @@ def rrf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return 1 / (60 + ranks(a)) + 1 / (60 + ranks(b))
 
 
-RULES = {
+Rule = Callable[[dict], np.ndarray]
+
+
+def _mm_win(w: float) -> Rule:
+    return lambda r: w * mm(r["win"]) + (1 - w) * lexmax(r["lex"])
+
+
+def _z_win(w: float) -> Rule:
+    return lambda r: w * zz(r["win"]) + (1 - w) * zz(r["lex"])
+
+
+def _cos_times(w: float) -> Rule:
+    return lambda r: r["win"] * (1 + w * lexmax(r["lex"]))
+
+
+def _mm_times(w: float) -> Rule:
+    return lambda r: mm(r["win"]) * (1 + w * lexmax(r["lex"]))
+
+
+def _cos_plus_cov(w: float) -> Rule:
+    return lambda r: r["win"] + w * cov(r)
+
+
+def _mm_plus_cov(w: float) -> Rule:
+    return lambda r: mm(r["win"]) + w * cov(r)
+
+
+RULES: dict[str, Rule] = {
     "dense": lambda r: r["dense"],
     "win": lambda r: r["win"],
     "bm25": lambda r: r["lex"],
     "rrf-dense": lambda r: rrf(r["dense"], r["lex"]),
     "rrf-win": lambda r: rrf(r["win"], r["lex"]),
-    **{
-        f"mm{w}-win": (lambda r, w=w: w * mm(r["win"]) + (1 - w) * lexmax(r["lex"]))
-        for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-    },
+    **{f"mm{w}-win": _mm_win(w) for w in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)},
     "mm0.5-dense": lambda r: 0.5 * mm(r["dense"]) + 0.5 * lexmax(r["lex"]),
-    **{
-        f"z{w}-win": (lambda r, w=w: w * zz(r["win"]) + (1 - w) * zz(r["lex"]))
-        for w in (0.4, 0.5, 0.6)
-    },
+    **{f"z{w}-win": _z_win(w) for w in (0.4, 0.5, 0.6)},
     "conf-mm": lambda r: conf(r, zscore=False),
     "conf-z": lambda r: conf(r, zscore=True),
-    **{f"cos*(1+{w}max)": (lambda r, w=w: r["win"] * (1 + w * lexmax(r["lex"]))) for w in (1, 2)},
-    **{
-        f"mm*(1+{w}max)": (lambda r, w=w: mm(r["win"]) * (1 + w * lexmax(r["lex"])))
-        for w in (0.5, 1, 2)
-    },
-    **{f"cos+{w}cov": (lambda r, w=w: r["win"] + w * cov(r)) for w in (1.0, 2.0, 3.0)},
-    **{f"mm+{w}cov": (lambda r, w=w: mm(r["win"]) + w * cov(r)) for w in (0.5, 1.0, 2.0)},
+    **{f"cos*(1+{w}max)": _cos_times(w) for w in (1, 2)},
+    **{f"mm*(1+{w}max)": _mm_times(w) for w in (0.5, 1, 2)},
+    **{f"cos+{w}cov": _cos_plus_cov(w) for w in (1.0, 2.0, 3.0)},
+    **{f"mm+{w}cov": _mm_plus_cov(w) for w in (0.5, 1.0, 2.0)},
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pbr_bench.cached import cached_questions, local_ids
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.report import write_rows
@@ -136,7 +136,7 @@ def report(cells: list[Scored], chosen: int) -> list[dict[str, Any]]:
             for budget in BUDGETS:
                 m = c.metric[budget][keep]
                 d = m[:, 0] - full[:, 0]
-                wins, losses = int((d > 0).sum()), int((d < 0).sum())
+                wins, losses, mean_delta, p = sign_summary(d)
                 rows.append(
                     {
                         "dataset": c.dataset,
@@ -148,10 +148,10 @@ def report(cells: list[Scored], chosen: int) -> list[dict[str, Any]]:
                         "tokens_per_answer": round(c.tokens[budget], 1),
                         "R@5": round(float(m[:, 0].mean()), 4),
                         "N@5": round(float(m[:, 1].mean()), 4),
-                        "dR@5_vs_160": round(float(d.mean()), 4),
+                        "dR@5_vs_160": round(mean_delta, 4),
                         "wins": wins,
                         "losses": losses,
-                        "sign_p": float(f"{sign_test(wins, losses):.2g}"),
+                        "sign_p": float(f"{p:.2g}"),
                     }
                 )
     return rows

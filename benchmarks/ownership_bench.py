@@ -767,7 +767,7 @@ def _scale_worker(
                 assert corpus.history(uid) is not None
                 times[name].append((time.perf_counter() - start) * 1e3)
     plain_med = statistics.median(times["plain"])
-    rows = {
+    rows: dict[str, dict[str, Any]] = {
         "plain": {"label": "plain Chroma search (filter user_id)", **_summary(times["plain"])},
         "cold": {"label": "pbr query, cold user (first query)", **_summary(cold)},
         "warm": {"label": "pbr query, warm user", **_summary(times["warm"])},
@@ -793,7 +793,11 @@ def _scale_worker(
         "rss_before_mb": rss_before,
         "rss_after_mb": rss_after,
         "warm_users": warm_n,
-        "rss_per_warm_user_mb": (rss_after - rss_before) / warm_n if warm_n else None,
+        "rss_per_warm_user_mb": (
+            (rss_after - rss_before) / warm_n
+            if warm_n and rss_after is not None and rss_before is not None
+            else None
+        ),
         "vectors_per_user_mb": items * dim * 4 / 2**20,
         "peak_rss_mb": peak_rss_mb(),
         "load1": load1(),

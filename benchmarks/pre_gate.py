@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from pbr_bench.cached import cached_questions, local_ids
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.report import write_rows
@@ -153,7 +153,7 @@ def gated(cell: Cell, t: float | None) -> tuple[np.ndarray, np.ndarray]:
 def row(cell: Cell, t: float | None) -> dict[str, Any]:
     metric, calls = gated(cell, t)
     d = metric[:, 0] - cell.safe[:, 0]
-    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    wins, losses, mean_delta, p = sign_summary(d)
     dn = metric[:, 1] - cell.safe[:, 1]
     return {
         "dataset": cell.dataset,
@@ -169,11 +169,11 @@ def row(cell: Cell, t: float | None) -> dict[str, Any]:
         "R@5_gated": round(float(metric[:, 0].mean()), 4),
         "N@5_always": round(float(cell.safe[:, 1].mean()), 4),
         "N@5_gated": round(float(metric[:, 1].mean()), 4),
-        "dR@5": round(float(d.mean()), 4),
+        "dR@5": round(mean_delta, 4),
         "dN@5": round(float(dn.mean()), 4),
         "wins": wins,
         "losses": losses,
-        "sign_p": float(f"{sign_test(wins, losses):.2g}"),
+        "sign_p": float(f"{p:.2g}"),
         "N@5_wins": int((dn > 0).sum()),
         "N@5_losses": int((dn < 0).sum()),
     }

@@ -174,7 +174,7 @@ def main() -> int:
             3,
         )
 
-    result = {
+    result: dict[str, Any] = {
         "dataset": ds.name,
         "questions": len(bench.queries),
         "candidates_per_question": args.n,
@@ -203,8 +203,8 @@ def main() -> int:
     for row in table:
         print("  ".join(f"{k}={v}" for k, v in row.items()))
     print("gate:")
-    for row in curve:
-        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    for point in curve:
+        print("  ".join(f"{k}={v}" for k, v in point.items()))
     print("gate AUC:", result["gate_auc"])
     print("oracle agreement:", result["oracle_spearman"])
     return 0

@@ -19,6 +19,7 @@ import os
 import random
 import statistics
 from pathlib import Path
+from typing import Any
 
 from pbr_bench.datasets import load_personabench
 from pbr_bench.report import write_rows
@@ -51,7 +52,7 @@ def main() -> int:
     for user in sorted({q.user_id for q in questions}):
         pbr.add_texts(user, ds.corpora[user].texts, ids=ds.corpora[user].ids)
     pbr.search(questions[0].user_id, "warm-up: load both models", k=5)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for q in questions:
         result = pbr.search(q.user_id, q.text, k=5)
         t = result.personalized.explanation.timings_ms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +37,12 @@ def sign_test(wins: int, losses: int) -> float:
     return float(binomtest(wins, n).pvalue) if n else 1.0
 
 
-def sign_summary(deltas: np.ndarray) -> tuple[int, int, float, float]:
-    """Per-question differences (other minus baseline) as wins, losses, their mean and the
-    two-sided sign test's p."""
-    wins, losses = int((deltas > 0).sum()), int((deltas < 0).sum())
-    return wins, losses, float(deltas.mean()), sign_test(wins, losses)
+def sign_summary(deltas: Sequence[float] | np.ndarray) -> tuple[int, int, float, float]:
+    """Per-question differences (other minus baseline) as wins, losses, their mean (0 for no
+    question) and the two-sided sign test's p."""
+    d = np.asarray(deltas, dtype=np.float64)
+    wins, losses = int((d > 0).sum()), int((d < 0).sum())
+    return wins, losses, float(d.mean()) if d.size else 0.0, sign_test(wins, losses)
 
 
 def paired(
@@ -57,7 +59,5 @@ def paired(
             a = best_over_combinations(baseline[q.id], q.gold, k)[0]
             b = best_over_combinations(other[q.id], q.gold, k)[0]
             deltas.append(b - a)
-    wins = sum(d > 0 for d in deltas)
-    losses = sum(d < 0 for d in deltas)
-    mean = sum(deltas) / len(deltas) if deltas else 0.0
-    return Paired(method, wins, losses, len(deltas) - wins - losses, mean, sign_test(wins, losses))
+    wins, losses, mean, p = sign_summary(deltas)
+    return Paired(method, wins, losses, len(deltas) - wins - losses, mean, p)
