@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pbr_bench.compare import sign_test
+from pbr_bench.compare import cells_below_best, sign_test
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.histories import DATASETS, build
 from pbr_bench.metrics import best_over_combinations
@@ -219,24 +219,11 @@ def table(scores: dict, split: str) -> tuple[str, list[dict[str, Any]]]:
     lines = [f"== {split} split: R@5 / N@5 (fails: cells below max(dense, bm25, rrf)) =="]
     head = "rule".ljust(24) + "".join(d[:16].rjust(18) for d in DATASETS)
     lines.append(head + "fails".rjust(7) + "mean".rjust(8))
-    best: dict[tuple[str, int], float] = {}
-    for d in DATASETS:
-        for m in (0, 1):
-            best[(d, m)] = max(
-                float(np.mean([x[m] for x in scores[b][d][split]])) for b in BASELINES
-            )
     records = []
-    for name in RULES:
-        cells, fails, vals = [], 0, []
-        for d in DATASETS:
-            qs = scores[name][d][split]
-            r5, n5 = (float(np.mean([x[m] for x in qs])) for m in (0, 1))
-            vals += [r5, n5]
-            fails += sum(v < best[(d, m)] - 1e-12 for m, v in ((0, r5), (1, n5)))
-            cells.append(f"{r5:.4f}/{n5:.4f}".rjust(18))
-        mean = float(np.mean(vals))
-        lines.append(name[:24].ljust(24) + "".join(cells) + f"{fails:7d}{mean:8.4f}")
-        records.append(dict(rule=name, split=split, fails=fails, mean=mean))
+    for c in cells_below_best(scores, split, DATASETS, BASELINES):
+        cells = "".join(f"{r5:.4f}/{n5:.4f}".rjust(18) for r5, n5 in c.cells)
+        lines.append(c.method[:24].ljust(24) + cells + f"{c.fails:7d}{c.mean:8.4f}")
+        records.append(dict(rule=c.method, split=split, fails=c.fails, mean=c.mean))
     n = {d: len(scores["dense"][d][split]) for d in DATASETS}
     lines.append("questions: " + ", ".join(f"{d} {k}" for d, k in n.items()))
     return "\n".join(lines), records

@@ -35,9 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pbr_bench.compare import sign_summary
+from pbr_bench.compare import SplitScores, cells_below_best, sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.splits import is_tuning_question
@@ -50,8 +48,6 @@ CUT = 5
 #: Window caps tried, in word pieces of text (None: the model's own length).
 MAX_TOKENS: tuple[int | None, ...] = (None, 128, 64)
 BASELINES = ("dense", "bm25", "rrf")
-
-Scores = dict[str, dict[str, dict[str, list[tuple[float, float]]]]]  # method -> ds -> split -> qs
 
 
 def label(cap: int | None, model: int) -> str:
@@ -66,9 +62,9 @@ def rrf(a: list[str], b: list[str], c: int = 60) -> list[str]:
     return sorted(score, key=lambda d: -score[d])
 
 
-def collect() -> tuple[Scores, dict[str, Any]]:
+def collect() -> tuple[SplitScores, dict[str, Any]]:
     counter, cache, model_window = encoders()
-    scores: Scores = {}
+    scores: SplitScores = {}
     costs: dict[str, Any] = {}
 
     def put(method: str, ds: str, split: str, top: list[str], gold: Any) -> None:
@@ -113,32 +109,21 @@ def collect() -> tuple[Scores, dict[str, Any]]:
     return scores, costs
 
 
-def table(scores: Scores, split: str) -> tuple[str, list[dict[str, Any]]]:
+def table(scores: SplitScores, split: str) -> tuple[str, list[dict[str, Any]]]:
     lines = [f"== {split} split: R@5 / N@5 (fails: cells below max(dense, bm25, rrf)) =="]
     lines.append("method".ljust(30) + "".join(d[:16].rjust(18) for d in DATASETS) + "  fails  mean")
-    best = {
-        (d, m): max(float(np.mean([x[m] for x in scores[b][d][split]])) for b in BASELINES)
-        for d in DATASETS
-        for m in (0, 1)
-    }
     records = []
-    for method, per in scores.items():
-        cells, fails, vals = [], 0, []
-        for d in DATASETS:
-            r5, n5 = (float(np.mean([x[m] for x in per[d][split]])) for m in (0, 1))
-            vals += [r5, n5]
-            fails += sum(v < best[(d, m)] - 1e-12 for m, v in ((0, r5), (1, n5)))
-            cells.append(f"{r5:.4f}/{n5:.4f}".rjust(18))
-        mean = float(np.mean(vals))
-        lines.append(method[:30].ljust(30) + "".join(cells) + f"{fails:7d}{mean:8.4f}")
-        records.append(dict(method=method, split=split, fails=fails, mean=mean))
+    for c in cells_below_best(scores, split, DATASETS, BASELINES):
+        cells = "".join(f"{r5:.4f}/{n5:.4f}".rjust(18) for r5, n5 in c.cells)
+        lines.append(c.method[:30].ljust(30) + cells + f"{c.fails:7d}{c.mean:8.4f}")
+        records.append(dict(method=c.method, split=split, fails=c.fails, mean=c.mean))
     lines.append(
         "questions: " + ", ".join(f"{d} {len(scores['dense'][d][split])}" for d in DATASETS)
     )
     return "\n".join(lines), records
 
 
-def paired(scores: Scores, method: str, others: list[str], split: str) -> str:
+def paired(scores: SplitScores, method: str, others: list[str], split: str) -> str:
     lines = [f"== {method}, {split} split: per-question R@5 W / L, mean ΔR@5, sign test p =="]
     for d in DATASETS:
         a = [x[0] for x in scores[method][d][split]]

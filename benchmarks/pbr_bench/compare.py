@@ -45,6 +45,48 @@ def sign_summary(deltas: Sequence[float] | np.ndarray) -> tuple[int, int, float,
     return wins, losses, float(d.mean()) if d.size else 0.0, sign_test(wins, losses)
 
 
+#: method -> data set -> split -> per-question (R@5, N@5)
+SplitScores = dict[str, dict[str, dict[str, list[tuple[float, float]]]]]
+
+
+@dataclass(frozen=True)
+class CellScore:
+    """One method on one split, as the fusion studies' choice rule reads it."""
+
+    method: str
+    cells: list[tuple[float, float]]  # (R@5, N@5) per data set, in the order given
+    fails: int  # (data set, metric) cells below the best baseline
+    mean: float  # of R@5 and N@5 over all cells
+
+
+def cells_below_best(
+    scores: SplitScores, split: str, datasets: Sequence[str], baselines: Sequence[str]
+) -> list[CellScore]:
+    """Every method of ``scores`` on ``split``: its mean R@5 and N@5 per data set and how many
+    of those cells fall below max(``baselines``) there. The studies that choose a fusion rule or
+    a window length (benchmarks/hybrid_adaptive.py, window_size.py) pick the fewest fails, ties
+    by the higher mean."""
+    best = {
+        (d, m): max(float(np.mean([x[m] for x in scores[b][d][split]])) for b in baselines)
+        for d in datasets
+        for m in (0, 1)
+    }
+    out = []
+    for method, per in scores.items():
+        cells = [
+            (
+                float(np.mean([x[0] for x in per[d][split]])),
+                float(np.mean([x[1] for x in per[d][split]])),
+            )
+            for d in datasets
+        ]
+        fails = sum(
+            v < best[(d, m)] - 1e-12 for d, cell in zip(datasets, cells) for m, v in enumerate(cell)
+        )
+        out.append(CellScore(method, cells, fails, float(np.mean(cells))))
+    return out
+
+
 def paired(
     ds: Dataset,
     baseline: dict[str, list[str]],
