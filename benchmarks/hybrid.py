@@ -64,6 +64,7 @@ from pbr_bench.bm25 import BM25Index
 from pbr_bench.compare import load_rankings, sign_summary
 from pbr_bench.datasets import Query, load_pbr_generations
 from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder
+from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, Built, build
 from pbr_bench.metrics import best_over_combinations, evaluate
 from pbr_bench.runner import CachedEmbedder
@@ -114,7 +115,6 @@ PLOTTED = [
 SPLITS = ("test", "tune", "all")
 K = 10  # ranking depth kept per question
 CUT = 5  # R@5, N@5
-RRF_C = 60  # LangChain EnsembleRetriever's default constant
 TIMING_ITEMS = 600  # the LoCoMo-turn user whose history size is nearest to this is timed
 TIMING_PASSES = 5
 RESULTS = REPO / "benchmarks" / "results"
@@ -123,16 +123,6 @@ OUT = RESULTS / "hybrid"
 
 def ids(history: UserHistory, ranked: Sequence[Ranked]) -> list[str]:
     return [history.items[r.position].id for r in ranked]
-
-
-def rrf(rankings: Sequence[Sequence[str]], weights: Sequence[float], c: int = RRF_C) -> list[str]:
-    """LangChain's ``EnsembleRetriever.weighted_reciprocal_rank``: score(d) = sum_i w_i / (rank_i
-    + c), ranks from 1; equal scores keep first appearance in the chained lists (stable sort)."""
-    score: dict[str, float] = {}
-    for ranking, w in zip(rankings, weights):
-        for r, doc in enumerate(ranking, start=1):
-            score[doc] = score.get(doc, 0.0) + w / (r + c)
-    return sorted(score, key=lambda d: -score[d])
 
 
 def bm25s_rankings(built: Built) -> tuple[dict[str, list[str]], str]:

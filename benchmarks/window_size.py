@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pbr_bench.compare import SplitScores, cells_below_best, sign_summary
+from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.splits import is_tuning_question
@@ -52,14 +53,6 @@ BASELINES = ("dense", "bm25", "rrf")
 
 def label(cap: int | None, model: int) -> str:
     return f"hybrid, windows {model} (shipped)" if cap is None else f"hybrid, windows {cap}"
-
-
-def rrf(a: list[str], b: list[str], c: int = 60) -> list[str]:
-    score: dict[str, float] = {}
-    for ranking in (a, b):
-        for r, doc in enumerate(ranking, start=1):
-            score[doc] = score.get(doc, 0.0) + 0.5 / (r + c)
-    return sorted(score, key=lambda d: -score[d])
 
 
 def collect() -> tuple[SplitScores, dict[str, Any]]:
@@ -97,7 +90,7 @@ def collect() -> tuple[SplitScores, dict[str, Any]]:
                     lex = item_ids(hp, rank(hp, v, terms, len(hp), mode="lexical"))
                     put("dense", name, split, dense[:CUT], q.gold)
                     put("bm25", name, split, lex[:CUT], q.gold)
-                    put("rrf", name, split, rrf(dense, lex)[:CUT], q.gold)
+                    put("rrf", name, split, rrf([dense, lex], [0.5, 0.5])[:CUT], q.gold)
                 put(
                     f"dense, windows {cap or model_window.max_tokens}",
                     name,

@@ -339,11 +339,11 @@ _LM_LOCK = threading.Lock()
 def load_causal_lm(dtype: str = "float32") -> tuple[Any, Any]:
     """The converted Gemma 3 270M as ``(model, tokenizer)``, eval mode, once per process per dtype.
 
-    ``"float32"`` is what log-probability scoring needs (bf16 scores drift and bf16 matmuls are
-    slow on AVX2-only CPUs); ``"bfloat16"`` is what generation uses (the 262k-vocabulary output
-    layer is memory-bound, so half the bytes is ~2x the tokens/s). Weights come from the bf16
-    conversion cache either way. Each dtype gets its own tokenizer object, with ``pad_token`` set,
-    so callers may not step on each other's tokenizer state.
+    ``"float32"`` is what log-probability scoring needs (bf16 scores drift, and bf16 matmuls are
+    slow on CPUs without AVX-512 BF16); ``"bfloat16"`` is what generation uses (the
+    262k-vocabulary output layer is memory-bound, so half the bytes is ~2x the tokens/s). Weights
+    come from the bf16 conversion cache either way. Each dtype gets its own tokenizer object, with
+    ``pad_token`` set, so callers may not step on each other's tokenizer state.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")

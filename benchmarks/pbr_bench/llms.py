@@ -79,7 +79,8 @@ def harness_generator(llm: str) -> LocalGemmaGenerator:
     :data:`HARNESS_MAX_NEW_TOKENS`, the settings its committed generation caches are keyed by.
 
     fp32, not the library's bf16: when the caches were made, bf16 prefill of the ~1,000-token
-    P-PRF prompts was 4x slower on this AVX2-only CPU, and fp32 gained most from batching.
+    P-PRF prompts was 4x slower on the AVX2-only machine of that time, and fp32 gained most from
+    batching.
     """
     if llm == "local":
         return LocalGemmaGenerator(dtype="float32", max_new_tokens=HARNESS_MAX_NEW_TOKENS)

@@ -70,7 +70,7 @@ class TransformersLogProbScorer:
 
         Args:
             model: a Hugging Face causal LM; fp32 is recommended (bf16 sums drift by ~0.1 nats
-                per query and bf16 matmuls are slow on AVX2-only CPUs, notes §7).
+                per query and bf16 matmuls are slow on CPUs without AVX-512 BF16, notes §7).
             tokenizer: its tokenizer (fast or slow).
             template: a :class:`SalienceTemplate`, or a string used as its ``memory_block``.
             batch_size: sequences per forward pass (4–64 measured equally fast on 2 cores).
