@@ -24,6 +24,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+from pbr_core.history import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 
 #: The variables a PBR prompt template may use (the core fills them in).
@@ -184,6 +185,7 @@ def items_of(
     documents: Sequence[Document], user_id: str, ids: Sequence[str] | None, user_key: str
 ) -> list[HistoryItem]:
     documents = list(documents)
+    ids = None if ids is None else check_ids(ids)
     if ids is not None and len(ids) != len(documents):
         raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
     items = []

@@ -412,12 +412,12 @@ class PBRRetriever(BaseRetriever):
     def delete(self, ids: Sequence[str], *, user_id: str) -> None:
         """Remove the user's documents; ``KeyError`` (nothing removed) for an id they lack."""
         with host_store_errors(self.vectorstore, "delete"):
-            self._corpus().delete(self._user(user_id), list(ids))
+            self._corpus().delete(self._user(user_id), ids)
 
     async def adelete(self, ids: Sequence[str], *, user_id: str) -> None:
         """Async :meth:`delete`."""
         with host_store_errors(self.vectorstore, "delete"):
-            await self._corpus().adelete(self._user(user_id), list(ids))
+            await self._corpus().adelete(self._user(user_id), ids)
 
     @classmethod
     def from_documents(

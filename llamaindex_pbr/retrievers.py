@@ -693,7 +693,7 @@ class PBRRetriever(BaseRetriever):
         """
         user_id = self._require_user("delete nodes")
         with host_store_errors(self._any_store(), "delete"):
-            self._shared.corpus.delete(user_id, list(node_ids))
+            self._shared.corpus.delete(user_id, node_ids)
 
     def delete_ref_doc(self, ref_doc_id: str) -> None:
         """Remove this view's user's nodes that came from the document ``ref_doc_id`` (another
@@ -780,7 +780,7 @@ class PBRRetriever(BaseRetriever):
 
     async def adelete_nodes(self, node_ids: Sequence[str]) -> None:
         """Async :meth:`delete_nodes`."""
-        await asyncio.to_thread(self.delete_nodes, list(node_ids))
+        await asyncio.to_thread(self.delete_nodes, node_ids)
 
     def _any_store(self) -> object:
         """A vector store of this retriever, to name in connection errors."""

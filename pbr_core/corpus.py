@@ -45,7 +45,7 @@ import numpy as np
 
 from .config import SearchMode
 from .errors import UnknownUserError
-from .history import HistoryItem, HistoryStore, UserHistory, check_serialisable
+from .history import HistoryItem, HistoryStore, UserHistory, check_ids, check_serialisable
 from .hybrid import hits, rank
 from .protocols import Embedder, SearchHit, model_id_of
 from .vectors import aembed_documents, as_unit_rows, embed_documents
@@ -354,7 +354,7 @@ class Corpus:
                 nothing is removed.
         """
         check_user_id(user_id)
-        ids = [str(i) for i in ids]
+        ids = check_ids(ids)
         with self._user_lock(user_id):
             history = self._refresh(user_id) if self.verified else self.cache._current(user_id)
             known = self._known.get(user_id, _Known())
@@ -375,7 +375,7 @@ class Corpus:
 
     async def adelete(self, user_id: str, ids: Iterable[str]) -> None:
         """Async :meth:`delete` (the host call runs in a worker thread)."""
-        await asyncio.to_thread(self.delete, user_id, list(ids))
+        await asyncio.to_thread(self.delete, user_id, check_ids(ids))
 
     def drop_user(self, user_id: str) -> None:
         """Remove every item of the user, in the host store too."""
@@ -658,7 +658,10 @@ class Corpus:
             shadowed[item_id] = [r.key for r in records[1:]]
         known.shadowed = shadowed
         revisions = {r.key: revision(r) for r in current.values()}
-        if revisions == known.revisions and (user_id in self.cache or not revisions):
+        # Unchanged only if the cache holds the user exactly when the host lists records: a
+        # loaded save knows no revisions yet, so a user the host no longer lists must still go
+        # through the stale-removal below, not be served from the save.
+        if revisions == known.revisions and (user_id in self.cache) == bool(revisions):
             return self.cache._current(user_id)
         history = self.cache._current(user_id)
         changed = [

@@ -52,6 +52,19 @@ SAME_VECTOR_ATOL = 1e-6
 AnchorKey = tuple[Any, ...]
 
 
+def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:
+    """``ids`` as a list of strings: the one rule for a batch of ids or texts, core and adapters.
+
+    A bare string is refused, not iterated: ``delete(user, "xy")`` would otherwise remove the
+    items ``"x"`` and ``"y"``, and ``add_texts(user, "hello")`` store five one-letter items.
+    """
+    if isinstance(ids, str | bytes):
+        raise TypeError(
+            f"{what} must be a list of strings, got the single string {ids!r}; pass [{ids!r}]"
+        )
+    return [str(i) for i in ids]
+
+
 @dataclass(frozen=True)
 class HistoryItem:
     """One item of a user's history (a chat turn, a session, a note, a purchase).
@@ -555,9 +568,9 @@ class HistoryStore:
 
     def delete(self, user_id: str, ids: Iterable[str]) -> UserHistory:
         """Remove items by id; unknown ids raise ``KeyError`` and nothing is removed."""
+        drop = set(check_ids(ids))
         with self._lock:
             old = self.get(user_id)
-            drop = set(ids)
             missing = sorted(i for i in drop if old.position(i) is None)
             if missing:
                 raise KeyError(f"user {user_id!r} has no item(s) {missing}")

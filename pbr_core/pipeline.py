@@ -35,7 +35,7 @@ from .corpus import Corpus
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
-from .history import HistoryItem, HistoryStore, UserHistory
+from .history import HistoryItem, HistoryStore, UserHistory, check_ids
 from .prf import (
     Parsed,
     PromptSet,
@@ -962,6 +962,8 @@ def _items(
     metadatas: Sequence[dict[str, Any]] | None,
     timestamps: Sequence[float | None] | None,
 ) -> list[HistoryItem]:
+    texts = check_ids(texts, "texts")
+    ids = None if ids is None else check_ids(ids)
     n = len(texts)
     for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):
         if seq is not None and len(seq) != n:

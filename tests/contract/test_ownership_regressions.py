@@ -328,3 +328,110 @@ def test_loading_a_chroma_backed_save_without_a_loader_says_what_to_pass(
     assert [n.node.get_content() for n in loaded.retrieve("kept", user_id="ann")] == [
         "kept in chroma"
     ]
+
+
+# -- found by review (2026-12-03) ----------------------------------------------------------------
+def test_a_user_emptied_in_the_store_after_a_save_is_not_served_from_the_save(
+    tmp_path: Path,
+) -> None:
+    store = InMemoryVectorStore(EMB)
+    r = langchain_pbr.PBRRetriever(llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10)
+    r.add_documents([Document(page_content="alice secret 7777")], user_id="alice", ids=["a1"])
+    r.add_documents([Document(page_content="bob jazz")], user_id="bob", ids=["b1"])
+    r.save(tmp_path / "pbr")
+    r.delete(["a1"], user_id="alice")  # every item of alice's, after the save
+    llm = prompt_log()
+    loaded = langchain_pbr.PBRRetriever.load(
+        tmp_path / "pbr", llm=llm, embeddings=EMB, vectorstore=store, k=10
+    )
+    assert loaded.invoke("secret", user_id="alice") == []
+    assert not any("7777" in p for p in llm.seen)
+    assert [d.page_content for d in loaded.invoke("jazz", user_id="bob")] == ["bob jazz"]
+
+
+def test_a_llamaindex_user_emptied_through_the_index_after_loading_has_no_history(
+    tmp_path: Path,
+) -> None:
+    emb = HashEmbedding(dim=32)
+    nodes = [
+        TextNode(text="alice secret plan", id_="a1", metadata={"user_id": "alice"}),
+        TextNode(text="bob thing", id_="b1", metadata={"user_id": "bob"}),
+    ]
+    base = llamaindex_pbr.PBRRetriever(
+        VectorStoreIndex(nodes, embed_model=emb), llm=MockLLM(max_tokens=4), embed_model=emb
+    )
+    assert len(base.retrieve("secret", user_id="alice")) == 1  # alice's history is in the save
+    base.persist(tmp_path / "pbr")
+    loaded = llamaindex_pbr.PBRRetriever.from_persist_dir(
+        tmp_path / "pbr", llm=MockLLM(max_tokens=4), embed_model=emb
+    )
+    data = loaded.index.vector_store.data
+    alice = [k for k, m in data.metadata_dict.items() if m.get("user_id") == "alice"]
+    loaded.index.delete_nodes(alice, delete_from_docstore=True)
+    assert loaded.retrieve("secret", user_id="alice") == []
+    assert loaded._shared.corpus.history("alice") is None
+    assert [n.node.get_content() for n in loaded.retrieve("thing", user_id="bob")] == ["bob thing"]
+
+
+def _lc_with_items() -> langchain_pbr.PBRRetriever:
+    r = langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=InMemoryVectorStore(EMB), k=10
+    )
+    docs = [Document(page_content=t) for t in ("x one", "y two", "xy three")]
+    r.add_documents(docs, user_id="alice", ids=["x", "y", "xy"])
+    return r
+
+
+def _li_with_items() -> llamaindex_pbr.PBRRetriever:
+    emb = HashEmbedding(dim=32)
+    r = llamaindex_pbr.PBRRetriever(
+        VectorStoreIndex([], embed_model=emb), llm=MockLLM(max_tokens=4), embed_model=emb
+    )
+    nodes = [TextNode(text=t, id_=i) for t, i in (("x one", "x"), ("y two", "y"), ("xy 3", "xy"))]
+    r.for_user("alice").add_nodes(nodes)
+    return r
+
+
+def _core_with_items() -> Personalizer:
+    p = Personalizer(HashEmbedder())
+    p.add_texts("alice", ["x one", "y two", "xy three"], ids=["x", "y", "xy"])
+    return p
+
+
+@pytest.mark.parametrize(
+    ("make", "delete", "history"),
+    [
+        (_core_with_items, lambda p: p.delete("alice", "xy"), lambda p: p.store.get("alice")),
+        (
+            _lc_with_items,
+            lambda r: r.delete("xy", user_id="alice"),
+            lambda r: r.history.get("alice"),
+        ),
+        (
+            _li_with_items,
+            lambda r: r.for_user("alice").delete_nodes("xy"),
+            lambda r: r.personalizer.store.get("alice"),
+        ),
+    ],
+    ids=["core", "langchain", "llamaindex"],
+)
+def test_a_bare_string_of_ids_is_refused_not_read_as_its_letters(
+    make: Any, delete: Any, history: Any
+) -> None:
+    owner = make()
+    with pytest.raises(TypeError, match=r"single string 'xy'; pass \['xy'\]"):
+        delete(owner)
+    assert sorted(i.id for i in history(owner).items) == ["x", "xy", "y"]  # nothing removed
+
+
+def test_a_bare_string_of_texts_or_ids_is_refused_when_adding() -> None:
+    p = Personalizer(HashEmbedder())
+    with pytest.raises(TypeError, match="texts must be a list"):
+        p.add_texts("alice", "hello")
+    r = _lc_with_items()
+    with pytest.raises(TypeError, match="ids must be a list"):
+        r.add_documents(
+            [Document(page_content="a"), Document(page_content="b")], user_id="bob", ids="ab"
+        )
+    assert list(p.store.users()) == []  # nothing stored
+    assert "bob" not in r.history.users()
