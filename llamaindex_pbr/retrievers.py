@@ -755,9 +755,12 @@ class PBRRetriever(BaseRetriever):
                 out.append(False)
                 continue
             new = self.add_documents([document], transformations=transformations)
-            if old:
-                self.delete_nodes(old)
-            for node_id in old:
+            # a node id the new version reuses (a deterministic id_func) was just rewritten
+            reused = set(new)
+            gone = [node_id for node_id in old if node_id not in reused]
+            if gone:
+                self.delete_nodes(gone)
+            for node_id in gone:
                 del refs[node_id]
             refs.update(dict.fromkeys(new, document.doc_id))
             out.append(True)

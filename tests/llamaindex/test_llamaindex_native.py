@@ -156,6 +156,21 @@ def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(listed: PBRR
     assert ann.refresh_ref_docs([changed, new]) == [False, False]
 
 
+def test_refresh_ref_docs_keeps_a_node_whose_deterministic_id_the_new_version_reuses(
+    listed: PBRRetriever,
+) -> None:
+    from llama_index.core.node_parser import SentenceSplitter
+
+    split = SentenceSplitter(id_func=lambda i, doc: f"{doc.doc_id}-{i}")  # ids from the document
+    ann = listed.for_user("ann", similarity_top_k=10)
+    assert ann.refresh_ref_docs([Document(text="notes v1", id_="notes")], transformations=[split])
+    changed = Document(text="notes v2", id_="notes")
+    assert ann.refresh_ref_docs([changed], transformations=[split]) == [True]
+    got = ann.retrieve("notes")
+    assert [(n.node.node_id, n.node.get_content()) for n in got] == [("notes-0", "notes v2")]
+    assert ann.refresh_ref_docs([changed], transformations=[split]) == [False]
+
+
 def test_a_chat_engine_needs_a_view_and_the_error_says_how() -> None:
     from llama_index.core.chat_engine import ContextChatEngine
 
