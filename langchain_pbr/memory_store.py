@@ -254,6 +254,7 @@ class PBRStore(BaseStore):
             strict=strict,
         )
         self._explanations: dict[tuple[str, ...], dict[str, Any]] = {}
+        self._searched: set[tuple[str, ...]] = set()  # prefixes whose views the corpus keeps
         self._guard = threading.Lock()
 
     # -- the user ---------------------------------------------------------------------------
@@ -301,6 +302,7 @@ class PBRStore(BaseStore):
                 rest.append(i)
         if rest:
             done = self.inner.batch([ops[i] for i in rest])
+            self._expire_written([ops[i] for i in rest])
             for i, result in zip(rest, done):
                 results[i] = result
         return results
@@ -317,9 +319,22 @@ class PBRStore(BaseStore):
                 rest.append(i)
         if rest:
             done = await self.inner.abatch([ops[i] for i in rest])
+            self._expire_written([ops[i] for i in rest])
             for i, result in zip(rest, done):
                 results[i] = result
         return results
+
+    def _expire_written(self, ops: Sequence[Op]) -> None:
+        """This store's own puts and deletes went to ``inner`` directly: the corpus must list
+        every searched prefix they fall under again on its next read, however fresh its view."""
+        written = {tuple(op.namespace) for op in ops if isinstance(op, PutOp)}
+        if not written:
+            return
+        with self._guard:
+            searched = list(self._searched)
+        self.corpus.expire(
+            scope_id(p) for p in searched if any(ns[: len(p)] == p for ns in written)
+        )
 
     # -- pbr's search -----------------------------------------------------------------------
     def _search(self, op: SearchOp) -> list[SearchItem]:
@@ -330,6 +345,8 @@ class PBRStore(BaseStore):
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         assert op.query is not None
         uid = scope_id(prefix)
+        with self._guard:
+            self._searched.add(prefix)
         history = self.corpus.history(uid)  # lists inner, embeds only new or changed texts
         n = op.offset + op.limit
         if history is None or op.limit == 0:

@@ -399,6 +399,17 @@ class Corpus:
             self._verified_at[user_id] = started
             return history
 
+    def expire(self, user_ids: Iterable[str]) -> None:
+        """Make the next read of each of ``user_ids`` list the host again, whatever
+        ``max_staleness_s`` says: for writes that reached the host without passing through this
+        corpus but from this process (an adapter forwarding a store's own puts and deletes), so
+        that they are seen at once like the corpus's own writes. Call it after the write; a
+        listing in flight finishes first (the user's lock), so it cannot re-cache the old view.
+        """
+        for user_id in user_ids:
+            with self._user_lock(user_id):
+                self._verified_at.pop(user_id, None)
+
     async def ahistory(self, user_id: str) -> UserHistory | None:
         """Async :meth:`history` (a host listing is I/O: it runs in a worker thread)."""
         checked = self._verified_at.get(user_id)

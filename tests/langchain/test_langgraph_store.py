@@ -29,6 +29,7 @@ from langgraph.store.base import (
 from langgraph.store.memory import InMemoryStore
 
 from langchain_pbr import PBRStore
+from langchain_pbr.memory_store import item_key, scope_id
 from pbr_core import PBRConfig
 
 ALICE = [
@@ -202,6 +203,29 @@ def test_the_wrapped_store_is_the_truth() -> None:
     inner.put(("memories", "alice"), "m9", {"content": "my cello teacher moved away"})
     got = keys(store.search(("memories", "alice"), query="cello"))
     assert "m4" not in got and got[0] == "m9"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_staleness_window_never_hides_this_stores_own_puts_and_deletes(
+    asynchronous: bool,
+) -> None:
+    inner = InMemoryStore()
+    store = filled(PBRStore(inner, BagOfWords(), max_staleness_s=3600))
+    alice = ("memories", "alice")
+    assert store.search(alice, query="cello")[0].key == "m4"  # alice's view is now cached
+    if asynchronous:
+        asyncio.run(store.adelete(alice, "m4"))
+        asyncio.run(store.aput(alice, "m9", {"content": "my cello teacher moved away"}))
+    else:
+        store.delete(alice, "m4")
+        store.put(alice, "m9", {"content": "my cello teacher moved away"})
+    got = keys(store.search(alice, query="cello"))
+    assert "m4" not in got and got[0] == "m9"
+    history = store.corpus.history(scope_id(alice))  # what a personalized prompt is built from
+    assert history is not None and item_key(alice, "m4") not in {i.id for i in history.items}
+    assert item_key(alice, "m9") in {i.id for i in history.items}
+    inner.put(alice, "m8", {"content": "cello strings ordered"})  # another writer: may wait
+    assert "m8" not in keys(store.search(alice, query="cello"))
 
 
 def test_a_populated_store_needs_no_re_adding_and_pages_are_exhausted() -> None:
