@@ -363,7 +363,7 @@ class Corpus:
                 raise KeyError(f"user {user_id!r} has no item(s) {missing}")
             if not ids:
                 return
-            keys = [known.key_of.get(i, scoped_key(user_id, i)) for i in dict.fromkeys(ids)]
+            keys = [self._host_key(user_id, i) for i in dict.fromkeys(ids)]
             if self.host is not None:
                 shadows = [k for i in dict.fromkeys(ids) for k in known.shadowed.pop(i, [])]
                 self.host.delete(user_id, keys + shadows)
@@ -490,11 +490,23 @@ class Corpus:
     def key_of(self, user_id: str, item_id: str) -> str:
         """The host store's key of the user's item (its scoped key, or the key a record
         written before pbr was listed under); the item id itself without a host."""
+        return self._host_key(user_id, item_id) if self.host is not None else item_id
+
+    def _host_key(self, user_id: str, item_id: str) -> str:
+        """The key the host holds (or is to hold) the user's item under: as listed or written by
+        this process, else, for a host that cannot list, as recorded in the saved history (an
+        item recorded with ``write_host=False`` keeps its own key across restarts), else pbr's
+        scoped key."""
         known = self._known.get(user_id)
         listed = known.key_of.get(item_id) if known is not None else None
         if listed is not None:
             return listed
-        return scoped_key(user_id, item_id) if self.host is not None else item_id
+        if not self.verified:
+            history = self.cache._current(user_id)
+            recorded = history.host_keys.get(item_id) if history is not None else None
+            if recorded is not None:
+                return recorded
+        return scoped_key(user_id, item_id)
 
     def host_metadata(self, user_id: str, item: HistoryItem) -> dict[str, Any]:
         """The metadata a host record of ``item`` carries: the item's, the owner and its id."""
@@ -592,9 +604,8 @@ class Corpus:
         items' own ids (records written before pbr), so those ids are their keys."""
         records: list[Record] = []
         for user_id, items, unit, extras in plan:
-            known = self._known.get(user_id, _Known())
             for item, vector, extra in zip(items, unit, extras):
-                key = item.id if held else known.key_of.get(item.id, scoped_key(user_id, item.id))
+                key = item.id if held else self._host_key(user_id, item.id)
                 records.append(
                     Record(
                         key=key,
@@ -624,9 +635,16 @@ class Corpus:
         if self.cache.embedding_model_id is None and configured:
             self.cache.embedding_model_id = model_id_of(self.embedder)
         windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
+        # A host that cannot list: pbr's history is the only record of a key other than pbr's
+        # own, so it is saved with the items (HistoryStore host_keys).
+        own_keys: dict[str, dict[str, str]] = {}
+        if self.host is not None and not self.verified:
+            for record in records:
+                if record.key != scoped_key(record.user_id, record.item_id):
+                    own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
         for user_id, items, unit, _ in plan:
             with self._user_lock(user_id):
-                self.cache.upsert(user_id, items, unit, windows[user_id])
+                self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
                 if self.host is not None:
                     known = self._known.setdefault(user_id, _Known())
                     for record in by_user[user_id]:

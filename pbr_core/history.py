@@ -52,6 +52,16 @@ SAME_VECTOR_ATOL = 1e-6
 AnchorKey = tuple[Any, ...]
 
 
+def _checked_windows(windows: Any, dim: int, what: str) -> np.ndarray:
+    """An item's window vectors checked like item vectors (finite, non-zero, the store's
+    dimension, normalised), and at least one: a bad window would poison every query's dense
+    score of the item and make the saved folder unloadable."""
+    rows = as_unit_rows(windows, dim=dim, what=what)
+    if rows.shape[0] == 0:
+        raise EmbeddingError(f"{what}: no window vectors (omit the item from windows instead)")
+    return rows
+
+
 def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:
     """``ids`` as a list of strings: the one rule for a batch of ids or texts, core and adapters.
 
@@ -120,6 +130,7 @@ class UserHistory:
         vectors: np.ndarray,
         version: int,
         windows: Mapping[str, np.ndarray] | None = None,
+        host_keys: Mapping[str, str] | None = None,
     ) -> None:
         self.user_id = user_id
         self.items: tuple[HistoryItem, ...] = tuple(items)
@@ -131,6 +142,12 @@ class UserHistory:
         # pbr_core.windows). Their dense score is their best window's.
         self.windows: dict[str, np.ndarray] = {
             i: w for i, w in (windows or {}).items() if i in self._positions
+        }
+        # Item id -> the host store's key, for items a host that cannot list holds under a key
+        # of its own (recorded, not written, by pbr): the only record of where they are, so a
+        # delete after a restart still finds them (pbr_core.corpus).
+        self.host_keys: dict[str, str] = {
+            i: k for i, k in (host_keys or {}).items() if i in self._positions
         }
         self._window_rows: tuple[np.ndarray, np.ndarray] | None = None
         self._lexical: LexicalIndex | None = None
@@ -506,11 +523,14 @@ class HistoryStore:
         items: Sequence[HistoryItem],
         vectors: Any,
         windows: Mapping[str, np.ndarray] | None = None,
+        host_keys: Mapping[str, str] | None = None,
     ) -> UserHistory:
         """Add items (replacing those with the same id) and return the new snapshot.
 
         ``windows``: item id -> unit vectors of the windows of an item longer than the embedder
         reads (:mod:`pbr_core.windows`); a replaced item's old windows are dropped with its text.
+        ``host_keys``: item id -> the key a host store that cannot list holds it under, where
+        that is not pbr's own (:class:`pbr_core.corpus.Corpus` keeps them; saved with the user).
 
         Everything is validated before anything changes: duplicate ids in the batch, a count
         mismatch, NaN/inf or zero vectors, a wrong dimension, or a value that could not be saved
@@ -531,6 +551,15 @@ class HistoryStore:
         for item in items:
             if not item.text or not item.text.strip():
                 raise ValueError(f"item {item.id!r} has empty text")
+        for what, given in (("windows", windows), ("host_keys", host_keys)):
+            stray = sorted(set(given or {}) - set(ids))
+            if stray:
+                raise ValueError(f"{what} given for item(s) {stray}, which are not in this batch")
+        bad_keys = sorted(
+            i for i, k in (host_keys or {}).items() if not isinstance(k, str) or not k
+        )
+        if bad_keys:
+            raise ValueError(f"host_keys of item(s) {bad_keys} must be non-empty strings")
         with self._lock:
             if not items:
                 current = self._current(user_id)
@@ -541,6 +570,12 @@ class HistoryStore:
             rows = as_unit_rows(vectors, dim=self.dim, what=f"vectors for user {user_id!r}")
             if rows.shape[0] != len(items):
                 raise EmbeddingError(f"{len(items)} items but {rows.shape[0]} vectors")
+            windows = {
+                item_id: _checked_windows(
+                    w, rows.shape[1], f"windows of item {item_id!r} of user {user_id!r}"
+                )
+                for item_id, w in (windows or {}).items()
+            }
             old = self._current(user_id)
             merged_items = list(old.items) if old is not None else []
             positions = {it.id: i for i, it in enumerate(merged_items)}
@@ -564,7 +599,9 @@ class HistoryStore:
             new_vectors = np.concatenate([base, rows[fresh]]) if fresh else base
             if self.dim is None:
                 self.dim = int(rows.shape[1])
-            return self._replace(user_id, merged_items, new_vectors, old_positions, windows)
+            return self._replace(
+                user_id, merged_items, new_vectors, old_positions, windows, host_keys
+            )
 
     def delete(self, user_id: str, ids: Iterable[str]) -> UserHistory:
         """Remove items by id; unknown ids raise ``KeyError`` and nothing is removed."""
@@ -597,6 +634,7 @@ class HistoryStore:
         vectors: np.ndarray,
         old_positions: np.ndarray | None = None,
         windows: Mapping[str, np.ndarray] | None = None,
+        host_keys: Mapping[str, str] | None = None,
     ) -> UserHistory:
         old = self._current(user_id)
         kept = {}
@@ -609,6 +647,7 @@ class HistoryStore:
             vectors,
             version=(old.version + 1) if old else 1,
             windows={**kept, **(windows or {})},
+            host_keys={**(old.host_keys if old is not None else {}), **(host_keys or {})},
         )
         if old is not None and old_positions is not None:
             snapshot._inherit_anchors(old, old_positions)
@@ -826,12 +865,21 @@ def _read_user(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserH
             f"user {user_id!r}; {_RESTORE}"
         )
     windows = _read_windows(users / f"{key}.windows.npz", entry, user_id, dim)
+    host_keys = entry.get("host_keys") or {}
+    if not isinstance(host_keys, dict) or not all(
+        isinstance(i, str) and isinstance(k, str) for i, k in host_keys.items()
+    ):
+        raise PersistenceError(
+            f"damaged manifest in {folder}: the host keys of user {user_id!r} are not a "
+            f"mapping of item ids to keys; {_RESTORE}"
+        )
     snapshot = UserHistory(
         user_id,
         items,
         vectors.astype(np.float32, copy=False),
         int(entry.get("version", 1)),
         windows=windows,
+        host_keys=host_keys,
     )
     if entry.get("anchors"):
         snapshot._anchors.update(
@@ -955,6 +1003,8 @@ def _write_user(snap: UserHistory, users: Path) -> dict[str, Any]:
             vectors=np.concatenate([np.asarray(snap.windows[i]) for i in ids]),
         )
         entry["windows"] = ids
+    if snap.host_keys:
+        entry["host_keys"] = dict(snap.host_keys)
     return entry
 
 

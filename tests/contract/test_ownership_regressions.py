@@ -435,3 +435,26 @@ def test_a_bare_string_of_texts_or_ids_is_refused_when_adding() -> None:
         )
     assert list(p.store.users()) == []  # nothing stored
     assert "bob" not in r.history.users()
+
+
+def test_an_item_recorded_over_a_store_that_cannot_list_is_deleted_from_it_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    store = OpaqueStore(EMB)
+    before = Document(id="d1", page_content="alice old note", metadata={"user_id": "alice"})
+    store.add_documents([before], ids=["d1"])  # in the store before pbr, under its own key
+    r = langchain_pbr.PBRRetriever(llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10)
+    r.add_documents([before], user_id="alice", add_to_vectorstore=False)  # recorded, as documented
+    r.add_documents([Document(page_content="alice new note")], user_id="alice", ids=["d2"])
+    r.save(tmp_path / "pbr")
+    loaded = langchain_pbr.PBRRetriever.load(
+        tmp_path / "pbr", llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10
+    )
+    loaded.add_documents(
+        [Document(page_content="alice old note, edited")], user_id="alice", ids=["d1"]
+    )  # replaces the record where it is, no second copy
+    assert sorted(store.inner.store) == sorted(["d1", loaded.corpus.key_of("alice", "d2")])
+    assert store.inner.store["d1"]["text"] == "alice old note, edited"
+    loaded.delete(["d1", "d2"], user_id="alice")
+    assert store.inner.store == {}  # nothing of alice's left behind in the store
+    assert len(loaded.history.get("alice")) == 0  # the record (this store cannot list) is empty

@@ -17,7 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError, Personalizer
+from pbr_core import (
+    EmbeddingError,
+    HistoryItem,
+    HistoryStore,
+    PBRConfig,
+    PersistenceError,
+    Personalizer,
+)
 from pbr_core.hybrid import fuse, host_candidates, lexical_query, lexical_weight, rank
 from pbr_core.lexical import LexicalIndex
 from pbr_core.windows import Window, split, window_of
@@ -350,6 +357,35 @@ def test_window_vectors_survive_a_save_and_a_lazy_load(tmp_path: Path) -> None:
     lazy_store = HistoryStore.load(tmp_path / "saved", lazy=True)
     lazy_store.save(tmp_path / "again")
     assert set(HistoryStore.load(tmp_path / "again").get("u").windows) == {"x"}
+
+
+@pytest.mark.parametrize(
+    ("windows", "error"),
+    [
+        ({"a": [[np.nan, 0, 0, 0], [1, 2, 3, 4]]}, "contain NaN or inf"),
+        ({"a": [[0, 0, 0, 0]]}, "all zeros"),
+        ({"a": np.ones((2, 7))}, "dimension 7"),
+        ({"a": np.ones((0, 4))}, "no window vectors"),
+        ({"elsewhere": np.ones((1, 4))}, "not in this batch"),
+    ],
+    ids=["nan", "zero", "dimension", "empty", "stray-id"],
+)
+def test_bad_window_vectors_are_refused_before_anything_changes(
+    tmp_path: Path, windows: dict[str, object], error: str
+) -> None:
+    store = HistoryStore()
+    store.upsert("bob", [HistoryItem("b", "bob text")], np.ones((1, 4)))
+    with pytest.raises((EmbeddingError, ValueError), match=error):
+        store.upsert("alice", [HistoryItem("a", "a long text")], np.ones((1, 4)), windows=windows)
+    assert store.users() == ["bob"]  # alice was never stored
+    store.save(tmp_path / "saved")
+    assert HistoryStore.load(tmp_path / "saved").users() == ["bob"]  # the folder still loads
+
+
+def test_window_vectors_are_normalised_like_item_vectors() -> None:
+    store = HistoryStore()
+    store.upsert("u", [HistoryItem("a", "a text")], np.ones((1, 4)), windows={"a": [[3, 4, 0, 0]]})
+    np.testing.assert_allclose(store.get("u").windows["a"], [[0.6, 0.8, 0, 0]], rtol=1e-6)
 
 
 def test_a_damaged_windows_file_is_named(tmp_path: Path) -> None:

@@ -497,3 +497,25 @@ def test_a_lazy_user_whose_snapshot_was_pruned_by_another_store_says_to_load_aga
     other.save(folder)
     with pytest.raises(PersistenceError, match=r"is gone.*load the save folder again"):
         lazy.get("alice")
+
+
+def test_host_keys_follow_their_items_through_saves_deletes_and_lazy_copies(
+    tmp_path: Path,
+) -> None:
+    store = HistoryStore()
+    items = [HistoryItem("a", "kept under the host's own key"), HistoryItem("b", "pbr's key")]
+    store.upsert("u", items, np.eye(2, 4), host_keys={"a": "host-key-a"})
+    store.upsert("u", [HistoryItem("a", "edited text, same record")], np.eye(1, 4))
+    assert store.get("u").host_keys == {"a": "host-key-a"}  # a replaced item keeps its key
+    store.save(tmp_path / "one")
+    for lazy in (False, True):
+        assert HistoryStore.load(tmp_path / "one", lazy=lazy).get("u").host_keys == {
+            "a": "host-key-a"
+        }
+    HistoryStore.load(tmp_path / "one", lazy=True).save(tmp_path / "two")  # "u" never read
+    again = HistoryStore.load(tmp_path / "two")
+    assert again.get("u").host_keys == {"a": "host-key-a"}
+    again.delete("u", ["a"])
+    assert again.get("u").host_keys == {}
+    with pytest.raises(ValueError, match="not in this batch"):
+        again.upsert("u", [HistoryItem("c", "c")], np.eye(1, 4), host_keys={"zz": "k"})
