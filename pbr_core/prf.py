@@ -147,12 +147,24 @@ def build_prompts(
     return _fill(prompts.utterances, values), _fill(prompts.reasoning, values)
 
 
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{(\w+)\}")
+
+
 def _fill(template: str, values: dict[str, Any]) -> str:
-    # str.format would choke on literal braces in user history; replace placeholders only.
-    out = template.replace("{{", "\0lb").replace("}}", "\0rb")
-    for key, value in values.items():
-        out = out.replace("{" + key + "}", str(value))
-    return out.replace("\0lb", "{").replace("\0rb", "}")
+    """``template`` with its ``{name}`` placeholders filled, ``{{`` / ``}}`` as literal braces.
+
+    One pass over the template only (not ``str.format``, which chokes on braces in user text,
+    and not a replace per value, which would fill a ``{query}`` written *inside* the history or
+    the query: a history of ``"{query}"`` lines would multiply the prompt past its size bound).
+    """
+
+    def fill(match: re.Match[str]) -> str:
+        token, key = match.group(0), match.group(1)
+        if key is None:
+            return token[0]  # "{{" -> "{", "}}" -> "}"
+        return str(values[key]) if key in values else token
+
+    return _PLACEHOLDER.sub(fill, template)
 
 
 @dataclass(frozen=True)

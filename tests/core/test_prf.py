@@ -99,6 +99,15 @@ def test_prompts_carry_history_query_and_count_and_survive_braces() -> None:
     assert '{"candidates": ["...", "..."]}' in utter
 
 
+def test_placeholders_written_in_the_history_or_the_query_stay_text() -> None:
+    history = ["{query}" * 100, "see {history} and {m}"]
+    utter, reason = build_prompts(CHAT_PROMPTS, "What does {m} mean?", history, m=7, max_chars=800)
+    assert "What does {m} mean?" in utter and "What does {m} mean?" in reason
+    assert "- see {history} and {m}" in utter
+    bound = len(CHAT_PROMPTS.utterances) + len("What does {m} mean?") + 2 * (800 + 3)
+    assert len(utter) < bound  # the history's "{query}"s were not each replaced by the query
+
+
 def test_completion_prompts_end_where_the_list_starts() -> None:
     utter, reason = build_prompts(COMPLETION_PROMPTS, "q?", ["a"], m=5, max_chars=100)
     assert utter.endswith("\n1.") and reason.endswith("\n1.")
