@@ -2,7 +2,8 @@
 
 Benchmarks and repeated runs never call the LLM twice for the same prompt. The file is JSON Lines,
 append-only (one ``{"key", "model", "text"}`` object per generation), so it is cheap to write,
-safe to commit, and a line torn by a crash is skipped on load instead of poisoning the cache.
+safe to commit, and a line torn by a crash is skipped on load instead of poisoning the cache
+(also one cut inside a multi-byte character; the next write starts on a new line).
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 
+log = logging.getLogger("pbr")
+
 
 def generation_key(model_id: str, prompt: str) -> str:
     """sha256 of the model id and the prompt: the identity of one generation."""
-    return hashlib.sha256(f"{model_id}\x00{prompt}".encode()).hexdigest()
+    # surrogatepass: a prompt with a lone surrogate (text decoded with errors="surrogateescape")
+    # still has a key; any other text encodes exactly as plain UTF-8
+    data = f"{model_id}\x00{prompt}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
 
 
 class GenerationCache:
@@ -31,13 +38,13 @@ class GenerationCache:
             self._load(self.path)
 
     def _load(self, path: Path) -> None:
-        with path.open(encoding="utf-8") as fh:
-            for line in fh:
+        with path.open("rb") as fh:
+            for raw in fh:
                 try:
-                    row = json.loads(line)
+                    row = json.loads(raw.decode("utf-8"))
                     self._data[row["key"]] = row["text"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn last line from an interrupted run
+                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a torn line from an interrupted run
 
     def __len__(self) -> int:
         return len(self._data)
@@ -52,10 +59,23 @@ class GenerationCache:
                 return
             self._data[key] = text
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                line = json.dumps({"key": key, "model": model_id, "text": text}, ensure_ascii=False)
-                with self.path.open("a", encoding="utf-8") as fh:
-                    fh.write(line + "\n")
+                self._append({"key": key, "model": model_id, "text": text})
+
+    def _append(self, row: dict[str, str]) -> None:
+        """One line at the end of the file; a failed write is logged, never raised: the
+        generation is kept in memory, and a cache is an optimisation, not a record."""
+        assert self.path is not None
+        try:
+            data = json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: JSON's \\u escapes keep it exactly
+            data = json.dumps(row).encode("ascii")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("ab+") as fh:
+                torn = fh.tell() > 0 and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n"
+                fh.write((b"\n" if torn else b"") + data + b"\n")
+        except OSError as exc:
+            log.warning("pbr: could not write the generation cache %s (%s)", self.path, exc)
 
     async def aput(self, model_id: str, prompt: str, text: str) -> None:
         await asyncio.to_thread(self.put, model_id, prompt, text)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -254,7 +255,7 @@ class Personalizer:
         config: PBRConfig | None = None,
         store: HistoryStore | None = None,
         prompts: PromptSet | None = None,
-        cache: GenerationCache | str | None = None,
+        cache: GenerationCache | str | os.PathLike[str] | None = None,
         vector_search: VectorSearch | None = None,
         strict: bool = False,
         llm_executor: LLMExecutor | None = None,
@@ -268,7 +269,7 @@ class Personalizer:
         # It holds the embedder too, so items and queries are embedded by the same model.
         self.corpus = Corpus(None, embedder=embedder, cache=self.store)
         self.prompts = prompts
-        self.cache = GenerationCache(cache) if isinstance(cache, str) else cache
+        self.cache = GenerationCache(cache) if isinstance(cache, str | os.PathLike) else cache
         self.vector_search = vector_search
         self.strict = strict
         self._llm_executor = llm_executor

@@ -20,7 +20,7 @@ class HashEmbedder:
         self.calls: list[int] = []
 
     def _vector(self, text: str) -> list[float]:
-        seed = int(hashlib.sha256(text.encode()).hexdigest(), 16) % 2**32
+        seed = int(hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), 16) % 2**32
         return np.random.default_rng(seed).normal(size=self.dim).tolist()
 
     def embed_query(self, text: str) -> list[float]:

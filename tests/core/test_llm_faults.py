@@ -374,6 +374,42 @@ def test_a_poisoned_cache_entry_is_ignored_and_generated_again(tmp_path) -> None
     assert again.prompts == []  # the good answers replaced the poisoned ones
 
 
+def test_a_lone_surrogate_in_an_answer_or_a_prompt_is_cached_and_read_back(tmp_path) -> None:
+    path = tmp_path / "gen.jsonl"
+    odd = ScriptedGenerator(UTTER.replace("beets", "beets \ud800"), REASON)
+    p = make(odd, cache=path)  # a path is a cache file too
+    expl = p.search(USER, "dinner?").personalized.explanation
+    kept = "I could roast some beets \ud800 tonight"
+    assert expl.dropped == {} and kept in expl.pseudo_utterances
+    restarted = make(ScriptedGenerator(UTTER, REASON), cache=path)
+    assert kept in restarted.search(USER, "dinner?").personalized.explanation.pseudo_utterances
+    GenerationCache(path).put("m", "a prompt with \udcff in it", "kept")  # a prompt's, too
+    assert GenerationCache(path).get("m", "a prompt with \udcff in it") == "kept"
+
+
+def test_a_cache_file_torn_inside_a_character_loads_and_the_next_line_survives(tmp_path) -> None:
+    path = tmp_path / "gen.jsonl"
+    cache = GenerationCache(path)
+    cache.put("m", "p1", "one")
+    with path.open("ab") as fh:  # a crash mid-write, inside the two bytes of "é"
+        fh.write(b'{"key": "x", "model": "m", "text": "caf' + "é".encode()[:1])
+    reopened = GenerationCache(path)  # loads, skipping the torn line
+    assert len(reopened) == 1
+    reopened.put("m", "p3", "three")  # starts on a new line, not glued to the torn one
+    assert GenerationCache(path).get("m", "p3") == "three"
+
+
+def test_a_cache_write_that_fails_is_logged_and_the_answer_still_used(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    cache = GenerationCache(tmp_path / "a-file" / "gen.jsonl")  # its folder cannot be made
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        cache.put("m", "p", "text")
+    assert cache.get("m", "p") == "text"
+    assert any("could not write the generation cache" in r.getMessage() for r in caplog.records)
+
+
 # -- honest flags: degraded (a failure) vs skipped (a choice) -----------------------------------
 def test_safe_fusion_choosing_the_plain_query_is_skipped_not_degraded() -> None:
     # The query is one of the user's items: the history gate keeps the plain query on purpose.
