@@ -119,8 +119,37 @@ class LlamaIndexGenerator:
         # A Context can be entered by one thread at a time; each call gets its own copy.
         return self._context.copy().run(self._complete, prompt)
 
+
+class AsyncLlamaIndexGenerator(LlamaIndexGenerator):
+    """A :class:`LlamaIndexGenerator` for an LLM whose ``acomplete`` is its own async code: the
+    async pipeline awaits it on the event loop (and cancels it at the timeout)."""
+
+    def bound(self, context: contextvars.Context) -> AsyncLlamaIndexGenerator:
+        return AsyncLlamaIndexGenerator(self.llm, self.prompt_style, context=context)
+
     async def agenerate(self, prompt: str) -> str:
         return (await self.llm.acomplete(prompt)).text
+
+
+def llamaindex_generator(llm: LLM, prompt_style: PromptStyle | None = None) -> LlamaIndexGenerator:
+    """The generator for ``llm``: async only where ``acomplete`` is natively async.
+
+    ``CustomLLM.acomplete`` (every ``CustomLLM`` that does not override it: ``MockLLM``, most
+    local models) runs the blocking ``complete`` *on the event loop*; offering it as
+    ``agenerate`` would freeze the loop for the whole call and make the timeout unenforceable.
+    Without ``agenerate`` the async pipeline runs ``complete`` in pbr's LLM executor instead.
+    """
+    return (AsyncLlamaIndexGenerator if natively_async(llm) else LlamaIndexGenerator)(
+        llm, prompt_style
+    )
+
+
+def natively_async(llm: LLM) -> bool:
+    """Whether ``llm.acomplete`` is the model's own async code (not its sync code, blocking)."""
+    from llama_index.core.llms.custom import CustomLLM
+
+    owner = next(c for c in type(llm).__mro__ if "acomplete" in c.__dict__)
+    return owner is not CustomLLM
 
 
 def settings_llm() -> LLM | None:

@@ -39,6 +39,7 @@ from ._bridge import (
     LlamaIndexEmbedder,
     LlamaIndexGenerator,
     default_embed_model,
+    llamaindex_generator,
     settings_embed_model,
 )
 
@@ -143,7 +144,7 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         embedder = LlamaIndexEmbedder(self.embed_model)
         self._corpus = Corpus(None, embedder=embedder, cache=self.store)
         if self.llm is not None:
-            self._generator = LlamaIndexGenerator(self.llm, self.prompt_style)
+            self._generator = llamaindex_generator(self.llm, self.prompt_style)
         self._personalizer = Personalizer(
             embedder,
             self._generator,

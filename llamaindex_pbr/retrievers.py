@@ -63,6 +63,7 @@ from ._bridge import (
     bundle_for,
     default_embed_model,
     default_llm,
+    llamaindex_generator,
     search_errors,
     settings_embed_model,
     settings_llm,
@@ -266,7 +267,7 @@ class PBRRetriever(BaseRetriever):
             or default_embed_model(callback_manager)
         )
         llm = llm or settings_llm() or default_llm(callback_manager)
-        generator = LlamaIndexGenerator(llm, prompt_style)
+        generator = llamaindex_generator(llm, prompt_style)
         embedder = LlamaIndexEmbedder(embed_model)
         store = history if history is not None else HistoryStore()
         if store.embedding_model_id not in (None, embedder.model_id):

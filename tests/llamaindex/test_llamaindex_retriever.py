@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -590,6 +591,38 @@ async def test_the_async_path_is_native(embed_model: HashEmbedding) -> None:
     assert llm._calls == ["async", "async"]  # concurrent (rendezvous) and never the sync API
 
 
+class BlockingLLM(MockLLM):
+    """A CustomLLM without async code of its own: its inherited ``acomplete`` blocks."""
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        time.sleep(2.0)
+        return CompletionResponse(text="too late")
+
+
+async def test_a_blocking_llm_neither_freezes_the_event_loop_nor_outlives_the_timeout(
+    embed_model: HashEmbedding,
+) -> None:
+    config = PBRConfig(fusion="paper", llm_timeout_s=0.3)
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=BlockingLLM(), embed_model=embed_model, user_id="u1", config=config
+    )
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    got = await retriever.aretrieve(QUERY)
+    ticker.cancel()
+    explanation = got[0].node.metadata[EXPLANATION_KEY]
+    assert explanation["degraded"] and "timed out" in explanation["dropped"]["utterances"]
+    assert ticks >= 5  # the loop ran while the LLM blocked (a blocked loop: 0 or 1)
+
+
 async def test_the_sync_path_needs_no_event_loop_of_its_own(base: PBRRetriever) -> None:
     # Called from inside a running loop (a notebook, an async server's sync handler), the sync
     # path must not start or nest an event loop: it uses threads, never asyncio.
@@ -614,7 +647,8 @@ async def test_spans_and_events_nest_under_the_retrieval(
         outer, step, llm_call = "PBRRetriever._retrieve", "PBRRetriever._personalize", "complete"
     else:
         await base.for_user("u1").aretrieve(QUERY)
-        outer, step, llm_call = "PBRRetriever._aretrieve", "PBRRetriever._apersonalize", "acomplete"
+        # MockLLM's acomplete is CustomLLM's, which blocks: pbr runs complete in its executor
+        outer, step, llm_call = "PBRRetriever._aretrieve", "PBRRetriever._apersonalize", "complete"
     retrieve = _span(
         spans, "PBRRetriever.aretrieve" if mode == "async" else "PBRRetriever.retrieve"
     )
