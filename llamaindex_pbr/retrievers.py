@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import contextvars
 import copy
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,7 +74,6 @@ from .stores import docstore_nodes, records_of
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
-logger = logging.getLogger(__name__)
 dispatcher = instrument.get_dispatcher(__name__)
 
 DEFAULT_SIMILARITY_TOP_K = 4
@@ -607,9 +605,7 @@ class PBRRetriever(BaseRetriever):
     def _report(self, pq: PersonalizedQuery) -> None:
         for name, data in explanation_events(pq.explanation):
             dispatcher.event(event_for(name, data))
-        expl = pq.explanation
-        if expl.dropped:
-            logger.debug("PBR for user %r dropped %s", expl.user_id, expl.dropped)
+        expl = pq.explanation  # a degraded request is logged by pbr_core ("pbr", id hashed)
         if self._verbose:
             weights = f"w1={expl.w1}, w2={expl.w2}" if expl.w1 is not None else "no weights"
             print(f"PBR user={expl.user_id!r}: used {', '.join(expl.used)} ({weights})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -550,6 +551,28 @@ def test_llm_failure_degrades_and_is_reported(
     assert any(isinstance(e, PBRDegradedEvent) for e in events.events)
     with pytest.raises(GenerationError, match="quota exceeded"):
         retriever.for_user("u1", strict=True).retrieve(QUERY)
+
+
+def test_no_log_record_of_a_degraded_request_names_the_user(
+    embed_model: HashEmbedding, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = "bob@example.com"
+    nodes = [
+        TextNode(text=t, id_=f"n{i}", metadata={"user_id": user})
+        for i, t in enumerate(["bob runs", "bob cooks"])
+    ]
+    retriever = PBRRetriever.from_defaults(
+        nodes=nodes,
+        llm=ScriptedLLM(error="quota exceeded"),
+        embed_model=embed_model,
+        config=PAPER,
+        user_id=user,
+    )
+    with caplog.at_level(logging.DEBUG):
+        got = retriever.retrieve(QUERY)
+    assert got[0].node.metadata[EXPLANATION_KEY]["degraded"]
+    assert any(r.name.startswith("pbr.") for r in caplog.records)  # the degraded request is logged
+    assert not any(user in r.getMessage() for r in caplog.records)  # without the user id
 
 
 async def test_unparseable_llm_output_degrades_async(embed_model: HashEmbedding) -> None:
