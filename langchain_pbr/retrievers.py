@@ -52,7 +52,7 @@ from ._bridge import (
     prompt_set,
     prompt_style_of,
 )
-from .stores import astore_search, default_filter, host_records, store_search
+from .stores import astore_search, default_filter, host_records, store_search, with_view_filter
 
 __all__ = ["PBRRetriever"]
 
@@ -281,9 +281,9 @@ class PBRRetriever(BaseRetriever):
     def _search_kwargs(self, user_id: str) -> dict[str, Any]:
         assert self.vectorstore is not None
         kwargs = {k: v for k, v in self.search_kwargs.items() if k not in ("k", "filter")}
-        if self.filter_builder is not None:
-            return {**kwargs, **self.filter_builder(user_id)}
         extra = self.search_kwargs.get("filter")
+        if self.filter_builder is not None:
+            return {**kwargs, **with_view_filter(self.filter_builder(user_id), extra)}
         return {**kwargs, **default_filter(self.vectorstore, self.user_key, user_id, extra)}
 
     def _generator(self, callbacks: Callbacks) -> LangChainGenerator:

@@ -204,6 +204,27 @@ def default_filter(
     return {"filter": {"$and": [{user_key: user_id}, extra]}}
 
 
+def with_view_filter(built: dict[str, Any], extra: Any) -> dict[str, Any]:
+    """``filter_builder``'s search keyword arguments with the ``filter`` of ``search_kwargs``
+    ANDed in, never dropped: two callables (``InMemoryVectorStore``) become one, two dicts a
+    ``$and``; a builder that sets no ``filter`` gets ``extra`` as it. Anything else cannot be
+    combined safely and is refused."""
+    if extra is None:
+        return built
+    mine = built.get("filter")
+    if mine is None:
+        return {**built, "filter": extra}
+    if callable(mine) and callable(extra):
+        return {**built, "filter": lambda doc: bool(mine(doc) and extra(doc))}
+    if isinstance(mine, dict) and isinstance(extra, dict):
+        return {**built, "filter": {"$and": [mine, extra]}}
+    raise ValueError(
+        f"filter_builder gives a {type(mine).__name__} filter and search_kwargs a "
+        f"{type(extra).__name__} one, which pbr cannot combine; put the view's filter into "
+        "filter_builder (user id -> search keyword arguments) and leave it out of search_kwargs"
+    )
+
+
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
     """Search by vector through whichever scored method the store has."""
     scored = getattr(store, "similarity_search_with_score_by_vector", None)

@@ -556,6 +556,20 @@ def test_filter_builder_is_called_per_request() -> None:
     assert calls == ["bob"]
 
 
+def test_a_search_kwargs_filter_is_anded_with_the_filter_builders_not_dropped() -> None:
+    def owner(uid: str) -> dict[str, Any]:
+        return {"filter": lambda d: d.metadata["user_id"] == uid}
+
+    def first_two(d: Document) -> bool:
+        return d.metadata["n"] < 2
+
+    r = make(store=True, filter_builder=owner, search_kwargs={"filter": first_two}, k=5)
+    assert {d.page_content for d in r.invoke("q", user_id="bob")} == set(BOB[:2])
+    clash = make(store=True, filter_builder=owner, search_kwargs={"filter": {"n": 1}}, k=5)
+    with pytest.raises(ValueError, match="cannot combine"):
+        clash.invoke("q", user_id="bob")
+
+
 def test_save_and_load_round_trip(tmp_path: Any) -> None:
     r = make()
     before = r.invoke("dinner?", user_id="alice")
