@@ -204,12 +204,16 @@ def and_user(key: str, user_id: str, filters: MetadataFilters | None) -> Metadat
     mine = MetadataFilter(key=key, value=user_id, operator=FilterOperator.EQ)
     if filters is None or not filters.filters:
         return MetadataFilters(filters=[mine])
-    flat = filters.condition in (None, FilterCondition.AND) and not any(
-        isinstance(f, MetadataFilters) for f in filters.filters
-    )
-    if flat:
+    if is_flat_and(filters):
         return MetadataFilters(filters=[mine, *filters.filters], condition=FilterCondition.AND)
     return MetadataFilters(filters=[mine, filters], condition=FilterCondition.AND)
+
+
+def is_flat_and(filters: MetadataFilters) -> bool:
+    """Whether ``filters`` is a plain AND of single conditions (so one more can be appended)."""
+    return filters.condition in (None, FilterCondition.AND) and not any(
+        isinstance(f, MetadataFilters) for f in filters.filters
+    )
 
 
 def bundle_for(query: str, vector: np.ndarray) -> QueryBundle:

@@ -31,6 +31,7 @@ from llama_index.core.schema import (
 from llama_index.core.vector_stores import (
     MetadataFilters,
 )
+from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import (
@@ -62,6 +63,7 @@ from ._bridge import (
     bundle_for,
     default_embed_model,
     default_llm,
+    is_flat_and,
     llamaindex_generator,
     search_errors,
     settings_embed_model,
@@ -623,9 +625,43 @@ class PBRRetriever(BaseRetriever):
         else:
             assert shared.index is not None
             index = shared.index
-            filters = and_user(shared.user_id_key, user_id, self._filters)
+            view = self._filters
+            if (
+                isinstance(index.vector_store, SimpleVectorStore)
+                and view is not None
+                and view.filters
+                and not is_flat_and(view)
+            ):
+                # SimpleVectorStore cannot nest filters, so "user AND (a OR b)" fails there;
+                # it does take node ids: the user's own keys restrict, the view filters as is.
+                return self._own_nodes_retriever(index, user_id, top_k, view)
+            filters = and_user(shared.user_id_key, user_id, view)
         return index.as_retriever(
             similarity_top_k=top_k, filters=filters, **shared.retriever_kwargs
+        )
+
+    def _own_nodes_retriever(
+        self, index: VectorStoreIndex, user_id: str, top_k: int, view: MetadataFilters
+    ) -> BaseRetriever | None:
+        corpus = self._shared.corpus
+        history = corpus.history(user_id)
+        if history is None:
+            return None
+        from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
+
+        kwargs = dict(self._shared.retriever_kwargs)
+        # as_retriever's own restriction (the index's nodes, or the host's node_ids), narrowed
+        # to the user's nodes
+        allowed = set(kwargs.pop("node_ids", None) or index.index_struct.nodes_dict.values())
+        keys = [k for k in (corpus.key_of(user_id, it.id) for it in history.items) if k in allowed]
+        return VectorIndexRetriever(
+            index,
+            similarity_top_k=top_k,
+            filters=view,
+            node_ids=keys,
+            callback_manager=index._callback_manager,
+            object_map=index._object_map,
+            **kwargs,
         )
 
     def _view_filtered(self) -> bool:

@@ -72,6 +72,30 @@ def test_top_k_and_filters_can_be_set_on_a_view() -> None:
     assert base.for_user("ann").similarity_top_k != 0
 
 
+@pytest.mark.parametrize("condition", ["or", "not"])
+def test_or_and_not_view_filters_work_on_the_default_store_and_keep_to_the_user(
+    condition: str,
+) -> None:
+    from llama_index.core.schema import TextNode
+    from llama_index.core.vector_stores import FilterCondition
+
+    base = base_over()
+    for u in ("ann", "ben"):
+        nodes = [
+            TextNode(text=f"{u} note {i}", id_=f"{u}-{i}", metadata={"user_id": u, "n": i})
+            for i in range(6)
+        ]
+        base.for_user(u).add_nodes(nodes)
+    view = MetadataFilters(
+        filters=[MetadataFilter(key="n", value=1), MetadataFilter(key="n", value=4)],
+        condition=FilterCondition(condition),
+    )
+    native = base.index.as_retriever(similarity_top_k=20, filters=view).retrieve("note")
+    want = {n.node.get_content() for n in native if n.node.metadata["user_id"] == "ann"}
+    got = base.for_user("ann", filters=view, similarity_top_k=20).retrieve("note")
+    assert want and {n.node.get_content() for n in got} == want  # SimpleVectorStore cannot nest
+
+
 @pytest.fixture(params=["simple", "chroma"])
 def listed(request: Any) -> PBRRetriever:
     """An empty base over a store pbr lists: a SimpleVectorStore, or a collection of its own on

@@ -361,8 +361,15 @@ def test_a_store_that_cannot_nest_filters_is_told_not_post_filtered(base: PBRRet
         ],
         condition=FilterCondition.OR,
     )
+    # an OR needs no nesting on SimpleVectorStore: the user's own node ids restrict the search
+    got = base.for_user("u1", filters=either, similarity_top_k=10).retrieve(QUERY)
+    assert got and {_owner(n) for n in got} == {"u1"}
+    assert {n.node.metadata["topic"] for n in got} <= {"food", "health"}
+    nested = MetadataFilters(
+        filters=[either, MetadataFilter(key="topic", value="sport")], condition=FilterCondition.OR
+    )  # which the store cannot evaluate at all (nor can LlamaIndex's own retriever)
     with pytest.raises(ValueError, match="one index per user"):
-        base.for_user("u1", filters=either).retrieve(QUERY)
+        base.for_user("u1", filters=nested).retrieve(QUERY)
 
 
 def test_two_users_back_to_back_on_one_instance(base: PBRRetriever) -> None:
