@@ -11,10 +11,11 @@ Ownership and validation are :class:`pbr_core.corpus.Corpus`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from hashlib import sha256
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from pbr_core import HistoryItem
 from pbr_core.adapters_support import EXPLANATION_KEY, SEARCH_KEY, annotated, owner_of
@@ -93,6 +94,27 @@ def batch_of(copies: Sequence[BaseNode], users: Sequence[str]) -> Batch:
     return groups, vectors, extras
 
 
+class AnnotatedTextNode(TextNode):
+    """A result ``TextNode`` whose :attr:`hash` leaves out pbr's per-request annotations.
+
+    LlamaIndex identifies a node's content by ``node.hash`` (``QueryFusionRetriever`` fuses and
+    de-duplicates by it), and ``TextNode.hash`` covers the metadata, where pbr puts this query's
+    explanation and scores: the same node would hash differently for every query and never be
+    fused. It serialises as a plain ``TextNode`` (same ``class_name``).
+    """
+
+    @property
+    def hash(self) -> str:
+        kept = {k: v for k, v in self.metadata.items() if k not in HIDDEN_KEYS}
+        return sha256((str(self.text) + str(kept)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _annotated(node: BaseNode) -> BaseNode:
+    if type(node) is not TextNode:  # another node type keeps its own hash (rarely a result)
+        return node
+    return AnnotatedTextNode.model_construct(_fields_set=node.model_fields_set, **dict(node))
+
+
 def result_nodes(
     results: Sequence[ScoredRecord],
     stored: Mapping[str, BaseNode],
@@ -126,5 +148,5 @@ def result_nodes(
                 ),
             }
         )
-        out.append(NodeWithScore(node=copied, score=scored.hit.score))
+        out.append(NodeWithScore(node=_annotated(copied), score=scored.hit.score))
     return out

@@ -828,6 +828,43 @@ def test_works_inside_query_fusion_retriever(base: PBRRetriever) -> None:
     assert len(got) == 2 and {_owner(n) for n in got} == {"u1"}
 
 
+class QueryWriter(CustomLLM):
+    """Writes two fixed alternatives, as an LLM asked by QueryFusionRetriever would."""
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata()
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return CompletionResponse(text="running shoes for a run\nshoes to run in\n")
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("mode", ["reciprocal_rerank", "simple"])
+def test_query_fusion_fuses_one_node_found_by_several_queries(
+    base: PBRRetriever, mode: str
+) -> None:
+    # the explanation and scores pbr puts in each result's metadata are per query; the node's
+    # hash, by which LlamaIndex fuses, must not be
+    view = base.for_user("u1", similarity_top_k=3)
+    queries = [QUERY, "running shoes for a run", "shoes to run in"]
+    found = [{n.node.node_id: n.node.hash for n in view.retrieve(q)} for q in queries]
+    union = set().union(*found)
+    for node_id in union:  # the same node hashes the same whichever query found it
+        assert len({f[node_id] for f in found if node_id in f}) == 1
+    fusion = QueryFusionRetriever(
+        [view], llm=QueryWriter(), num_queries=3, use_async=False, similarity_top_k=4, mode=mode
+    )
+    got = [n.node.node_id for n in fusion.retrieve(QUERY)]
+    assert len(got) == min(4, len(union)) == len(set(got)) and set(got) <= union
+
+
 async def test_a_query_bundle_embedding_is_the_query_vector(embed_model: HashEmbedding) -> None:
     from llama_index.core.schema import QueryBundle
 
