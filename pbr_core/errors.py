@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 class PBRError(Exception):
     """Base class of every error raised on purpose by pbr_core."""
@@ -64,3 +69,17 @@ class VectorStoreUnavailableError(PBRError, ConnectionError):
     def __init__(self, message: str, url: str | None = None) -> None:
         self.url = url
         super().__init__(message)
+
+
+def call_unstopped(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, with a ``StopIteration`` it raises turned into a ``RuntimeError``.
+
+    Why: a user's embedder or LLM raising ``StopIteration`` (``next()`` on an empty stream) is a
+    failure, but inside pbr's step generators it would read as "done" (``personalize`` returning
+    None), and set on a future that asyncio awaits it hangs the await for good.
+    """
+    try:
+        return fn(*args)
+    except StopIteration as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise RuntimeError(f"{name} raised StopIteration ({exc!r})") from exc

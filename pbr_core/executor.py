@@ -11,7 +11,8 @@ asyncio's default executor). So every LLM call
 
 What "at once" means differs by kind of call:
 
-* a coroutine (a generator's native ``agenerate``) is cancelled, and its slot freed;
+* a coroutine (a generator's native ``agenerate``) is cancelled, and its slot freed once it
+  has stopped (one that cleans up slowly after the cancel still counts);
 * a sync call runs in a daemon thread of this executor (never asyncio's default executor). A
   thread cannot be killed: a call that outlives its timeout *finishes in the background*, holding
   its slot until it returns, but the request that waited for it has moved on, and the thread does
@@ -30,7 +31,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-from .errors import LLMTimeoutError
+from .errors import LLMTimeoutError, call_unstopped
 
 __all__ = ["LLMExecutor"]
 
@@ -137,7 +138,7 @@ class LLMExecutor:
 
         def run() -> None:
             try:
-                result.set_result(context.run(fn, *args))
+                result.set_result(context.run(call_unstopped, fn, *args))
             except BaseException as exc:  # handed to the waiting caller
                 result.set_exception(exc)
             finally:
@@ -173,6 +174,8 @@ class LLMExecutor:
                 continue
             try:
                 out.append(call.result.result())
+            except asyncio.CancelledError as exc:  # raised by the LLM call: see _outcome
+                out.append(_cancelled_inside(exc))
             except (Exception, CancelledError) as exc:
                 out.append(exc)
         return out
@@ -198,7 +201,7 @@ class LLMExecutor:
         if not done:
             waiting.cancel()
             raise self._timed_out(call.abandon(), timeout)
-        return waiting.result()
+        return _outcome(waiting)
 
     async def acall_async(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, timeout: float | None
@@ -218,18 +221,26 @@ class LLMExecutor:
             raise self._timed_out(True, timeout)
         try:
             task = asyncio.ensure_future(fn(*args))
-            try:
-                done, _ = await asyncio.wait({task}, timeout=_left(deadline))
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            if not done:
-                task.cancel()  # a coroutine can be stopped: its slot is free again below
-                task.add_done_callback(_retrieve)
-                raise self._timed_out(False, timeout)
-            return task.result()
-        finally:
+        except BaseException:  # not even a coroutine came back: nothing runs, free the slot
             self._slots.release()
+            raise
+        try:
+            done, _ = await asyncio.wait({task}, timeout=_left(deadline))
+        except asyncio.CancelledError:
+            self._stop(task)
+            raise
+        if not done:
+            self._stop(task)
+            raise self._timed_out(False, timeout)
+        self._slots.release()
+        return _outcome(task)
+
+    def _stop(self, task: asyncio.Future[Any]) -> None:
+        """Cancel a given-up coroutine; its slot is freed when it has actually stopped (one that
+        shields itself or cleans up slowly still counts against ``max_concurrent``)."""
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        task.add_done_callback(lambda _task: self._slots.release())
 
     # -- helpers ------------------------------------------------------------------------------
     def _timed_out(self, never_started: bool, timeout: float | None) -> LLMTimeoutError:
@@ -239,6 +250,22 @@ class LLMExecutor:
             else ""
         )
         return LLMTimeoutError(f"the LLM call timed out after {timeout:g} s{why}", timeout)
+
+
+def _outcome(done: asyncio.Future[Any]) -> Any:
+    """The result of a call we did not cancel. A ``CancelledError`` it carries was raised by the
+    LLM call itself (a client cancelled inside it): that is the call's failure, so it becomes a
+    ``RuntimeError`` rather than read as the cancellation of the request that awaits it."""
+    try:
+        return done.result()
+    except asyncio.CancelledError as exc:
+        raise _cancelled_inside(exc) from exc
+
+
+def _cancelled_inside(exc: asyncio.CancelledError) -> RuntimeError:
+    failure = RuntimeError(f"the LLM call raised CancelledError ({exc!r})")
+    failure.__cause__ = exc
+    return failure
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EmbeddingError
+from .errors import EmbeddingError, call_unstopped
 from .protocols import Embedder
 
 
@@ -61,12 +61,13 @@ def embed_documents(
     """Embed texts with any :class:`Embedder`; returns unit rows ``(len(texts), d)``."""
     if not texts:
         return np.zeros((0, dim or 0), dtype=np.float32)
-    out = embedder.embed_documents(list(texts))
+    out = call_unstopped(embedder.embed_documents, list(texts))
     return _checked_batch(out, len(texts), dim)
 
 
 def embed_query(embedder: Embedder, text: str, *, dim: int | None = None) -> np.ndarray:
-    return as_unit_vector(embedder.embed_query(text), dim=dim, what="query embedding")
+    out = call_unstopped(embedder.embed_query, text)
+    return as_unit_vector(out, dim=dim, what="query embedding")
 
 
 async def aembed_documents(
@@ -80,7 +81,7 @@ async def aembed_documents(
     if native is not None:
         out = await native(list(texts))
     else:
-        out = await asyncio.to_thread(embedder.embed_documents, list(texts))
+        out = await asyncio.to_thread(call_unstopped, embedder.embed_documents, list(texts))
     return _checked_batch(out, len(texts), dim)
 
 
@@ -89,7 +90,7 @@ async def aembed_query(embedder: Embedder, text: str, *, dim: int | None = None)
     if native is not None:
         out = await native(text)
     else:
-        out = await asyncio.to_thread(embedder.embed_query, text)
+        out = await asyncio.to_thread(call_unstopped, embedder.embed_query, text)
     return as_unit_vector(out, dim=dim, what="query embedding")
 
 

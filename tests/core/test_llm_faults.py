@@ -244,6 +244,74 @@ def test_an_llm_that_raises_degrades_with_the_reason_and_a_log_line(
     assert hashlib.sha256(USER.encode()).hexdigest()[:8] in message
 
 
+class RaisesWithin(ScriptedGenerator):
+    """A sync LLM (one prompt at a time, or both in one batch) raising ``exc`` from inside."""
+
+    def __init__(self, exc: BaseException, batch: bool = False) -> None:
+        super().__init__(UTTER, REASON)
+        self.exc = exc
+        if batch:
+            self.generate_batch = self._raise
+
+    def generate(self, prompt: str) -> str:
+        raise self.exc
+
+    def _raise(self, prompts: list[str]) -> list[str]:
+        raise self.exc
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["two-calls", "batch"])
+@pytest.mark.parametrize(
+    "exc", [StopIteration(), asyncio.CancelledError("client cancelled")], ids=repr
+)
+async def test_an_llm_raising_stopiteration_or_cancellederror_degrades_alike_sync_and_async(
+    exc: BaseException, batch: bool
+) -> None:
+    # StopIteration (next() on an empty stream) once hung asearch; an asyncio CancelledError
+    # raised inside the call passed for the cancellation of the request
+    p = make(RaisesWithin(exc, batch), config=PBRConfig(fusion="paper", llm_timeout_s=None))
+    sync = dropped_both(p)
+    result = await asyncio.wait_for(p.asearch(USER, "dinner?", k=2), timeout=10)
+    assert result.personalized.explanation.dropped == sync
+    assert type(exc).__name__ in sync["utterances"] and "RuntimeError" in sync["utterances"]
+
+
+async def test_an_embedder_raising_stopiteration_is_an_error_not_a_missing_result() -> None:
+    class Stops(HashEmbedder):
+        def embed_query(self, text: str) -> list[float]:
+            raise StopIteration
+
+    p = Personalizer(Stops(), ScriptedGenerator(UTTER, REASON), config=FAST)
+    p.add_texts(USER, ["kale salad", "roasted beets"])
+    with pytest.raises(RuntimeError, match="raised StopIteration"):
+        p.search(USER, "dinner?")
+    with pytest.raises(RuntimeError, match="raised StopIteration"):
+        await asyncio.wait_for(p.asearch(USER, "dinner?"), timeout=10)
+
+
+async def test_a_cancelled_coroutine_keeps_its_slot_until_it_has_stopped() -> None:
+    release = asyncio.Event()
+
+    async def slow_to_stop(prompt: str) -> str:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()  # cleans up for a while before it stops
+            raise
+        return "never"
+
+    executor = LLMExecutor(1)
+    with pytest.raises(LLMTimeoutError):
+        await executor.acall_async(slow_to_stop, "p", timeout=0.05)
+    assert executor.in_flight == 1  # still running: the slot is still taken
+    release.set()
+    for _ in range(100):
+        if executor.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert executor.in_flight == 0
+
+
 def test_a_good_request_and_given_feedback_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
     p = make(ScriptedGenerator(UTTER, REASON))
     with caplog.at_level(logging.WARNING, logger="pbr"):
