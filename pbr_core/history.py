@@ -111,12 +111,21 @@ class HistoryItem:
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions of the ``k`` highest ``scores``, best first, equal scores by position: an O(n)
-    selection, then only those ``k`` sorted."""
+    selection, then only those ``k`` sorted.
+
+    Ties at the cut are resolved by position too (the first tied items are kept), so the top k
+    is always the first k of the top k + 1; ``argpartition`` alone keeps an arbitrary one.
+    """
     n = len(scores)
     k = min(k, n)
     if k <= 0:
         return np.zeros(0, dtype=np.int64)
-    top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]  # the k-th highest score
+        above = np.flatnonzero(scores > kth)
+        top = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])
+    else:
+        top = np.arange(n)
     return top[np.lexsort((top, -scores[top]))]
 
 

@@ -65,15 +65,17 @@ class Ranked:
         score: what the mode ranks by: the fused score in [0, 1] (hybrid), the cosine (dense) or
             the BM25 score (lexical).
         dense: cosine of the item (its best window) with the search vector.
-        lexical: BM25 score of the item for the lexical query (0: no query word in it).
-        dense_rank, lexical_rank: 1-based rank of the item in each leg among the ranked items;
-            ``lexical_rank`` is None when the item holds no query word.
+        lexical: BM25 score of the item for the lexical query (0: no query word in it; None in
+            dense mode, where the lexical leg is not computed).
+        dense_rank, lexical_rank: 1-based rank of the item in each leg among the ranked items
+            (equal BM25 scores in the dense order, equal cosines by position); ``lexical_rank``
+            is None when the item holds no query word, or in dense mode.
     """
 
     position: int
     score: float
     dense: float
-    lexical: float
+    lexical: float | None
     dense_rank: int
     lexical_rank: int | None
 
@@ -82,7 +84,7 @@ class Ranked:
         return {
             "dense": round(self.dense, 6),
             "dense_rank": self.dense_rank,
-            "lexical": round(self.lexical, 6),
+            "lexical": None if self.lexical is None else round(self.lexical, 6),
             "lexical_rank": self.lexical_rank,
         }
 
@@ -185,15 +187,26 @@ def rank(
     if rows.size == 0:
         return []
     dense = history.dense_scores(vector)[rows]
-    index = history.lexical() if mode != "dense" else None
-    lexical = index.scores(terms)[rows] if index is not None else np.zeros(rows.size)
-    if mode == "dense":
-        score = dense.astype(np.float64)
-    elif mode == "lexical":
-        # ties (e.g. no query word at all) fall back to the dense order
-        score = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
+    if mode == "dense":  # the lexical leg is not computed (nor its index built) at all
+        return [
+            Ranked(
+                position=int(rows[i]),
+                score=float(dense[i]),
+                dense=float(dense[i]),
+                lexical=None,
+                dense_rank=_rank_of(dense, int(i)),
+                lexical_rank=None,
+            )
+            for i in top_k(dense.astype(np.float64), k)
+        ]
+    index = history.lexical()
+    lexical = index.scores(terms)[rows]
+    # the lexical leg's order: BM25, ties (e.g. no query word at all) in the dense order; what
+    # lexical mode ranks by and what every mode's lexical_rank counts
+    lexical_order = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
+    if mode == "lexical":
+        score = lexical_order
     else:
-        assert index is not None
         # the user's words alone need their own pass only when feedback expanded the query
         own = terms if own_terms is None else own_terms
         own_scores = lexical if own == terms else index.scores(own)[rows]
@@ -205,7 +218,7 @@ def rank(
             dense=float(dense[i]),
             lexical=float(lexical[i]),
             dense_rank=_rank_of(dense, int(i)),
-            lexical_rank=_rank_of(lexical, int(i)) if lexical[i] > 0 else None,
+            lexical_rank=_rank_of(lexical_order, int(i)) if lexical[i] > 0 else None,
         )
         for i in top_k(score, k)
     ]

@@ -101,7 +101,7 @@ def split(text: str, window: Window) -> list[str]:
     """
     if window.fits(text):
         return [text]
-    pieces = re.findall(r"\S+\s*", text)
+    pieces = [cut for word in re.findall(r"\S+\s*", text) for cut in _fitting(word, window)]
     n = max(2, math.ceil(window.count(text) / window.max_tokens))
     while True:
         n = min(n, len(pieces))
@@ -110,3 +110,26 @@ def split(text: str, window: Window) -> list[str]:
         if n == len(pieces) or all(window.fits(p) for p in parts):
             return [p for p in parts if p]
         n += 1
+
+
+def _fitting(word: str, window: Window) -> list[str]:
+    """``word`` itself, or, when it alone exceeds the window (text without spaces: Chinese or
+    Japanese, a long URL, code), cut into the longest prefixes that fit (binary search on the
+    embedder's count), so that no window is ever truncated by the embedder."""
+    if window.fits(word):
+        return [word]
+    out: list[str] = []
+    rest = word
+    while rest and not window.fits(rest):
+        lo, hi = 1, len(rest)  # the longest fitting prefix has length in [1, hi)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if window.fits(rest[:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+        out.append(rest[:lo])
+        rest = rest[lo:]
+    if rest:
+        out.append(rest)
+    return out

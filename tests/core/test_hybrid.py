@@ -186,6 +186,35 @@ def test_lexical_mode_puts_items_with_the_query_words_first() -> None:
     assert got[0].lexical_rank == 1 and all(r.lexical_rank is None for r in got[1:])
 
 
+def test_equal_scores_keep_item_order_at_the_cut_so_k_results_begin_k_plus_one() -> None:
+    from pbr_core.history import top_k
+
+    assert list(top_k(np.array([0.0, 0.0, 1.0, 1.0]), 1)) == [2]
+    items = [("a", "jazz in Lisbon"), ("b", "sourdough"), ("c", "dentist Thursday")]
+    history, emb = snapshot([*items, ("d", "dentist Thursday")])  # d is a copy of c
+    q = np.asarray(emb.embed_query("dentist"))
+    for mode in ("hybrid", "dense", "lexical"):
+        one, two = (rank(history, q, lexical_query("dentist"), k, mode=mode) for k in (1, 2))
+        assert [r.position for r in one] == [r.position for r in two][:1] == [2], mode
+        assert [r.dense_rank for r in two] == [1, 2], mode  # the ranks agree with the order
+
+
+def test_lexical_ranks_follow_the_order_lexical_mode_ranks_by() -> None:
+    history, emb = snapshot([("a", "jazz sourdough"), ("b", "jazz dentist"), ("c", "ferry")])
+    q = np.asarray(emb.embed_query("jazz dentist appointment"))
+    got = rank(history, q, lexical_query("jazz"), 3, mode="lexical")
+    assert got[0].lexical == got[1].lexical  # one word, in both: a BM25 tie ...
+    assert [r.lexical_rank for r in got] == [1, 2, None]  # ... ranked as the list is ordered
+
+
+def test_dense_mode_does_not_claim_the_lexical_leg_found_nothing() -> None:
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("jazz"))
+    got = rank(history, q, lexical_query("jazz"), 4, mode="dense")
+    assert all(r.lexical is None and r.lexical_rank is None for r in got)  # not computed
+    assert got[0].legs()["lexical"] is None
+
+
 def test_hybrid_finds_a_named_item_the_dense_leg_ranks_low() -> None:
     """A question that shares one rare word (a name) with an item and many words with another."""
     items = [
@@ -297,6 +326,16 @@ def test_split_cuts_a_long_text_into_windows_of_about_equal_size_that_fit() -> N
     assert " ".join(" ".join(parts).split()) == " ".join(text.split())  # nothing lost
     assert split("short text", window) == ["short text"]
     assert split("a b c d e f", Window(1, lambda t: len(t.split()))) == list("abcdef")
+
+
+def test_text_without_spaces_is_cut_into_windows_that_fit() -> None:
+    window = Window(10, len)  # counts characters, like a tokenizer on Chinese text
+    text = "我们昨天在车站见面然后一起去了渡口买了去丹吉尔的船票" * 3  # no space at all
+    parts = split(text, window)
+    assert len(parts) > 1 and all(window.fits(p) for p in parts)
+    assert "".join(parts) == text  # nothing lost
+    url = "see https://example.com/" + "x" * 40 + " for details"
+    assert all(window.fits(p) for p in split(url, window))
 
 
 def test_a_long_item_is_found_by_its_end_not_only_its_beginning() -> None:
