@@ -82,20 +82,27 @@ class NamespaceRecords:
         self.page_size = page_size
 
     def items(self, prefix: tuple[str, ...], filter: dict[str, Any] | None = None) -> list[Item]:
-        """Every item under ``prefix`` (matching ``filter``), read page by page until the
-        wrapped store has no more; TTLs are not refreshed by this reading."""
-        out: list[Item] = []
-        offset = 0
+        """Every item under ``prefix`` (matching ``filter``); TTLs are not refreshed by this
+        reading.
+
+        One read from the start with a growing limit (``page_size``, doubled until the store
+        returns fewer), never ``offset`` pages: stores order a search by a key that need not be
+        unique (``PostgresStore``: ``updated_at``, shared by every item of one batch), so
+        consecutive pages can overlap and skip items. Costs at most about twice the items.
+        """
+        limit = self.page_size
         while True:
-            op = SearchOp(prefix, filter, self.page_size, offset, None, False)
+            op = SearchOp(prefix, filter, limit, 0, None, False)
             page = self.store.batch([op])[0]
             assert isinstance(page, list)
-            out.extend(
-                i for i in page if isinstance(i, Item) and i.namespace[: len(prefix)] == prefix
-            )
-            if len(page) < self.page_size:
-                return out
-            offset += len(page)
+            if len(page) < limit:
+                break
+            limit *= 2
+        seen: dict[tuple[tuple[str, ...], str], Item] = {}
+        for i in page:
+            if isinstance(i, Item) and i.namespace[: len(prefix)] == prefix:
+                seen.setdefault((tuple(i.namespace), i.key), i)
+        return list(seen.values())
 
     def text_of(self, item: Item) -> str | None:
         text = item.value.get(self.text_key) if isinstance(item.value, dict) else None
@@ -190,7 +197,9 @@ class PBRStore(BaseStore):
         prompt_style: ``"chat"`` / ``"completion"``; None = the llm's ``prompt_style``.
         strict: raise instead of degrading when an LLM call fails.
         cache: optional cache of LLM answers.
-        page_size: how many items one listing request of ``inner`` asks for.
+        page_size: how many items the first listing request of ``inner`` asks for (doubled
+            until the store returns fewer: offset pages can skip items, see
+            :meth:`NamespaceRecords.items`).
         max_staleness_s: see :class:`~pbr_core.corpus.Corpus` (0: every query lists ``inner``).
 
     A query search of ``namespace_prefix`` ranks the items under that prefix (its

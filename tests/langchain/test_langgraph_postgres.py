@@ -52,6 +52,22 @@ def test_query_search_ranks_each_users_rows_only(postgres: PostgresStore) -> Non
     assert all("dense_rank" in r and "lexical_rank" in r for r in explained["results"])
 
 
+def test_every_row_of_one_batch_is_ranked_though_they_share_a_timestamp(
+    postgres: PostgresStore,
+) -> None:
+    # PostgresStore orders a search by updated_at alone, the same for every row of one batch:
+    # offset pages over it overlapped and skipped rows, which no query could then find
+    from langgraph.store.base import PutOp
+
+    ns = ("memories", "alice")
+    postgres.batch([PutOp(ns, f"k{i:03d}", {"content": f"note {i} word{i}"}) for i in range(450)])
+    store = PBRStore(postgres, BagOfWords(), page_size=100)
+    history = store.corpus.history('["memories", "alice"]')
+    assert history is not None and len(history) == 450
+    for i in (0, 100, 199, 200, 449):
+        assert keys(store.search(ns, query=f"word{i}", limit=1)) == [f"k{i:03d}"]
+
+
 def test_reads_and_writes_are_the_databases(postgres: PostgresStore, postgres_url: str) -> None:
     store = filled(PBRStore(postgres, BagOfWords()))
     store.put(("memories", "alice"), "m3", {"content": "I changed jobs", "kind": "news"})
