@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -67,6 +68,15 @@ __all__ = [
 ITEM_ID_KEY = "pbr_id"
 #: Metadata key of the host store's own score (a distance for some stores, e.g. Chroma).
 RAW_SCORE_KEY = "store_score"
+
+log = logging.getLogger("pbr.corpus")
+
+
+def _user_tag(user_id: str) -> str:
+    from .pipeline import user_tag  # the one way logs name a user (hashed)
+
+    return user_tag(user_id)
+
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
 
@@ -232,6 +242,7 @@ class _Known:
     revisions: dict[str, str] = field(default_factory=dict)
     key_of: dict[str, str] = field(default_factory=dict)
     shadowed: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # unsaveable key -> revision warned
 
 
 class Corpus:
@@ -700,6 +711,7 @@ class Corpus:
             or history is None
             or history.position(r.item_id) is None
         ]
+        changed = self._saveable(user_id, changed, known)
         stale = [it.id for it in history.items if it.id not in current] if history else []
         if stale:
             self.cache.delete(user_id, stale)
@@ -711,6 +723,27 @@ class Corpus:
         known.key_of = {item_id: r.key for item_id, r in current.items()}
         self._drop_if_empty(user_id)
         return self.cache._current(user_id)
+
+    def _saveable(self, user_id: str, records: list[Record], known: _Known) -> list[Record]:
+        """The records pbr can keep; one it could not save (a lone surrogate written to the
+        host by someone else) is left out of the history, with one warning per record revision,
+        instead of failing every read of the user."""
+        kept = []
+        for record in records:
+            try:
+                check_serialisable(user_id, [record.item()])
+            except ValueError:
+                if known.skipped.get(record.key) != revision(record):
+                    known.skipped[record.key] = revision(record)
+                    log.warning(
+                        "pbr: a host record of user %s cannot be saved (text, id or metadata "
+                        "not UTF-8 / JSON) and is left out of the history; rewrite it",
+                        _user_tag(user_id),
+                    )
+                continue
+            known.skipped.pop(record.key, None)
+            kept.append(record)
+        return kept
 
     def _vectors_of(self, user_id: str, records: list[Record]) -> np.ndarray:
         """Vectors of listed records: the listing's, else fetched, else embedded."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any, TypedDict, TypeVar
 
@@ -226,6 +227,23 @@ def test_a_staleness_window_never_hides_this_stores_own_puts_and_deletes(
     assert item_key(alice, "m9") in {i.id for i in history.items}
     inner.put(alice, "m8", {"content": "cello strings ordered"})  # another writer: may wait
     assert "m8" not in keys(store.search(alice, query="cello"))
+
+
+def test_an_unsaveable_item_in_the_store_is_left_out_and_the_namespace_still_searches(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = InMemoryStore()
+    store = filled(PBRStore(inner, BagOfWords()))
+    alice = ("memories", "alice")
+    inner.put(alice, "bad", {"content": "my cello \udc80 bow"})  # a lone surrogate, by someone else
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        got = keys(store.search(alice, query="cello"))
+        keys(store.search(alice, query="cello"))  # warned once, not per query
+    assert got[0] == "m4" and "bad" not in got
+    warned = [r.getMessage() for r in caplog.records if "cannot be saved" in r.getMessage()]
+    assert len(warned) == 1 and "alice" not in warned[0]
+    inner.put(alice, "bad", {"content": "my cello bow, fixed"})  # rewritten: taken in again
+    assert "bad" in keys(store.search(alice, query="bow"))
 
 
 def test_a_populated_store_needs_no_re_adding_and_pages_are_exhausted() -> None:
