@@ -85,8 +85,11 @@ def persist(retriever: PBRRetriever, persist_dir: str | os.PathLike[str]) -> Non
         "indexes": indexes,
     }
 
+    commits: list[Callable[[], Path]] = []
+
     def write(folder: Path) -> None:
-        retriever.personalizer.store.save(folder / "history")
+        # the histories' lazy users move to the new files only once the whole save is current
+        commits.append(retriever.personalizer.store.save_within(folder / "history"))
         if shared.user_indexes is not None:
             for user, index in shared.user_indexes.items():
                 index.storage_context.persist(persist_dir=str(folder / "indexes" / _user_dir(user)))
@@ -97,6 +100,8 @@ def persist(retriever: PBRRetriever, persist_dir: str | os.PathLike[str]) -> Non
 
     # A new snapshot folder made current in one atomic step: a crash leaves the old state.
     write_atomically(root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"))
+    for commit in commits:
+        commit()
 
 
 def from_persist_dir(

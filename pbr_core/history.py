@@ -19,7 +19,7 @@ import re
 import shutil
 import threading
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -665,29 +665,8 @@ class HistoryStore:
         return snapshot
 
     # -- persistence ---------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write every user to the folder ``path``, atomically replacing an earlier save.
-
-        The save fills a new snapshot subfolder of ``path`` and becomes current in one atomic
-        step (see :mod:`pbr_core.persist`): an error or a crash at any point leaves the previous
-        save loadable, and a process loading ``path`` meanwhile reads the old state or the new
-        one, never a mix. The previous snapshot is kept until the next save, so a lazy loader
-        that opened it can go on reading; older ones are removed. A folder saved by an older
-        version (files directly in it) is converted.
-
-        Each user's items (JSON lines), vectors (``.npy``) and the anchors computed so far
-        (``.anchors.npz``: graph, PageRank and anchor per parameter set), so that a restarted
-        process answers its first query without rebuilding any anchor. Users of a lazily loaded
-        folder that were never read are copied file by file, and are read from the new snapshot
-        afterwards (the one they were loaded from may be pruned by a later save).
-
-        Returns:
-            ``path`` as a :class:`~pathlib.Path`: what :meth:`load` takes.
-
-        Raises:
-            PersistenceError: a user could not be written (the message names it) or the folder
-                cannot be written to; ``path`` still holds the previous save, unchanged.
-        """
+    def _save(self, path: str | os.PathLike[str]) -> Callable[[], Path]:
+        """Write the save; return the ``commit`` that makes unread lazy users read from it."""
         target = Path(path)
         with self._lock:
             users_now = list(self._users.items())
@@ -726,12 +705,49 @@ class HistoryStore:
             (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
 
         snapshot = write_atomically(target, write, legacy_names=(MANIFEST_NAME, USERS_DIR))
-        with self._lock:
-            # The copies are in the new snapshot: read them from there from now on.
-            for user_id, saved in copied:
-                if self._users.get(user_id) is saved:
-                    self._users[user_id] = _Saved(snapshot, saved.entry)
-        return target
+
+        def commit() -> Path:
+            with self._lock:
+                # The copies are in the new snapshot: read them from there from now on.
+                for user_id, saved in copied:
+                    if self._users.get(user_id) is saved:
+                        self._users[user_id] = _Saved(snapshot, saved.entry)
+            return target
+
+        return commit
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write every user to the folder ``path``, atomically replacing an earlier save.
+
+        The save fills a new snapshot subfolder of ``path`` and becomes current in one atomic
+        step (see :mod:`pbr_core.persist`): an error or a crash at any point leaves the previous
+        save loadable, and a process loading ``path`` meanwhile reads the old state or the new
+        one, never a mix. The previous snapshot is kept until the next save, so a lazy loader
+        that opened it can go on reading; older ones are removed. A folder saved by an older
+        version (files directly in it) is converted.
+
+        Each user's items (JSON lines), vectors (``.npy``) and the anchors computed so far
+        (``.anchors.npz``: graph, PageRank and anchor per parameter set), so that a restarted
+        process answers its first query without rebuilding any anchor. Users of a lazily loaded
+        folder that were never read are copied file by file, and are read from the new snapshot
+        afterwards (the one they were loaded from may be pruned by a later save).
+
+        Returns:
+            ``path`` as a :class:`~pathlib.Path`: what :meth:`load` takes.
+
+        Raises:
+            PersistenceError: a user could not be written (the message names it) or the folder
+                cannot be written to; ``path`` still holds the previous save, unchanged.
+        """
+        return self._save(path)()
+
+    def save_within(self, path: str | os.PathLike[str]) -> Callable[[], Path]:
+        """:meth:`save`, for a save that is part of a larger atomic write (an adapter saving
+        its index beside the histories): returns ``commit``, to call once the larger write has
+        succeeded. Until then, users of a lazy load that were never read keep reading their
+        old files; if the larger write fails and removes this folder, nothing points into it.
+        """
+        return self._save(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, lazy: bool = False) -> HistoryStore:

@@ -776,6 +776,30 @@ def test_persist_and_load_round_trip(
     assert {_owner(n) for n in loaded.for_user("u2").retrieve(QUERY)} == {"u2"}
 
 
+def test_a_persist_that_fails_midway_leaves_a_lazily_loaded_history_readable(
+    embed_model: HashEmbedding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pbr_core import HistoryItem, HistoryStore
+
+    saved = HistoryStore()
+    text = "alice likes tea"
+    saved.upsert("alice", [HistoryItem("a1", text)], [embed_model.get_text_embedding(text)])
+    saved.save(tmp_path / "history")
+    lazy = HistoryStore.load(tmp_path / "history", lazy=True)  # alice is not read yet
+    index = VectorStoreIndex(
+        [TextNode(text=text, id_="n1", metadata={"user_id": "alice"})], embed_model=embed_model
+    )
+    retriever = PBRRetriever(index, embed_model=embed_model, llm=MockLLM(), history=lazy)
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(index.storage_context, "persist", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        retriever.persist(tmp_path / "retriever")  # the histories were written, then this
+    assert [it.text for it in lazy.get("alice").items] == [text]  # still read from its files
+
+
 def test_persist_and_load_a_per_user_partition(embed_model: HashEmbedding, tmp_path: Path) -> None:
     retriever = PBRRetriever.from_defaults(
         nodes=_nodes(),
