@@ -770,9 +770,21 @@ class HistoryStore:
                 names the file.
         """
         folder = Path(path)
-        snapshot = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
-        manifest_path = snapshot / MANIFEST_NAME
-        manifest = _read_manifest(manifest_path)
+        for attempt in range(_LOAD_ATTEMPTS):
+            snapshot = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
+            try:
+                return cls._load_snapshot(snapshot, lazy)
+            except PersistenceError:
+                # Saves to the same folder meanwhile (a save prunes all but the newest two
+                # snapshots) can remove the one being read: that is no damage, read the new one.
+                moved = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
+                if moved == snapshot or attempt == _LOAD_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _load_snapshot(cls, snapshot: Path, lazy: bool) -> HistoryStore:
+        manifest = _read_manifest(snapshot / MANIFEST_NAME)
         store = cls(dim=manifest["dim"], embedding_model_id=manifest["embedding_model_id"])
         for entry in manifest["users"]:
             user_id = entry["user_id"]
@@ -797,6 +809,8 @@ _encode_json = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}\Z")
 
 _RESTORE = "restore the folder from a backup, or re-add the history and save again"
+#: How often :meth:`HistoryStore.load` starts again when saves replaced the snapshot it read.
+_LOAD_ATTEMPTS = 5
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -861,14 +875,28 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 def _read_user(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserHistory:
     """One user's snapshot from a saved folder, every part checked against the manifest."""
+    try:
+        return _read_user_files(folder, entry, dim)
+    except PersistenceError:
+        if (folder / MANIFEST_NAME).is_file():
+            raise
+        # the snapshot went away while (or before) it was read: pruned, not damaged
+        raise _gone(folder, str(entry["user_id"])) from None
+
+
+def _gone(folder: Path, user_id: str) -> PersistenceError:
+    return PersistenceError(
+        f"the saved history {folder} that user {user_id!r} was to be read from is gone "
+        "(a save keeps only the newest and the previous snapshot, and converts a folder of "
+        "the older layout, so later saves to the same place removed it); load the save "
+        "folder again"
+    )
+
+
+def _read_user_files(folder: Path, entry: Mapping[str, Any], dim: int | None) -> UserHistory:
     user_id, key = str(entry["user_id"]), str(entry["key"])
     if not (folder / MANIFEST_NAME).is_file():
-        raise PersistenceError(
-            f"the saved history {folder} that user {user_id!r} was to be read from is gone "
-            "(a save keeps only the newest and the previous snapshot, and converts a folder of "
-            "the older layout, so later saves to the same place removed it); load the save "
-            "folder again"
-        )
+        raise _gone(folder, user_id)
     users = folder / USERS_DIR
     items_path, vectors_path = users / f"{key}.jsonl", users / f"{key}.npy"
     items = _read_items(items_path, user_id)

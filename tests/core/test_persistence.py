@@ -519,3 +519,27 @@ def test_host_keys_follow_their_items_through_saves_deletes_and_lazy_copies(
     assert again.get("u").host_keys == {}
     with pytest.raises(ValueError, match="not in this batch"):
         again.upsert("u", [HistoryItem("c", "c")], np.eye(1, 4), host_keys={"zz": "k"})
+
+
+def test_a_load_while_other_saves_prune_its_snapshot_reads_the_new_one_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def store_of(text: str) -> HistoryStore:
+        s = HistoryStore()
+        s.upsert("u", [HistoryItem("a", text)], np.eye(1, 4))
+        s.upsert("v", [HistoryItem("b", text)], np.eye(1, 4))
+        return s
+
+    store_of("old").save(tmp_path / "h")
+    real, calls = history_mod._read_user, []
+
+    def two_saves_land_meanwhile(folder, entry, dim):  # type: ignore[no-untyped-def]
+        calls.append(entry["user_id"])
+        if len(calls) == 2:  # mid-load: another process saves twice, pruning this snapshot
+            store_of("new").save(tmp_path / "h")
+            store_of("new").save(tmp_path / "h")
+        return real(folder, entry, dim)
+
+    monkeypatch.setattr(history_mod, "_read_user", two_saves_land_meanwhile)
+    loaded = HistoryStore.load(tmp_path / "h")
+    assert {loaded.get(u).items[0].text for u in ("u", "v")} == {"new"}  # one state, the new one
