@@ -361,12 +361,19 @@ class Personalizer:
         from .errors import PersistenceError
 
         store = HistoryStore.load(path, lazy=lazy)
-        if embedder is not None and store.embedding_model_id is not None:
-            current = model_id_of(embedder)
+        if store.embedding_model_id is not None:
+            if embedder is None:  # queries would be embedded by the default model: same check
+                from .models import MiniLMEmbedder
+
+                current = MiniLMEmbedder.model_id
+                fix = "pass the embedder that made them"
+            else:
+                current = model_id_of(embedder)
+                fix = "re-add the history with this embedder instead"
             if current != store.embedding_model_id:
                 raise PersistenceError(
                     f"{path} holds vectors of {store.embedding_model_id!r}, but the embedder is "
-                    f"{current!r}; re-add the history with this embedder instead"
+                    f"{current!r}; {fix}"
                 )
         if embedder is not None:
             check_dimension(embedder, store.dim, str(path))

@@ -581,3 +581,5 @@ def test_save_and_load_round_trip(tmp_path: Any) -> None:
     assert [d.page_content for d in after] == [d.page_content for d in before]
     with pytest.raises(PersistenceError, match="DeterministicFakeEmbedding"):
         PBRRetriever.load(tmp_path / "hist", embeddings=FakeEmbeddings(size=64))
+    with pytest.raises(PersistenceError, match="pass the embedder that made them"):
+        PBRRetriever.load(tmp_path / "hist")  # queries would be embedded by the default MiniLM
