@@ -408,8 +408,9 @@ class PBRStore(BaseStore):
 
 
 #: A namespace element that is a template placeholder nobody filled, e.g. LangMem's
-#: ``("memories", "{langgraph_user_id}")`` run without ``langgraph_user_id`` in the config.
-_PLACEHOLDER = re.compile(r"^\{[^{}]*\}$")
+#: ``("memories", "{langgraph_user_id}")`` run without ``langgraph_user_id`` in the config: a
+#: format field name, so a label that merely has braces (``'{"id": 1}'``) is still a label.
+_PLACEHOLDER = re.compile(r"^\{[A-Za-z_]\w*\}$")
 
 
 def _checked(ops: Iterable[Op]) -> list[Op]:

@@ -513,3 +513,12 @@ def test_an_unfilled_placeholder_namespace_is_an_error_never_a_shared_one() -> N
         asyncio.run(store.aput(template, "k", {"content": "a shared secret"}))
     namespaces = {i.namespace for i in store.inner.search(("memories",), limit=100)}
     assert namespaces == {("memories", "alice"), ("memories", "bob")}  # nothing shared written
+
+
+def test_a_label_that_only_has_braces_is_a_namespace_not_a_placeholder() -> None:
+    store = PBRStore(InMemoryStore(), BagOfWords())
+    ns = ("memories", '{"id": 1}')  # e.g. a JSON-encoded user key
+    store.put(ns, "k", {"content": "my cello lesson"})
+    assert keys(store.search(ns, query="cello")) == ["k"]
+    with pytest.raises(ValueError, match="unfilled placeholder"):
+        store.put(("memories", "{user_id}"), "k", {"content": "x"})
