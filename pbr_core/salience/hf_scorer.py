@@ -91,9 +91,9 @@ class TransformersLogProbScorer:
             raise ValueError("invalid TransformersLogProbScorer: " + "; ".join(problems))
         self.model = model
         self.tokenizer = tokenizer
-        self.template = template
+        self._template = template
         self.batch_size = batch_size
-        self.max_item_tokens = max_item_tokens
+        self._max_item_tokens = max_item_tokens
         self.cache_size = cache_size
         if callable(getattr(model, "eval", None)):
             model.eval()
@@ -119,6 +119,18 @@ class TransformersLogProbScorer:
         self._blocks: OrderedDict[str, tuple[list[int], bool]] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._infer_lock = threading.Lock()
+
+    # Read-only: the tokenized memory blocks are cached by item text alone, so a template or a
+    # cut changed after use would mix two templates (or two cuts) in one result.
+    @property
+    def template(self) -> SalienceTemplate:
+        """The prompt template (fixed at construction; build another scorer to change it)."""
+        return self._template
+
+    @property
+    def max_item_tokens(self) -> int:
+        """Memory items are cut to this many tokens (fixed at construction)."""
+        return self._max_item_tokens
 
     def __repr__(self) -> str:
         return (

@@ -134,12 +134,12 @@ def select_by_salience(
     if top_n is not None and top_n < 1:
         raise ValueError(f"top_n must be >= 1 or None (keep all), got {top_n}")
     texts = _as_texts(texts)
-    if not texts:  # nothing to score: do not load a model for it
+    if texts:
+        sal = salience(as_scorer(scorer), query, texts)
+    else:  # nothing to score: no model is loaded, but every option is checked as usual below
         if not isinstance(query, str) or not query.strip():
             raise ValueError("salience needs a non-empty query; got " + repr(query))
-        model_id = getattr(scorer, "model_id", "")
-        return SalienceSelection(np.zeros(0, dtype=np.int64), np.zeros(0), _empty(query, model_id))
-    sal = salience(as_scorer(scorer), query, texts)
+        sal = _empty(query, getattr(scorer, "model_id", ""))
     positions = list(range(len(texts)))
     if mode == "rerank":
         dense = _usable_dense(dense_scores)

@@ -61,6 +61,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def _zscore(x: np.ndarray) -> np.ndarray:
+    """z-scores; 0 for a constant ``x`` (tested exactly: rounding gives a constant's mean and
+    std of ~1e-17, which would turn equal values into z = -1)."""
+    if x.size == 0 or np.all(x == x[0]):
+        return np.zeros_like(x, dtype=np.float64)
     sd = float(x.std())
     return np.zeros_like(x) if sd == 0.0 or not math.isfinite(sd) else (x - x.mean()) / sd
 

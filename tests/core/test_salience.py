@@ -541,6 +541,36 @@ def test_select_by_salience_modes() -> None:
         select_by_salience(fake, QUERY, texts, mode="filter")  # type: ignore[arg-type]
 
 
+def test_no_items_still_give_a_decision_and_are_checked_like_any_batch() -> None:
+    gated = select_by_salience(None, QUERY, [], mode="gate")  # no model loaded for nothing
+    assert gated.decision is not None and not gated.decision.open
+    assert "no memory items" in gated.decision.reason
+    ranked = select_by_salience(None, QUERY, [])
+    assert ranked.reranked is not None and ranked.reranked.items == []
+    for bad in (dict(tau=float("nan")), dict(reduction="bogus"), dict(max_items=0)):
+        with pytest.raises(ValueError):
+            select_by_salience(None, QUERY, [], mode="gate", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="method"):
+        select_by_salience(None, QUERY, [], method="bogus")  # type: ignore[arg-type]
+
+
+def test_zsum_treats_equal_dense_scores_as_no_evidence() -> None:
+    fake = KeywordScorer()
+    texts = ["kale", "long run", "eat before my long run"]
+    sal = salience(fake, QUERY, texts)
+    flat = rerank(texts, sal, "zsum", weight=0.5, dense_scores=[0.1, 0.1, 0.1])
+    z = (sal.mean - sal.mean.mean()) / sal.mean.std()
+    np.testing.assert_allclose(flat.scores, 0.5 * z[flat.order])  # z of a constant is 0
+
+
+def test_a_scorers_template_and_cut_cannot_change_under_its_cache(llama: Any, tok: Any) -> None:
+    scorer = TransformersLogProbScorer(llama, tok, template=TEMPLATE, max_item_tokens=6)
+    with pytest.raises(AttributeError):
+        scorer.template = SalienceTemplate("query : {memory} ?")  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        scorer.max_item_tokens = 2  # type: ignore[misc]
+
+
 def test_select_by_salience_is_lenient_with_retrieved_metadata() -> None:
     fake = KeywordScorer()
     texts = ["kale", "long run", "eat before my long run", "what"]
