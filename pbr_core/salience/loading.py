@@ -27,7 +27,6 @@ def _default_lm() -> tuple[Any, Any]:
     return load_causal_lm(dtype="float32")
 
 
-@functools.lru_cache(maxsize=8)
 def default_scorer(
     template: SalienceTemplate | str = DEFAULT_TEMPLATE,
     batch_size: int = 16,
@@ -41,6 +40,17 @@ def default_scorer(
     scorer). Throughput: ~5 sequences per second on 2 quiet CPU cores (notes §7), several times
     less when other processes compete for the cores; see docs/salience.md, "Cost".
     """
+    # One scorer per setting however it is spelled (a template as text or object, arguments
+    # by position or keyword): lru_cache alone keys on the spelling.
+    if isinstance(template, str):
+        template = SalienceTemplate(memory_block=template)
+    return _default_scorer(template, batch_size, max_item_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _default_scorer(
+    template: SalienceTemplate, batch_size: int, max_item_tokens: int
+) -> TransformersLogProbScorer:
     model, tok = _default_lm()
     return TransformersLogProbScorer(
         model,

