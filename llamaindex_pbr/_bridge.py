@@ -148,8 +148,8 @@ def natively_async(llm: LLM) -> bool:
     """Whether ``llm.acomplete`` is the model's own async code (not its sync code, blocking)."""
     from llama_index.core.llms.custom import CustomLLM
 
-    owner = next(c for c in type(llm).__mro__ if "acomplete" in c.__dict__)
-    return owner is not CustomLLM
+    owner = next((c for c in type(llm).__mro__ if "acomplete" in c.__dict__), None)
+    return owner is not None and owner is not CustomLLM
 
 
 def settings_llm() -> LLM | None:

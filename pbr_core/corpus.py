@@ -711,7 +711,11 @@ class Corpus:
             or history is None
             or history.position(r.item_id) is None
         ]
-        changed = self._saveable(user_id, changed, known)
+        kept = self._saveable(user_id, changed, known)
+        for record in changed:  # an unsaveable new version: the old one must go too
+            if record not in kept:
+                current.pop(record.item_id, None)
+        changed = kept
         stale = [it.id for it in history.items if it.id not in current] if history else []
         if stale:
             self.cache.delete(user_id, stale)

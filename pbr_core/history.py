@@ -62,17 +62,22 @@ def _checked_windows(windows: Any, dim: int, what: str) -> np.ndarray:
     return rows
 
 
-def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:
-    """``ids`` as a list of strings: the one rule for a batch of ids or texts, core and adapters.
+def check_batch(values: Iterable[Any], what: str) -> list[Any]:
+    """``values`` as a list, elements as given: the one rule for a batch of ids or texts.
 
     A bare string is refused, not iterated: ``delete(user, "xy")`` would otherwise remove the
     items ``"x"`` and ``"y"``, and ``add_texts(user, "hello")`` store five one-letter items.
     """
-    if isinstance(ids, str | bytes):
+    if isinstance(values, str | bytes):
         raise TypeError(
-            f"{what} must be a list of strings, got the single string {ids!r}; pass [{ids!r}]"
+            f"{what} must be a list of strings, got the single string {values!r}; pass [{values!r}]"
         )
-    return [str(i) for i in ids]
+    return list(values)
+
+
+def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:
+    """``ids`` as a list of strings (see :func:`check_batch`), core and adapters."""
+    return [str(i) for i in check_batch(ids, what)]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from .corpus import Corpus
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
-from .history import HistoryItem, HistoryStore, UserHistory, check_ids
+from .history import HistoryItem, HistoryStore, UserHistory, check_batch, check_ids
 from .prf import (
     Parsed,
     PromptSet,
@@ -970,7 +970,7 @@ def _items(
     metadatas: Sequence[dict[str, Any]] | None,
     timestamps: Sequence[float | None] | None,
 ) -> list[HistoryItem]:
-    texts = check_ids(texts, "texts")
+    texts = check_batch(texts, "texts")  # elements as given: a non-str text is refused later
     ids = None if ids is None else check_ids(ids)
     n = len(texts)
     for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):

@@ -121,7 +121,9 @@ def _fitting(word: str, window: Window) -> list[str]:
     out: list[str] = []
     rest = word
     while rest and not window.fits(rest):
-        lo, hi = 1, len(rest)  # the longest fitting prefix has length in [1, hi)
+        # the longest fitting prefix is in [1, hi]; a token rarely spans 32 characters, so
+        # searching beyond that many per token only costs tokenizer time (quadratic on a long run)
+        lo, hi = 1, min(len(rest), 32 * window.max_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if window.fits(rest[:mid]):

@@ -434,6 +434,8 @@ def test_a_bare_string_of_texts_or_ids_is_refused_when_adding() -> None:
             [Document(page_content="a"), Document(page_content="b")], user_id="bob", ids="ab"
         )
     assert list(p.store.users()) == []  # nothing stored
+    with pytest.raises(ValueError, match="text"):  # elements are not converted to text either
+        p.add_texts("alice", [None])  # type: ignore[list-item]
     assert "bob" not in r.history.users()
 
 

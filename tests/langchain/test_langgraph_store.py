@@ -229,6 +229,44 @@ def test_a_staleness_window_never_hides_this_stores_own_puts_and_deletes(
     assert "m8" not in keys(store.search(alice, query="cello"))
 
 
+async def test_an_async_put_expires_views_off_the_event_loop_and_only_its_own_prefixes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    store = filled(PBRStore(InMemoryStore(), BagOfWords(), max_staleness_s=3600))
+    for prefix in (("memories", "alice"), ("memories", "bob"), ("memories",)):
+        await store.asearch(prefix, query="cello")
+    expired: list[tuple[str, bool]] = []
+    real = store.corpus.expire
+
+    def spy(user_ids: Any) -> None:
+        ids = list(user_ids)
+        on_loop = threading.current_thread() is threading.main_thread()
+        expired.extend((i, on_loop) for i in ids)
+        real(ids)
+
+    monkeypatch.setattr(store.corpus, "expire", spy)
+    await store.aput(("memories", "alice"), "m9", {"content": "new cello bow"})
+    # a search's listing thread may hold the user's lock while it waits on the loop: the
+    # expiry (which takes that lock) must not run on the loop
+    assert expired and not any(on_loop for _, on_loop in expired)
+    assert sorted(i for i, _ in expired) == sorted(['["memories", "alice"]', '["memories"]'])
+
+
+def test_an_item_rewritten_unsaveably_loses_its_old_text_too() -> None:
+    inner = InMemoryStore()
+    store = PBRStore(inner, BagOfWords())
+    alice = ("memories", "alice")
+    store.put(alice, "pw", {"content": "my password is hunter2"})
+    store.put(alice, "tea", {"content": "I like green tea"})
+    assert "pw" in keys(store.search(alice, query="password"))
+    inner.put(alice, "pw", {"content": "rotated \udc80 password"})  # unsaveable new version
+    assert "pw" not in keys(store.search(alice, query="password"))
+    history = store.corpus.history(scope_id(alice))
+    assert history is not None and all("hunter2" not in it.text for it in history.items)
+
+
 def test_an_unsaveable_item_in_the_store_is_left_out_and_the_namespace_still_searches(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
