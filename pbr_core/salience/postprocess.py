@@ -77,11 +77,13 @@ def as_scorer(value: Any) -> LogProbScorer:
 
 
 def _usable_dense(values: Sequence[Any] | np.ndarray | None) -> np.ndarray | None:
-    """Dense scores if every item has a real number, else ``None`` (rank by input order)."""
+    """Dense scores if every item has a finite real number, else ``None`` (rank by input
+    order): a NaN from a store is as good as missing, not a reason to fail the re-ranking."""
     if values is None:
         return None
     if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
-        return np.asarray(values, dtype=np.float64)
+        dense = np.asarray(values, dtype=np.float64)
+        return dense if np.isfinite(dense).all() else None
     return None
 
 
@@ -126,8 +128,9 @@ def select_by_salience(
 
     Lenient where :func:`rerank` and :func:`gate` are strict, because retrieved items come
     with whatever metadata they have: ``scorer=None`` uses :func:`default_scorer`; dense scores
-    with a missing (``None``) entry are ignored (RRF then uses the input order, z-sum fails);
-    timestamps with a missing entry are ignored with a warning that names ``timestamp_source``.
+    with a missing (``None``) or non-finite entry are ignored (RRF then uses the input order,
+    z-sum fails); timestamps with a missing entry are ignored with a warning that names
+    ``timestamp_source``.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")

@@ -7,6 +7,7 @@ oracle). ``N`` items cost one scorer call of ``N + 1`` sequences (the extra one:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -156,6 +157,8 @@ def oracle_focus_set(
     """
     s = _scores_array(scores, reduction)
     _check_cap(max_items)
+    if not math.isfinite(float(tau)):  # as gate: a NaN tau would silently select nothing
+        raise ValueError(f"tau must be a finite number, got {tau}")
     above = np.flatnonzero(s > tau)
     ranked = above[np.argsort(-s[above], kind="stable")]
     return ranked if max_items is None else ranked[:max_items]

@@ -108,8 +108,8 @@ def rerank(
         raise ValueError(f"got {len(items)} candidates but {len(sal)} salience scores")
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if rrf_k < 0:
-        raise ValueError(f"rrf_k must be >= 0, got {rrf_k}")
+    if not (math.isfinite(rrf_k) and rrf_k >= 0):  # NaN would make every score NaN
+        raise ValueError(f"rrf_k must be a finite number >= 0, got {rrf_k}")
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight is salience's share and must lie in [0, 1], got {weight}")
     dense: np.ndarray | None

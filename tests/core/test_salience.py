@@ -554,6 +554,19 @@ def test_no_items_still_give_a_decision_and_are_checked_like_any_batch() -> None
         select_by_salience(None, QUERY, [], method="bogus")  # type: ignore[arg-type]
 
 
+def test_nan_options_are_refused_and_a_nan_dense_score_is_as_good_as_missing() -> None:
+    fake = KeywordScorer()
+    texts = ["kale", "long run", "eat before my long run"]
+    sal = salience(fake, QUERY, texts)
+    with pytest.raises(ValueError, match="tau"):
+        oracle_focus_set(sal, tau=float("nan"))
+    with pytest.raises(ValueError, match="rrf_k"):
+        rerank(texts, sal, "rrf", rrf_k=float("nan"))  # type: ignore[arg-type]
+    lenient = select_by_salience(fake, QUERY, texts, dense_scores=[0.2, float("nan"), 0.1])
+    plain = select_by_salience(fake, QUERY, texts)
+    assert lenient.indices.tolist() == plain.indices.tolist()  # salience ranks; NaN ignored
+
+
 def test_zsum_treats_equal_dense_scores_as_no_evidence() -> None:
     fake = KeywordScorer()
     texts = ["kale", "long run", "eat before my long run"]
