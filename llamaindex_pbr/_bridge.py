@@ -108,7 +108,7 @@ class LlamaIndexGenerator:
 
     def bound(self, context: contextvars.Context) -> LlamaIndexGenerator:
         """A copy whose sync calls run in (a copy of) ``context``; cheap, one per request."""
-        return LlamaIndexGenerator(self.llm, self.prompt_style, context=context)
+        return type(self)(self.llm, self.prompt_style, context=context)
 
     def _complete(self, prompt: str) -> str:
         return self.llm.complete(prompt).text
@@ -123,9 +123,6 @@ class LlamaIndexGenerator:
 class AsyncLlamaIndexGenerator(LlamaIndexGenerator):
     """A :class:`LlamaIndexGenerator` for an LLM whose ``acomplete`` is its own async code: the
     async pipeline awaits it on the event loop (and cancels it at the timeout)."""
-
-    def bound(self, context: contextvars.Context) -> AsyncLlamaIndexGenerator:
-        return AsyncLlamaIndexGenerator(self.llm, self.prompt_style, context=context)
 
     async def agenerate(self, prompt: str) -> str:
         return (await self.llm.acomplete(prompt)).text

@@ -644,9 +644,9 @@ class PBRRetriever(BaseRetriever):
         self, index: VectorStoreIndex, user_id: str, top_k: int, view: MetadataFilters
     ) -> BaseRetriever | None:
         corpus = self._shared.corpus
-        history = corpus.history(user_id)
-        if history is None:
+        if user_id not in corpus.cache:
             return None
+        history = corpus.cache.get(user_id)  # the request has just read and verified it
         from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
 
         kwargs = dict(self._shared.retriever_kwargs)

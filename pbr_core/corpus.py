@@ -72,12 +72,6 @@ RAW_SCORE_KEY = "store_score"
 log = logging.getLogger("pbr.corpus")
 
 
-def _user_tag(user_id: str) -> str:
-    from .pipeline import user_tag  # the one way logs name a user (hashed)
-
-    return user_tag(user_id)
-
-
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
 
 
@@ -86,6 +80,11 @@ def check_user_id(user_id: object) -> str:
     if not isinstance(user_id, str) or not user_id:
         raise ValueError(f"user_id must be a non-empty string, got {user_id!r}")
     return user_id
+
+
+def user_tag(user_id: str) -> str:
+    """A user id as logs show it: the first 8 hex digits of its sha256 (never the id itself)."""
+    return hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def scoped_key(user_id: str, item_id: str) -> str:
@@ -711,11 +710,9 @@ class Corpus:
             or history is None
             or history.position(r.item_id) is None
         ]
-        kept = self._saveable(user_id, changed, known)
-        for record in changed:  # an unsaveable new version: the old one must go too
-            if record not in kept:
-                current.pop(record.item_id, None)
-        changed = kept
+        changed, unsaveable = self._saveable(user_id, changed, known)
+        for item_id in unsaveable:  # an unsaveable new version: the old one must go too
+            current.pop(item_id, None)
         stale = [it.id for it in history.items if it.id not in current] if history else []
         if stale:
             self.cache.delete(user_id, stale)
@@ -728,26 +725,31 @@ class Corpus:
         self._drop_if_empty(user_id)
         return self.cache._current(user_id)
 
-    def _saveable(self, user_id: str, records: list[Record], known: _Known) -> list[Record]:
-        """The records pbr can keep; one it could not save (a lone surrogate written to the
-        host by someone else) is left out of the history, with one warning per record revision,
-        instead of failing every read of the user."""
-        kept = []
+    def _saveable(
+        self, user_id: str, records: list[Record], known: _Known
+    ) -> tuple[list[Record], list[str]]:
+        """The records pbr can keep, and the item ids of those it cannot: one it could not save
+        (a lone surrogate written to the host by someone else) is left out of the history, with
+        one warning per record revision, instead of failing every read of the user."""
+        kept: list[Record] = []
+        unsaveable: list[str] = []
         for record in records:
             try:
                 check_serialisable(user_id, [record.item()])
             except ValueError:
-                if known.skipped.get(record.key) != revision(record):
-                    known.skipped[record.key] = revision(record)
+                unsaveable.append(record.item_id)
+                seen = revision(record)
+                if known.skipped.get(record.key) != seen:
+                    known.skipped[record.key] = seen
                     log.warning(
                         "pbr: a host record of user %s cannot be saved (text, id or metadata "
                         "not UTF-8 / JSON) and is left out of the history; rewrite it",
-                        _user_tag(user_id),
+                        user_tag(user_id),
                     )
                 continue
             known.skipped.pop(record.key, None)
             kept.append(record)
-        return kept
+        return kept, unsaveable
 
     def _vectors_of(self, user_id: str, records: list[Record]) -> np.ndarray:
         """Vectors of listed records: the listing's, else fetched, else embedded."""

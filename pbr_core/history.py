@@ -670,8 +670,12 @@ class HistoryStore:
         return snapshot
 
     # -- persistence ---------------------------------------------------------------------------
-    def _save(self, path: str | os.PathLike[str]) -> Callable[[], Path]:
-        """Write the save; return the ``commit`` that makes unread lazy users read from it."""
+    def save_within(self, path: str | os.PathLike[str]) -> Callable[[], Path]:
+        """:meth:`save`, for a save that is part of a larger atomic write (an adapter saving
+        its index beside the histories): returns ``commit``, to call once the larger write has
+        succeeded. Until then, users of a lazy load that were never read keep reading their
+        old files; if the larger write fails and removes this folder, nothing points into it.
+        """
         target = Path(path)
         with self._lock:
             users_now = list(self._users.items())
@@ -744,15 +748,7 @@ class HistoryStore:
             PersistenceError: a user could not be written (the message names it) or the folder
                 cannot be written to; ``path`` still holds the previous save, unchanged.
         """
-        return self._save(path)()
-
-    def save_within(self, path: str | os.PathLike[str]) -> Callable[[], Path]:
-        """:meth:`save`, for a save that is part of a larger atomic write (an adapter saving
-        its index beside the histories): returns ``commit``, to call once the larger write has
-        succeeded. Until then, users of a lazy load that were never read keep reading their
-        old files; if the larger write fails and removes this folder, nothing points into it.
-        """
-        return self._save(path)
+        return self.save_within(path)()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, lazy: bool = False) -> HistoryStore:

@@ -17,7 +17,6 @@ into something usable are written to the generation cache.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -32,7 +31,7 @@ import numpy as np
 
 from .cache import GenerationCache
 from .config import PBRConfig
-from .corpus import Corpus
+from .corpus import Corpus, user_tag
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
@@ -997,11 +996,6 @@ def _given(fb: PseudoFeedback, term: str, limit: int) -> Parsed:
     else:
         items = (fb.reasoning,) if fb.reasoning and fb.reasoning.strip() else ()
     return Parsed(items, None if items else f"no {term} were given")
-
-
-def user_tag(user_id: str) -> str:
-    """A user id as logs show it: the first 8 hex digits of its sha256 (never the id itself)."""
-    return hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def _as_text(out: object) -> str | BaseException | None:

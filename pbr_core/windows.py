@@ -101,14 +101,23 @@ def split(text: str, window: Window) -> list[str]:
     """
     if window.fits(text):
         return [text]
-    pieces = [cut for word in re.findall(r"\S+\s*", text) for cut in _fitting(word, window)]
-    n = max(2, math.ceil(window.count(text) / window.max_tokens))
+    pieces = re.findall(r"\S+\s*", text)
+    first = n = max(2, math.ceil(window.count(text) / window.max_tokens))
+    cut_words = False
     while True:
         n = min(n, len(pieces))
         bounds = [round(i * len(pieces) / n) for i in range(n + 1)]  # sizes differ by <= 1
         parts = ["".join(pieces[a:b]).strip() for a, b in itertools.pairwise(bounds)]
-        if n == len(pieces) or all(window.fits(p) for p in parts):
+        if all(window.fits(p) for p in parts):
             return [p for p in parts if p]
+        if n == len(pieces):
+            if cut_words:  # every piece fits alone: nothing finer to cut
+                return [p for p in parts if p]
+            # one window per word and one still too long: a word that alone exceeds the window
+            # (text without spaces). Only now is each word counted, and the long ones cut.
+            pieces = [cut for piece in pieces for cut in _fitting(piece, window)]
+            n, cut_words = first, True
+            continue
         n += 1
 
 
