@@ -19,8 +19,7 @@ import asyncio
 import json
 import re
 import threading
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from langchain_core.embeddings import Embeddings
@@ -36,9 +35,9 @@ from langgraph.store.base import (
 )
 
 from pbr_core import Embedder, GenerationCache, PBRConfig, Personalizer
-from pbr_core.adapters_support import explanation_payload, memory_config
+from pbr_core.adapters_support import memory_config
 from pbr_core.corpus import Corpus, Record, check_user_id
-from pbr_core.retrieval import rank_personalized
+from pbr_core.retrieval import Candidates, Request, retrieve
 
 from ._bridge import LanguageModelLike, generator_for, prompt_set, prompt_style_of
 
@@ -256,8 +255,7 @@ class PBRStore(BaseStore):
         style = prompt_style_of(llm, prompt_style) if llm is not None else "chat"
         self._style: Literal["chat", "completion"] = style
         self.personalizer = Personalizer(
-            embeddings,
-            store=self.corpus.cache,
+            corpus=self.corpus,
             config=cfg,
             prompts=prompt_set(style, None, None),
             cache=cache,
@@ -346,7 +344,16 @@ class PBRStore(BaseStore):
             hit = {ns[:j] for ns in written for j in range(len(ns) + 1) if ns[:j] in self._searched}
         self.corpus.expire(scope_id(p) for p in hit)
 
-    # -- pbr's search -----------------------------------------------------------------------
+    # -- pbr's search: the core's request, translated ------------------------------------------
+    def _view(self, prefix: tuple[str, ...], filter: dict[str, Any]) -> Callable[[], Candidates]:
+        """LangGraph's ``filter`` as the request's view: the matching items, listed."""
+
+        def matching() -> Candidates:
+            items = self.records.items(prefix, filter)
+            return [(item_key(i.namespace, i.key), {}, None) for i in items]
+
+        return matching
+
     def _search(self, op: SearchOp) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
         self.user_of(prefix)  # refuses a namespace without its user
@@ -357,32 +364,29 @@ class PBRStore(BaseStore):
         uid = scope_id(prefix)
         with self._guard:
             self._searched.add(prefix)
-        history = self.corpus.history(uid)  # lists inner, embeds only new or changed texts
-        n = op.offset + op.limit
-        if history is None or op.limit == 0:
+        if op.limit == 0:
             return []
-        found: list[tuple[str, dict[str, Any], float | None]] | None = None
-        if op.filter:
-            matching = self.records.items(prefix, op.filter)
-            found = [(item_key(i.namespace, i.key), {}, None) for i in matching]
-            if not found:
-                return []
         generator = generator_for(self.llm, None, self._style) if self.llm is not None else None
-        pq = self.personalizer.personalize(
+        request = Request(
             uid,
             op.query,
+            op.offset + op.limit,
+            config=self.config,
             generator=generator,
-            unknown_user="raise" if self.strict else "plain",
+            strict=self.strict,
+            skip_unknown=True,  # an empty memory is a new user's normal state: no LLM call
         )
-        t0 = time.perf_counter()
-        cfg = self.config
-        scored = rank_personalized(self.corpus, uid, history, pq, n, cfg, found)
-        page = scored[op.offset : op.offset + op.limit]
+        view = self._view(prefix, op.filter) if op.filter else None
+        # the corpus lists inner and embeds only new or changed texts
+        got = retrieve(self.corpus, request, self.personalizer.personalize, host_filter=view)
+        if got.query is None:
+            return []
+        page = got.results[op.offset : op.offset + op.limit]
         targets = [_parse_item_key(s.key) for s in page]
         gets: list[Op] = [GetOp(t[0], t[1], op.refresh_ttl) for t in targets if t is not None]
-        got = self.inner.batch(gets) if gets else []
+        read = self.inner.batch(gets) if gets else []
         answered: list[tuple[Item, dict[str, Any]]] = []  # (the item as read back, its legs)
-        for s, item in zip([s for s, t in zip(page, targets) if t is not None], got):
+        for s, item in zip([s for s, t in zip(page, targets) if t is not None], read):
             if not isinstance(item, Item):
                 continue  # deleted since the listing
             result = {
@@ -392,14 +396,11 @@ class PBRStore(BaseStore):
                 **(s.hit.legs or {}),
             }
             answered.append((item, result))
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - t0) * 1000.0
-        payload = {
-            **explanation_payload(pq.explanation),
-            "namespace": prefix,
-            "user": self.user_of(prefix),
-            "mode": cfg.search,
-            "results": [result for _, result in answered],
-        }
+        payload = got.payload(
+            namespace=prefix,
+            user=self.user_of(prefix),
+            results=[result for _, result in answered],
+        )
         with self._guard:
             self._explanations[prefix] = payload
         return [

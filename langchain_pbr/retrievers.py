@@ -39,7 +39,7 @@ from pbr_core.adapters_support import (
     owner_of,
 )
 from pbr_core.corpus import Corpus
-from pbr_core.retrieval import aretrieve, retrieve
+from pbr_core.retrieval import Request, aretrieve, retrieve
 
 from ._bridge import (
     LangChainGenerator,
@@ -243,20 +243,30 @@ class PBRRetriever(BaseRetriever):
         return self.corpus
 
     def _personalizer(self) -> Personalizer:
-        # A per-request view over the shared history: it holds this copy's prompts, config and
+        # A per-request view over the shared corpus: it holds this copy's prompts, config and
         # strictness, so nothing per request is written to a shared object.
         return Personalizer(
-            self._embedder(),
-            store=self._corpus().cache,
+            corpus=self._corpus(),
             config=self.config,
             prompts=self._prompts(),
             cache=self.cache,
             strict=self.strict,
         )
 
+    @property
+    def personalizer(self) -> Personalizer:
+        """The pbr_core :class:`~pbr_core.Personalizer` of this retriever: the method over
+        :attr:`corpus`, so its writes (``add_texts``, ``delete``) reach the vector store."""
+        return self._personalizer()
+
     def _request(
-        self, user_id: str | None, k: int | None, kwargs: dict[str, Any], run: Any
-    ) -> tuple[str, int]:
+        self,
+        query: str,
+        user_id: str | None,
+        k: int | None,
+        kwargs: dict[str, Any],
+        run: CallbackManagerForRetrieverRun | AsyncCallbackManagerForRetrieverRun,
+    ) -> Request:
         kwargs.pop("verbose", None)  # LangChain's own invoke option, not ours
         if kwargs:
             raise TypeError(
@@ -270,7 +280,15 @@ class PBRRetriever(BaseRetriever):
             # config={"metadata": {"user_id": ...}} reaches this retriever inside compositions
             # that re-invoke it with callbacks only (ContextualCompressionRetriever, ...).
             user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
-        return self._user(user_id), check_positive_int(default if k is None else k, "k")
+        return Request(
+            self._user(user_id),
+            query,
+            check_positive_int(default if k is None else k, "k"),
+            config=self.config,
+            generator=self._generator(run.get_child()),
+            strict=self.strict,
+            view_filtered=self._view_filtered(),
+        )
 
     def _user(self, user_id: str | None) -> str:
         uid = user_id if user_id is not None else self.user_id
@@ -289,9 +307,6 @@ class PBRRetriever(BaseRetriever):
     def _generator(self, callbacks: Callbacks) -> LangChainGenerator:
         return generator_for(self._llm(), callbacks, self._style())
 
-    def _unknown_user(self) -> Literal["raise", "plain"]:
-        return "raise" if self.strict else "plain"
-
     def _view_filtered(self) -> bool:
         return self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
 
@@ -308,23 +323,18 @@ class PBRRetriever(BaseRetriever):
         user_id: str | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        uid, n = self._request(user_id, k, kwargs, run_manager)
-        generator = self._generator(run_manager.get_child())
-        store = self.vectorstore
+        request = self._request(query, user_id, k, kwargs, run_manager)
+        uid, store = request.user_id, self.vectorstore
         got = retrieve(
             self._corpus(),
-            uid,
-            n,
-            self.config,
-            lambda: self._personalizer().personalize(
-                uid, query, generator=generator, unknown_user=self._unknown_user()
-            ),
+            request,
+            self._personalizer().personalize,
             host_search=None
             if store is None
             else lambda v, m: store_search(store, v.tolist(), m, self._search_kwargs(uid)),
-            view_filtered=self._view_filtered(),
             host_errors=self._host_errors,
         )
+        assert got.query is not None  # the request does not skip: always personalized
         child = run_manager.get_child()
         for name, data in explanation_events(got.query.explanation):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
@@ -339,23 +349,18 @@ class PBRRetriever(BaseRetriever):
         user_id: str | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        uid, n = self._request(user_id, k, kwargs, run_manager)
-        generator = self._generator(run_manager.get_child())
-        store = self.vectorstore
+        request = self._request(query, user_id, k, kwargs, run_manager)
+        uid, store = request.user_id, self.vectorstore
         got = await aretrieve(
             self._corpus(),
-            uid,
-            n,
-            self.config,
-            lambda: self._personalizer().apersonalize(
-                uid, query, generator=generator, unknown_user=self._unknown_user()
-            ),
+            request,
+            self._personalizer().apersonalize,
             host_search=None
             if store is None
             else lambda v, m: astore_search(store, v.tolist(), m, self._search_kwargs(uid)),
-            view_filtered=self._view_filtered(),
             host_errors=self._host_errors,
         )
+        assert got.query is not None  # the request does not skip: always personalized
         child = run_manager.get_child()
         for name, data in explanation_events(got.query.explanation):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)

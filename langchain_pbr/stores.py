@@ -21,6 +21,7 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
+from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
 
 __all__ = ["Found", "astore_search", "default_filter", "host_records", "store_search"]
@@ -29,7 +30,6 @@ __all__ = ["Found", "astore_search", "default_filter", "host_records", "store_se
 Found = list[tuple[str, dict[str, Any], float | None]]
 
 #: Metadata value types Chroma accepts (it refuses nested containers and None in older servers).
-_CHROMA_SCALARS = (str, int, float, bool)
 
 
 class _Base:
@@ -106,14 +106,7 @@ class _Chroma(_Base):
     can_list = True
 
     def validate(self, records: Sequence[Record]) -> None:
-        for r in records:
-            for name, value in r.metadata.items():
-                if not isinstance(value, _CHROMA_SCALARS):
-                    raise ValueError(
-                        f"item {r.item_id!r} of user {r.user_id!r}: Chroma stores metadata "
-                        f"values of type str, int, float or bool; {name!r} is "
-                        f"{type(value).__name__} (convert it, e.g. to a JSON string)"
-                    )
+        check_flat_metadata(records)
 
     def upsert(self, records: Sequence[Record]) -> None:
         collection = self.store._collection  # type: ignore[attr-defined]
@@ -167,7 +160,7 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
     """The :class:`~pbr_core.corpus.HostRecords` view of a LangChain ``VectorStore``."""
     if isinstance(store, InMemoryVectorStore):
         return _InMemory(store, user_key)
-    if type(store).__name__ == "Chroma" and hasattr(store, "_collection"):
+    if collection_of(store) is not None:
         return _Chroma(store, user_key)
     return _Opaque(store, user_key)
 

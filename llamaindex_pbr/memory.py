@@ -30,10 +30,10 @@ from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPromptTemplate
 
 from pbr_core import GenerationCache, HistoryItem, HistoryStore, PBRConfig, Personalizer
-from pbr_core.adapters_support import explanation_payload, memory_config
+from pbr_core.adapters_support import memory_config
 from pbr_core.corpus import Corpus, check_user_id
 from pbr_core.history import UserHistory
-from pbr_core.retrieval import rank_personalized
+from pbr_core.retrieval import Request, aretrieve
 
 from ._bridge import (
     LlamaIndexEmbedder,
@@ -146,10 +146,9 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         if self.llm is not None:
             self._generator = llamaindex_generator(self.llm, self.prompt_style)
         self._personalizer = Personalizer(
-            embedder,
-            self._generator,
+            generator=self._generator,
+            corpus=self._corpus,
             config=cfg,
-            store=self._corpus.cache,
             cache=self.cache,
             strict=self.strict,
         )
@@ -224,28 +223,27 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         query = " ".join(t for t in (message_text(m) for m in window) if t)
         if not query.strip():
             return ""
-        uid = self.user_id
-        history = await self._corpus.ahistory(uid)
-        if history is None:
-            return ""
         cfg = self.config
         assert cfg is not None  # set in model_post_init
-        pq = await self._personalizer.apersonalize(
-            uid,
+        request = Request(
+            self.user_id,
             query,
+            self.similarity_top_k,
+            config=cfg,
             generator=self._generator,
-            unknown_user="raise" if self.strict else "plain",
+            strict=self.strict,
+            skip_unknown=True,  # nothing stored yet: no recall, no LLM call
         )
-        scored = rank_personalized(self._corpus, uid, history, pq, self.similarity_top_k, cfg)
-        payload = {
-            **explanation_payload(pq.explanation),
-            "user": uid,
-            "mode": cfg.search,
-            "results": [
+        got = await aretrieve(self._corpus, request, self._personalizer.apersonalize)
+        if got.query is None:
+            return ""
+        scored = got.results
+        self._explanation = got.payload(
+            user=self.user_id,
+            results=[
                 {"id": s.hit.id, "score": float(s.hit.score), **(s.hit.legs or {})} for s in scored
             ],
-        }
-        self._explanation = payload
+        )
         if not scored:
             return ""
         text = "\n\n".join(

@@ -38,21 +38,19 @@ from pbr_core import (
     GenerationCache,
     HistoryStore,
     PBRConfig,
-    PersistenceError,
     PersonalizedQuery,
     Personalizer,
     PromptSet,
-    UnknownUserPolicy,
 )
 from pbr_core.adapters_support import (
     check_positive_int,
     check_user_id,
     explanation_events,
-    explanation_payload,
     host_store_errors,
 )
 from pbr_core.corpus import Corpus
-from pbr_core.retrieval import Candidates, Retrieval, aretrieve, retrieve
+from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
+from pbr_core.vectors import check_model
 
 from . import persistence
 from ._bridge import (
@@ -270,18 +268,14 @@ class PBRRetriever(BaseRetriever):
         generator = llamaindex_generator(llm, prompt_style)
         embedder = LlamaIndexEmbedder(embed_model)
         store = history if history is not None else HistoryStore()
-        if store.embedding_model_id not in (None, embedder.model_id):
-            raise PersistenceError(
-                f"the history holds vectors of {store.embedding_model_id!r}, but the embedding "
-                f"model is {embedder.model_id!r}; pass embed_model= the model that built them"
-            )
+        check_model(store.embedding_model_id, embedder, "the history")
+        corpus = Corpus(None, embedder=embedder, cache=store, user_key=user_id_key)
         self._shared = _Shared(
-            corpus=Corpus(None, embedder=embedder, cache=store, user_key=user_id_key),
+            corpus=corpus,
             personalizer=Personalizer(
-                embedder,
-                generator,
+                generator=generator,
+                corpus=corpus,
                 config=config,
-                store=store,
                 prompts=prompts,
                 cache=cache,
                 strict=strict,
@@ -490,49 +484,44 @@ class PBRRetriever(BaseRetriever):
 
     # -- retrieval: the steps are pbr_core.retrieval's, this translates -------------------------
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        user_id, query = self._request(query_bundle)
+        request = self._request(query_bundle)
         fetched: dict[str, BaseNode] = {}
 
         def host_search(vector: np.ndarray, n: int) -> Candidates:
-            inner = self._inner_retriever(user_id, n)
-            found = [] if inner is None else inner.retrieve(bundle_for(query, vector))
+            inner = self._inner_retriever(request.user_id, n)
+            found = [] if inner is None else inner.retrieve(bundle_for(request.query, vector))
             return self._candidates(found, fetched)
 
         got = retrieve(
             self._shared.corpus,
-            user_id,
-            self._top_k,
-            self.config,
-            lambda: self._personalize(user_id, query, query_bundle.embedding),
+            request,
+            self._personalize,
             host_search=host_search,
-            view_filtered=self._view_filtered(),
             host_errors=self._store_errors,
         )
         with self._store_errors():
-            return self._result_nodes(user_id, got, fetched)
+            return self._result_nodes(request.user_id, got, fetched)
 
     @dispatcher.span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        user_id, query = self._request(query_bundle)
+        request = self._request(query_bundle)
         fetched: dict[str, BaseNode] = {}
 
         async def host_search(vector: np.ndarray, n: int) -> Candidates:
-            inner = self._inner_retriever(user_id, n)
-            found = [] if inner is None else await inner.aretrieve(bundle_for(query, vector))
+            inner = self._inner_retriever(request.user_id, n)
+            bundle = bundle_for(request.query, vector)
+            found = [] if inner is None else await inner.aretrieve(bundle)
             return self._candidates(found, fetched)
 
         got = await aretrieve(
             self._shared.corpus,
-            user_id,
-            self._top_k,
-            self.config,
-            lambda: self._apersonalize(user_id, query, query_bundle.embedding),
+            request,
+            self._apersonalize,
             host_search=host_search,
-            view_filtered=self._view_filtered(),
             host_errors=self._store_errors,
         )
         with self._store_errors():
-            return await asyncio.to_thread(self._result_nodes, user_id, got, fetched)
+            return await asyncio.to_thread(self._result_nodes, request.user_id, got, fetched)
 
     @staticmethod
     def _candidates(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
@@ -547,11 +536,12 @@ class PBRRetriever(BaseRetriever):
         unread = [r.key for r in got.results if r.key not in fetched]
         if unread and host is not None:
             fetched.update(host.nodes(user_id, unread))  # type: ignore[attr-defined]
-        payload = explanation_payload(got.query.explanation)
+        payload = got.payload()
         return result_nodes(got.results, fetched, self.config.search, payload, self.config.explain)
 
-    def _request(self, query_bundle: QueryBundle) -> tuple[str, str]:
-        """The request's user and query, validated; nothing of it is stored on ``self``."""
+    def _request(self, query_bundle: QueryBundle) -> Request:
+        """The request's user, query and parameters, validated; nothing of it is stored on
+        ``self``."""
         if self._user_id is None:
             raise ValueError(
                 "this PBRRetriever has no user: PBR personalizes per user; build a view with "
@@ -562,47 +552,33 @@ class PBRRetriever(BaseRetriever):
         query = query_bundle.query_str.strip() if isinstance(query_bundle.query_str, str) else ""
         if not query:
             raise ValueError("PBRRetriever got an empty query; pass the user's question as text")
-        return self._user_id, query
+        return Request(
+            self._user_id,
+            query,
+            self._top_k,
+            config=self.config,
+            strict=self._is_strict(),
+            query_vector=query_bundle.embedding,  # the caller's, used as given
+            view_filtered=self._view_filtered(),
+        )
 
     @dispatcher.span
-    def _personalize(
-        self, user_id: str, query: str, embedding: list[float] | None = None
-    ) -> PersonalizedQuery:
+    def _personalize(self, user_id: str, query: str, **kwargs: Any) -> PersonalizedQuery:
         # The pipeline's two LLM calls run in worker threads: bind them to this context so
         # their spans and callback events nest under this retrieval.
         generator = self._shared.generator.bound(contextvars.copy_context())
-        pq = self._core.personalize(
-            user_id,
-            query,
-            config=self._config,
-            generator=generator,
-            strict=self._strict,
-            unknown_user=self._unknown_user(),
-            query_vector=embedding,  # QueryBundle.embedding: the caller's, used as given
-        )
+        pq = self._core.personalize(user_id, query, **{**kwargs, "generator": generator})
         self._report(pq)
         return pq
 
     @dispatcher.span
-    async def _apersonalize(
-        self, user_id: str, query: str, embedding: list[float] | None = None
-    ) -> PersonalizedQuery:
-        pq = await self._core.apersonalize(
-            user_id,
-            query,
-            config=self._config,
-            strict=self._strict,
-            unknown_user=self._unknown_user(),
-            query_vector=embedding,  # QueryBundle.embedding: the caller's, used as given
-        )
+    async def _apersonalize(self, user_id: str, query: str, **kwargs: Any) -> PersonalizedQuery:
+        pq = await self._core.apersonalize(user_id, query, **kwargs)
         self._report(pq)
         return pq
 
     def _is_strict(self) -> bool:
         return self._core.strict if self._strict is None else self._strict
-
-    def _unknown_user(self) -> UnknownUserPolicy:
-        return "raise" if self._is_strict() else "plain"
 
     def _report(self, pq: PersonalizedQuery) -> None:
         for name, data in explanation_events(pq.explanation):
@@ -857,10 +833,9 @@ class PBRRetriever(BaseRetriever):
         core = self._core
         # A new pbr_core view sharing the store and cache; the shared object is left alone.
         self._core = Personalizer(
-            core.embedder,
-            core.generator,
+            generator=core.generator,
+            corpus=core.corpus,
             config=core.config,
-            store=core.store,
             prompts=updated,
             cache=core.cache,
             strict=core.strict,

@@ -23,6 +23,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
+from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
 
 from ._bridge import with_keys
@@ -42,7 +43,7 @@ _LLAMA_KEYS = ("_node_content", "_node_type", "document_id", "doc_id", "ref_doc_
 
 
 def _is_chroma(store: object) -> bool:
-    return type(store).__name__ == "ChromaVectorStore" and hasattr(store, "_collection")
+    return collection_of(store) is not None
 
 
 def listable(index: VectorStoreIndex) -> bool:
@@ -103,14 +104,7 @@ class IndexRecords:
 
     def validate(self, records: Sequence[Record]) -> None:
         if _is_chroma(self.index.vector_store):
-            for r in records:
-                for name, value in r.metadata.items():
-                    if not isinstance(value, (str, int, float, bool)):
-                        raise ValueError(
-                            f"node {r.item_id!r} of user {r.user_id!r}: Chroma stores flat "
-                            f"metadata (str, int, float, bool); {name!r} is "
-                            f"{type(value).__name__}"
-                        )
+            check_flat_metadata(records, noun="node")
 
     def upsert(self, records: Sequence[Record]) -> None:
         nodes = [stored_node(r, self.user_key) for r in records]

@@ -17,8 +17,8 @@ from .config import ExplainMode, PBRConfig
 from .corpus import check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
-from .pipeline import Explanation
 from .protocols import model_id_of
+from .results import Explanation, explanation_payload, missing_terms
 
 __all__ = [
     "EXPLANATION_KEY",
@@ -86,33 +86,6 @@ def memory_config(config: PBRConfig | None, has_llm: bool, owner: str) -> PBRCon
             "fusion='plain' (pure hybrid search) or 'no_prf' (history anchor only)"
         )
     return cfg
-
-
-def missing_terms(explanation: Explanation) -> dict[str, str]:
-    """Terms the fusion mode asked for but ``q*`` lacks because something failed, with reasons.
-
-    Non-empty means the request ran degraded (an LLM call failed or timed out, an answer could
-    not be parsed, the user has too little history). Not missing: terms switched off by the
-    fusion mode, and terms ``"safe"`` fusion chose to leave out (``Explanation.skipped``:
-    personalization skipped on purpose, not a failure).
-    """
-    wanted = dict(zip(TERMS, MODE_TERMS[explanation.fusion]))  # type: ignore[index]
-    return {
-        term: explanation.dropped.get(term, "not used")
-        for term in TERMS
-        if wanted[term] and term not in explanation.used and term not in explanation.skipped
-    }
-
-
-def explanation_payload(explanation: Explanation) -> dict[str, Any]:
-    """The JSON-ready explanation an adapter attaches to every result of the request.
-
-    :meth:`Explanation.to_dict` (which holds ``skipped``: term → why ``"safe"`` fusion chose to
-    leave it out) plus ``degraded`` (bool: something failed) and ``missing`` (term → reason, the
-    failures only).
-    """
-    missing = missing_terms(explanation)
-    return {**explanation.to_dict(), "degraded": bool(missing), "missing": missing}
 
 
 def annotated(position: int, explain: ExplainMode) -> tuple[bool, bool]:

@@ -40,7 +40,7 @@ from .lexical import query_terms
 from .protocols import SearchHit
 
 if TYPE_CHECKING:
-    from .pipeline import Explanation
+    from .results import Explanation
 
 __all__ = [
     "SEARCH_MODES",

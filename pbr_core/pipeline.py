@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +33,7 @@ from .corpus import Corpus, user_tag
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
+from .generation import Answer, agenerate, executor_for, generate, timeout_for
 from .history import HistoryItem, HistoryStore, UserHistory, check_batch, check_ids
 from .prf import (
     Parsed,
@@ -47,117 +46,19 @@ from .prf import (
     resolve_prompt_style,
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
-from .retrieval import rank_personalized
+from .results import Explanation, PersonalizedQuery, PseudoFeedback, SearchResult
+from .retrieval import FinalSearch, Request, UnknownUserPolicy, aretrieve, retrieve
 from .vectors import (
     aembed_documents,
     aembed_query,
     as_unit_vector,
     check_dimension,
+    check_model,
     embed_documents,
     embed_query,
 )
 
 _log = logging.getLogger("pbr.pipeline")
-
-#: What :meth:`Personalizer.personalize` does for a user with no history.
-UnknownUserPolicy = Literal["raise", "plain"]
-
-
-@dataclass(frozen=True)
-class PseudoFeedback:
-    """Ready-made P-PRF texts (e.g. cached generations of another LLM): skips the LLM calls."""
-
-    utterances: Sequence[str] = ()
-    reasoning: str | None = None
-
-
-@dataclass
-class Explanation:
-    """Why the personalized query is what it is. JSON-ready through :meth:`to_dict`.
-
-    Attributes:
-        user_id, query: the request.
-        fusion: the fusion mode.
-        used: the terms that entered ``q*``.
-        related: the history items shown to the LLM (score = cosine with the query).
-        pseudo_utterances, reasoning: the parsed LLM answers (empty / None when dropped).
-        w1, w2: fusion weights (None for a dropped term).
-        anchor_items: the most central history items (score = PageRank).
-        dropped: term → reason it is not in ``q*`` (every absent term: failures, too little
-            history, the fusion mode, and the deliberate choices also listed in ``skipped``).
-        skipped: the subset of ``dropped`` that is a deliberate choice, not a failure:
-            ``"safe"`` fusion keeping the plain query (its history gate, feedback it does not
-            trust, or its pre-generation gate, ``PBRConfig.pre_gate``, which also skips the LLM
-            calls). A request is *degraded* only by the other entries of ``dropped``.
-        trust: ``"safe"`` fusion only: each LLM term's trust in [0, 1], the closest feedback and
-            history cosines (see :class:`~pbr_core.fusion.FusionResult`) and ``"shift"``, the share
-            of the paper's shift from ``q`` that ``q*`` applies.
-        timings_ms: milliseconds per stage (no ``"llm"`` stage when the pre-generation gate
-            skipped the LLM).
-        llm_calls: P-PRF prompts sent to the LLM by this request (0, 1 or 2).
-        llm_cached: P-PRF prompts answered from the generation cache instead.
-    """
-
-    user_id: str
-    query: str
-    fusion: str
-    used: tuple[str, ...] = ()
-    related: list[SearchHit] = field(default_factory=list)
-    pseudo_utterances: list[str] = field(default_factory=list)
-    reasoning: str | None = None
-    w1: float | None = None
-    w2: float | None = None
-    anchor_items: list[SearchHit] = field(default_factory=list)
-    dropped: dict[str, str] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-    trust: dict[str, float] = field(default_factory=dict)
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    llm_calls: int = 0
-    llm_cached: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        def hit(h: SearchHit) -> dict[str, Any]:
-            return {"id": h.id, "score": round(h.score, 6), "text": h.text}
-
-        return {
-            "user_id": self.user_id,
-            "query": self.query,
-            "fusion": self.fusion,
-            "used": list(self.used),
-            "related": [hit(h) for h in self.related],
-            "pseudo_utterances": list(self.pseudo_utterances),
-            "reasoning": self.reasoning,
-            "w1": self.w1,
-            "w2": self.w2,
-            "anchor_items": [hit(h) for h in self.anchor_items],
-            "dropped": dict(self.dropped),
-            "skipped": dict(self.skipped),
-            "trust": {k: round(v, 4) for k, v in self.trust.items()},
-            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
-            "llm_calls": self.llm_calls,
-            "llm_cached": self.llm_cached,
-        }
-
-
-@dataclass
-class PersonalizedQuery:
-    """The result of :meth:`Personalizer.personalize`.
-
-    Attributes:
-        vector: ``q*`` scaled to unit norm (ranking by inner product or cosine is unchanged).
-        query_vector: the plain unit query vector ``q``.
-        explanation: how ``vector`` was made.
-    """
-
-    vector: np.ndarray
-    query_vector: np.ndarray
-    explanation: Explanation
-
-
-@dataclass
-class SearchResult:
-    hits: list[SearchHit]
-    personalized: PersonalizedQuery
 
 
 class _Stopwatch:
@@ -228,7 +129,12 @@ class Personalizer:
         generator: any :class:`~pbr_core.protocols.TextGenerator`. Default: the embedded Gemma 3
             270M, loaded on first use, and only if a fusion mode needs the LLM.
         config: the method's parameters.
-        store: an existing history store (e.g. loaded from disk).
+        store: an existing history store (e.g. loaded from disk); pbr's own store is then the
+            record of every user's items.
+        corpus: the :class:`~pbr_core.corpus.Corpus` the caller owns (an adapter's, over its
+            host store): this personalizer reads, writes and embeds through it, so there is one
+            write path per store. Its cache is :attr:`store` and its embedder the one items and
+            queries are embedded by; pass neither ``store`` nor another ``embedder`` with it.
         prompts: the P-PRF prompt templates; by default chosen from the generator's
             ``prompt_style`` (``"chat"`` → JSON prompts, ``"completion"`` → list prompts).
         cache: a :class:`GenerationCache` or a path to its JSONL file; no cache when None.
@@ -253,6 +159,7 @@ class Personalizer:
         *,
         config: PBRConfig | None = None,
         store: HistoryStore | None = None,
+        corpus: Corpus | None = None,
         prompts: PromptSet | None = None,
         cache: GenerationCache | str | os.PathLike[str] | None = None,
         vector_search: VectorSearch | None = None,
@@ -263,10 +170,18 @@ class Personalizer:
         self._generator = generator
         self.fusion_rule = fusion_rule
         self.config = config or PBRConfig()
-        self.store = store if store is not None else HistoryStore()  # an empty store is falsy
-        # The one write path for items (validation, ownership): pbr's own store as the record.
-        # It holds the embedder too, so items and queries are embedded by the same model.
-        self.corpus = Corpus(None, embedder=embedder, cache=self.store)
+        if corpus is None:
+            # pbr's own store as the record; the corpus holds the embedder too, so items and
+            # queries are embedded by the same model.
+            store = store if store is not None else HistoryStore()  # an empty store is falsy
+            corpus = Corpus(None, embedder=embedder, cache=store)
+        elif store is not None and store is not corpus.cache:
+            raise ValueError("pass store= or corpus= (whose cache is the store), not both")
+        elif embedder is not None and embedder is not corpus.embedder:
+            raise ValueError("pass embedder= or corpus= (which embeds with its own), not both")
+        #: The one read and write path for items (validation, ownership, the host store).
+        self.corpus = corpus
+        self.store = corpus.cache
         self.prompts = prompts
         self.cache = GenerationCache(cache) if isinstance(cache, str | os.PathLike) else cache
         self.vector_search = vector_search
@@ -291,7 +206,7 @@ class Personalizer:
     def llm_executor(self) -> LLMExecutor:
         """Where this personalizer's LLM calls run (see the ``llm_executor`` argument)."""
         if self._llm_executor is None:
-            self._llm_executor = _executor_for(self.store, self.config.max_concurrent_llm_calls)
+            self._llm_executor = executor_for(self.store, self.config.max_concurrent_llm_calls)
         return self._llm_executor
 
     def prompts_for(self, generator: TextGenerator) -> PromptSet:
@@ -357,23 +272,8 @@ class Personalizer:
         ``lazy=True`` reads each user's files on first use (see :meth:`HistoryStore.load`): a
         restarted server with many users answers its first query in milliseconds.
         """
-        from .errors import PersistenceError
-
         store = HistoryStore.load(path, lazy=lazy)
-        if store.embedding_model_id is not None:
-            if embedder is None:  # queries would be embedded by the default model: same check
-                from .models import MiniLMEmbedder
-
-                current = MiniLMEmbedder.model_id
-                fix = "pass the embedder that made them"
-            else:
-                current = model_id_of(embedder)
-                fix = "re-add the history with this embedder instead"
-            if current != store.embedding_model_id:
-                raise PersistenceError(
-                    f"{path} holds vectors of {store.embedding_model_id!r}, but the embedder is "
-                    f"{current!r}; {fix}"
-                )
+        check_model(store.embedding_model_id, embedder, str(path))
         if embedder is not None:
             check_dimension(embedder, store.dim, str(path))
         return cls(embedder, store=store, **kwargs)
@@ -587,18 +487,41 @@ class Personalizer:
 
     def search(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
         """Personalize, then search the user's corpus with ``q*`` (keyword args as
-        :meth:`personalize`)."""
-        pq = self.personalize(user_id, query, **kwargs)
-        return SearchResult(self._final_search(user_id, pq, k, kwargs.get("config")), pq)
+        :meth:`personalize`): the one request of :mod:`pbr_core.retrieval`."""
+        request = self._request(user_id, query, k, kwargs)
+        final = self._final_search(user_id)
+        got = retrieve(self.corpus, request, self.personalize, final_search=final)
+        assert got.query is not None  # a request that does not skip is always personalized
+        return SearchResult([r.hit for r in got.results], got.query)
 
     async def asearch(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
-        pq = await self.apersonalize(user_id, query, **kwargs)
-        config = kwargs.get("config")
-        if self.vector_search is None:
-            hits = self._final_search(user_id, pq, k, config)  # in-process: microseconds
-        else:
-            hits = await asyncio.to_thread(self._final_search, user_id, pq, k, config)
-        return SearchResult(hits, pq)
+        """Async :meth:`search` (a given ``vector_search`` runs in a worker thread)."""
+        request = self._request(user_id, query, k, kwargs)
+        final = self._final_search(user_id)
+        afinal = None
+        if final is not None:
+            search = final  # a host call: off the event loop, as a store's search would be
+
+            async def afinal(vector: np.ndarray, n: int) -> Sequence[SearchHit]:
+                return await asyncio.to_thread(search, vector, n)
+
+        got = await aretrieve(self.corpus, request, self.apersonalize, final_search=afinal)
+        assert got.query is not None
+        return SearchResult([r.hit for r in got.results], got.query)
+
+    def _final_search(self, user_id: str) -> FinalSearch | None:
+        """The given :class:`VectorSearch` as the request's final search (None: pbr ranks)."""
+        search = self.vector_search
+        if search is None:
+            return None
+        return lambda vector, k: search.search(user_id, vector.tolist(), k)
+
+    def _request(self, user_id: str, query: str, k: int, kwargs: dict[str, Any]) -> Request:
+        """:meth:`search`'s arguments as the core's request (a user without history raises
+        :class:`UnknownUserError` unless ``unknown_user="plain"``)."""
+        unknown = kwargs.pop("unknown_user", "raise")
+        config = kwargs.pop("config", None) or self.config
+        return Request(user_id, query, k, config=config, unknown_user=unknown, **kwargs)
 
     # -- steps ---------------------------------------------------------------------------------
     def _start(
@@ -681,65 +604,28 @@ class Personalizer:
         req.style = (req.prompts or self.prompts_for(generator)).style
 
     # -- LLM calls -----------------------------------------------------------------------------
-    def _generate(self, req: _Request) -> tuple[str | BaseException, str | BaseException]:
-        """Both P-PRF answers, concurrently and within the timeout; a failure is returned, not
-        raised."""
-        gen, prompts = req.generator, req.sent
-        assert gen is not None and prompts is not None
+    def _generate(self, req: _Request) -> tuple[Answer, Answer]:
+        """Both P-PRF answers (the cache's, else the LLM's within the timeout); a failure is
+        returned, not raised."""
+        assert req.generator is not None and req.sent is not None
         outs, todo = self._from_cache(req)
-        timeout = _timeout_for(gen, req.config)
-        executor = self.llm_executor
-        batch = getattr(gen, "generate_batch", None)
-        if len(todo) == 2 and batch is not None:
-            (got,) = executor.call_all([(batch, ([prompts[0], prompts[1]],))], timeout)
-            outs[0], outs[1] = _pair(got)
-        elif todo:
-            results = executor.call_all([(gen.generate, (prompts[i],)) for i in todo], timeout)
-            for i, got in zip(todo, results):
-                outs[i] = _as_text(got)
-        return outs[0], outs[1]  # type: ignore[return-value]
+        timeout = timeout_for(req.generator, req.config)
+        outs.update(generate(req.generator, req.sent, todo, self.llm_executor, timeout))
+        return outs[0], outs[1]
 
-    async def _agenerate(self, req: _Request) -> tuple[str | BaseException, str | BaseException]:
-        gen, prompts = req.generator, req.sent
-        assert gen is not None and prompts is not None
+    async def _agenerate(self, req: _Request) -> tuple[Answer, Answer]:
+        assert req.generator is not None and req.sent is not None
         outs, todo = self._from_cache(req)
-        timeout = _timeout_for(gen, req.config)
-        executor = self.llm_executor
-        batch = getattr(gen, "generate_batch", None)
-        abatch = getattr(gen, "agenerate_batch", None)
-        # A local model (generate_batch) computes in threads anyway: ours, bounded, not asyncio's.
-        native = None if batch is not None else getattr(gen, "agenerate", None)
-        if len(todo) == 2 and (batch is not None or abatch is not None):
-            pair = [prompts[0], prompts[1]]
-            try:
-                if batch is not None:
-                    got = await executor.acall(batch, pair, timeout=timeout)
-                else:
-                    assert abatch is not None
-                    got = await executor.acall_async(abatch, pair, timeout=timeout)
-            except Exception as exc:
-                got = exc
-            outs[0], outs[1] = _pair(got)
-        elif todo:
-            results = await asyncio.gather(
-                *(
-                    executor.acall_async(native, prompts[i], timeout=timeout)
-                    if native is not None
-                    else executor.acall(gen.generate, prompts[i], timeout=timeout)
-                    for i in todo
-                ),
-                return_exceptions=True,
-            )
-            for i, got in zip(todo, results):
-                outs[i] = _as_text(got)
-        return outs[0], outs[1]  # type: ignore[return-value]
+        timeout = timeout_for(req.generator, req.config)
+        outs.update(await agenerate(req.generator, req.sent, todo, self.llm_executor, timeout))
+        return outs[0], outs[1]
 
-    def _from_cache(self, req: _Request) -> tuple[list[str | BaseException | None], list[int]]:
+    def _from_cache(self, req: _Request) -> tuple[dict[int, Answer], list[int]]:
         """The cached answers that still parse, and which prompts the LLM must answer now.
 
         A cached answer that does not parse (written by an older version, or by hand) is ignored
         and generated again, never raised."""
-        outs: list[str | BaseException | None] = [None, None]
+        outs: dict[int, Answer] = {0: None, 1: None}
         if self.cache is not None:
             assert req.generator is not None and req.sent is not None
             model_id = model_id_of(req.generator)
@@ -749,7 +635,7 @@ class Personalizer:
                     outs[i] = text
                 elif text is not None:
                     _log.debug("ignoring a cached LLM answer that does not parse; asking again")
-        todo = [i for i, out in enumerate(outs) if out is None]
+        todo = [i for i, out in outs.items() if out is None]
         req.fresh = tuple(todo)
         req.explanation.llm_calls = len(todo)
         req.explanation.llm_cached = len(outs) - len(todo)
@@ -894,24 +780,6 @@ class Personalizer:
         expl.timings_ms["total"] = (time.perf_counter() - req.started) * 1000.0
         return PersonalizedQuery(vector=vector, query_vector=req.q, explanation=expl)
 
-    def _final_search(
-        self, user_id: str, pq: PersonalizedQuery, k: int, config: PBRConfig | None = None
-    ) -> list[SearchHit]:
-        """The user's ``k`` best items for ``q*``: ranked by pbr (``config.search``: hybrid,
-        dense or lexical) over its own store, or by the given :class:`VectorSearch`."""
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        cfg = config or self.config
-        start = time.perf_counter()
-        if self.vector_search is not None:
-            hits = self.vector_search.search(user_id, pq.vector.tolist(), k)
-        else:
-            history = self.store.get(user_id)
-            ranked = rank_personalized(self.corpus, user_id, history, pq, k, cfg, since=start)
-            return [r.hit for r in ranked]
-        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return hits
-
 
 class HistoryVectorSearch:
     """:class:`~pbr_core.protocols.VectorSearch` over a :class:`HistoryStore` (per-user faiss)."""
@@ -922,20 +790,6 @@ class HistoryVectorSearch:
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
         history = self.store.get(user_id)
         return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
-
-
-_EXECUTORS: weakref.WeakKeyDictionary[HistoryStore, LLMExecutor] = weakref.WeakKeyDictionary()
-_EXECUTORS_LOCK = threading.Lock()
-
-
-def _executor_for(store: HistoryStore, size: int) -> LLMExecutor:
-    """The executor of every personalizer over ``store`` that was given none: personalizers are
-    cheap views (adapters make one per request), the store is what they share."""
-    with _EXECUTORS_LOCK:
-        executor = _EXECUTORS.get(store)
-        if executor is None:
-            executor = _EXECUTORS[store] = LLMExecutor(size)
-        return executor
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -998,26 +852,6 @@ def _given(fb: PseudoFeedback, term: str, limit: int) -> Parsed:
     return Parsed(items, None if items else f"no {term} were given")
 
 
-def _as_text(out: object) -> str | BaseException | None:
-    """An LLM's return value as text; bytes are decoded, other types become the failure."""
-    if out is None or isinstance(out, str | BaseException):
-        return out
-    if isinstance(out, bytes | bytearray):
-        return bytes(out).decode("utf-8", errors="replace")
-    return TypeError(f"the LLM returned {type(out).__name__}, not text")
-
-
-def _pair(got: object) -> tuple[str | BaseException | None, str | BaseException | None]:
-    """The two answers of a batched call (or its failure, for both)."""
-    if isinstance(got, BaseException):
-        return got, got
-    if isinstance(got, str | bytes) or not isinstance(got, Sequence) or len(got) != 2:
-        size = len(got) if isinstance(got, Sequence) else type(got).__name__
-        error = ValueError(f"the batched LLM call returned {size} answers for 2 prompts")
-        return error, error
-    return _as_text(got[0]), _as_text(got[1])
-
-
 def _failure(exc: BaseException) -> str:
     if isinstance(exc, LLMTimeoutError):
         return str(exc)
@@ -1030,10 +864,3 @@ def _describe(exc: BaseException) -> str:
 
 def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _timeout_for(generator: object, config: PBRConfig) -> float | None:
-    """``config.llm_timeout_s``, except for a generator that computes in this process
-    (``in_process = True``: the embedded Gemma / SmolLM2). Its call cannot hang on a network, and
-    its first call loads the model, which can take longer than a remote call's timeout."""
-    return None if getattr(generator, "in_process", False) else config.llm_timeout_s

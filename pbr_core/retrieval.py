@@ -1,20 +1,27 @@
-"""One personalized retrieval, in the order every adapter takes it.
+"""One request, run the same way for every entry point.
 
-The LangChain and LlamaIndex retrievers, the LangGraph store and the LlamaIndex memory block all
-do the same steps: read the user's history (checked against the host store), personalize the
-query, ask the host store for candidates only where pbr cannot rank all of the user's items
-itself (a view filter only the host can evaluate), then rank with pbr: the dense leg on ``q*``,
-the lexical leg on the query's words plus the LLM's. The steps are written here once, so the
-adapters only translate their framework's objects to and from these calls.
+``Personalizer.search``, the LangChain and LlamaIndex retrievers, the LangGraph store and the
+LlamaIndex memory block all answer a query with the same steps: read the user's history (checked
+against the host store), narrow it to the request's view where the entry point has one,
+personalize the query (the strict / plain rule for a user without history), ask the host store
+for candidates only where pbr cannot rank all of the user's items itself (a view filter only the
+host can evaluate), then rank with pbr: the dense leg on ``q*``, the lexical leg on the query's
+words plus the LLM's, and time it.
+
+The steps are one generator, :func:`_steps`, that yields the I/O it needs (an :class:`_Effect`)
+and gets the result back; :func:`retrieve` and :func:`aretrieve` are drivers that perform that
+I/O with blocking or awaited calls. Change the request there, never in one driver or one entry
+point: entry points only translate their framework's objects into a :class:`Request` and the
+:class:`Retrieval` back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -22,27 +29,112 @@ from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
 from .history import UserHistory
 from .hybrid import host_candidates, lexical_query, lexical_terms
+from .prf import PromptSet
+from .protocols import SearchHit, TextGenerator
+from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 
-if TYPE_CHECKING:  # the pipeline ranks with this module too
-    from .pipeline import PersonalizedQuery
+__all__ = [
+    "Candidates",
+    "Request",
+    "Retrieval",
+    "UnknownUserPolicy",
+    "aretrieve",
+    "rank_personalized",
+    "retrieve",
+]
 
-__all__ = ["Candidates", "Retrieval", "aretrieve", "rank_personalized", "retrieve"]
-
+#: What personalization does for a user with no history: raise, or search with ``q* = q``.
+UnknownUserPolicy = Literal["raise", "plain"]
 #: A host search's results: (store key, metadata, the store's own score) per record.
 Candidates = Sequence[tuple[str, Mapping[str, Any], float | None]]
 #: ``q*`` and how many candidates → the host store's search within the request's view.
 HostSearch = Callable[[np.ndarray, int], Candidates]
 AsyncHostSearch = Callable[[np.ndarray, int], Awaitable[Candidates]]
+#: The user's records within a view the entry point lists itself (e.g. a LangGraph filter).
+HostFilter = Callable[[], Candidates]
+#: ``q*`` and ``k`` → a caller's own final search (``Personalizer(vector_search=...)``).
+FinalSearch = Callable[[np.ndarray, int], Sequence[SearchHit]]
+AsyncFinalSearch = Callable[[np.ndarray, int], Awaitable[Sequence[SearchHit]]]
 #: A context manager that translates the host store's errors (e.g. an unreachable server).
 HostErrors = Callable[[], contextlib.AbstractContextManager[object]]
+#: ``(user_id, query, **Request.personalize_kwargs())`` → the personalized query.
+Personalize = Callable[..., PersonalizedQuery]
+AsyncPersonalize = Callable[..., Awaitable[PersonalizedQuery]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One user's query, as every entry point states it.
+
+    Attributes:
+        user_id, query: the request.
+        k: results wanted (>= 1).
+        config: the request's parameters, for personalization and ranking alike (its
+            ``search`` mode ranks): an entry point passes its own (the personalizer's).
+        generator, feedback, prompts, query_vector: as :meth:`Personalizer.personalize`.
+        strict: raise instead of degrading (None: the personalizer's own setting).
+        unknown_user: what a user without history gets; None = the one rule every adapter
+            follows: ``"raise"`` when ``strict``, else ``"plain"`` (``q* = q``, no results).
+        skip_unknown: a user without history gets no results and nothing is personalized (no
+            LLM call): agent memory, where an empty memory is the normal state of a new user.
+        view_filtered: the request's view has a filter only the host can evaluate, so pbr ranks
+            within the host's search results instead of all of the user's items.
+    """
+
+    user_id: str
+    query: str
+    k: int
+    config: PBRConfig = field(default_factory=PBRConfig)
+    generator: TextGenerator | None = None
+    feedback: PseudoFeedback | None = None
+    prompts: PromptSet | None = None
+    query_vector: Sequence[float] | np.ndarray | None = None
+    strict: bool | None = None
+    unknown_user: UnknownUserPolicy | None = None
+    skip_unknown: bool = False
+    view_filtered: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+
+    @property
+    def policy(self) -> UnknownUserPolicy:
+        """:attr:`unknown_user`, or the rule it defaults to."""
+        if self.unknown_user is not None:
+            return self.unknown_user
+        return "raise" if self.strict else "plain"
+
+    def personalize_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`Personalizer.personalize` for this request."""
+        return {
+            "config": self.config,
+            "generator": self.generator,
+            "feedback": self.feedback,
+            "strict": self.strict,
+            "prompts": self.prompts,
+            "unknown_user": self.policy,
+            "query_vector": self.query_vector,
+        }
 
 
 @dataclass(frozen=True)
 class Retrieval:
-    """A request's personalized query and pbr's ranking of the user's items for it."""
+    """A request's personalized query and pbr's ranking of the user's items for it.
 
-    query: PersonalizedQuery
+    ``query`` is None only when nothing was personalized: ``skip_unknown`` and a user without
+    history, or a view that holds none of the user's items.
+    """
+
+    query: PersonalizedQuery | None
     results: list[ScoredRecord]
+    mode: str
+
+    def payload(self, **extra: Any) -> dict[str, Any]:
+        """The request's JSON-ready explanation (:func:`~pbr_core.results.explanation_payload`)
+        plus ``mode`` (how it was ranked) and the entry point's own ``extra`` keys."""
+        assert self.query is not None, "nothing was personalized: no explanation"
+        return {**explanation_payload(self.query.explanation), "mode": self.mode, **extra}
 
 
 def rank_personalized(
@@ -69,6 +161,76 @@ def rank_personalized(
     return results
 
 
+# -- the steps of one request, once for both drivers -------------------------------------------
+@dataclass(frozen=True)
+class _ReadHistory:
+    """The user's verified history (the host store is listed where it can be)."""
+
+
+@dataclass(frozen=True)
+class _Filter:
+    """The user's records within the entry point's own view (``host_filter``)."""
+
+
+@dataclass(frozen=True)
+class _Personalize:
+    """The request's personalized query (embedding and LLM calls)."""
+
+
+@dataclass(frozen=True)
+class _HostSearch:
+    """The host store's ``n`` best candidates for ``vector`` within the request's view."""
+
+    vector: np.ndarray
+    n: int
+
+
+@dataclass(frozen=True)
+class _FinalSearch:
+    """The caller's own final search for ``vector`` (it ranks; pbr does not)."""
+
+    vector: np.ndarray
+    k: int
+
+
+_Effect = _ReadHistory | _Filter | _Personalize | _HostSearch | _FinalSearch
+
+
+@dataclass(frozen=True)
+class _Hosts:
+    """Which of the optional host calls this request has."""
+
+    search: bool
+    filter: bool
+    final: bool
+
+
+def _steps(
+    corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts
+) -> Generator[_Effect, Any, Retrieval]:
+    user_id, k = request.user_id, request.k
+    history: UserHistory | None = yield _ReadHistory()
+    if history is None and request.skip_unknown:
+        return Retrieval(None, [], config.search)
+    within: Candidates | None = None
+    if hosts.filter and history is not None:
+        within = yield _Filter()
+        if not within:  # nothing of the user's in the view: no LLM call for no result
+            return Retrieval(None, [], config.search)
+    pq: PersonalizedQuery = yield _Personalize()
+    start = time.perf_counter()
+    if hosts.final:
+        hits: Sequence[SearchHit] = yield _FinalSearch(pq.vector, k)
+        results = [ScoredRecord(hit=h, key=h.id, raw_score=h.score) for h in hits]
+        pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+        return Retrieval(pq, results, config.search)
+    found = within
+    if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
+        found = yield _HostSearch(pq.vector, host_candidates(k, config.search))
+    results = rank_personalized(corpus, user_id, history, pq, k, config, found, since=start)
+    return Retrieval(pq, results, config.search)
+
+
 def _needs_host(corpus: Corpus, history: UserHistory | None, view_filtered: bool) -> bool:
     # Nothing of the user's to search, or pbr ranks every item itself: no host search.
     return history is not None and not corpus.ranks_all(view_filtered)
@@ -76,58 +238,93 @@ def _needs_host(corpus: Corpus, history: UserHistory | None, view_filtered: bool
 
 def retrieve(
     corpus: Corpus,
-    user_id: str,
-    k: int,
-    config: PBRConfig,
-    personalize: Callable[[], PersonalizedQuery],
+    request: Request,
+    personalize: Personalize,
     *,
     host_search: HostSearch | None = None,
-    view_filtered: bool = False,
+    host_filter: HostFilter | None = None,
+    final_search: FinalSearch | None = None,
     host_errors: HostErrors = contextlib.nullcontext,
 ) -> Retrieval:
-    """Read ``user_id``'s history, call ``personalize``, search the host where needed, rank.
+    """Run ``request`` over ``corpus`` with blocking calls.
 
     Args:
-        corpus: the owner of every user's items.
-        k: results wanted.
-        config: the request's parameters (``search``, ``lexical_feedback_weight``).
-        personalize: makes the request's :class:`PersonalizedQuery` (the LLM calls).
+        corpus: the owner of every user's items (the one the personalizer reads).
+        request: the query and its parameters.
+        personalize: ``Personalizer.personalize`` (or an entry point's wrapper of it, e.g. a
+            tracing span), called with ``(user_id, query, **request.personalize_kwargs())``.
         host_search: the host store's search within the request's view; None = no host store
-            (pbr's own is the record).
-        view_filtered: whether the request's view has a filter only the host can evaluate.
+            (pbr's own history is the record).
+        host_filter: the user's records within a view the entry point lists itself; ranking is
+            then restricted to them, and an empty view returns no result without an LLM call.
+        final_search: a caller's own final search that ranks instead of pbr.
         host_errors: wraps every host store call (never the LLM's).
     """
-    with host_errors():
-        history = corpus.history(user_id)
-    pq = personalize()
-    start = time.perf_counter()
-    found = None
-    with host_errors():
-        if host_search is not None and _needs_host(corpus, history, view_filtered):
-            found = host_search(pq.vector, host_candidates(k, config.search))
-        results = rank_personalized(corpus, user_id, history, pq, k, config, found, since=start)
-    return Retrieval(pq, results)
+    config = request.config
+    steps = _steps(corpus, request, config, _hosts(host_search, host_filter, final_search))
+
+    def perform(effect: _Effect) -> Any:
+        if isinstance(effect, _Personalize):
+            return personalize(request.user_id, request.query, **request.personalize_kwargs())
+        with host_errors():
+            if isinstance(effect, _ReadHistory):
+                return corpus.history(request.user_id)
+            if isinstance(effect, _Filter):
+                assert host_filter is not None
+                return host_filter()
+            if isinstance(effect, _HostSearch):
+                assert host_search is not None
+                return host_search(effect.vector, effect.n)
+            assert final_search is not None
+            return final_search(effect.vector, effect.k)
+
+    effect = next(steps)
+    while True:
+        result = perform(effect)
+        try:
+            effect = steps.send(result)
+        except StopIteration as done:
+            return done.value
 
 
 async def aretrieve(
     corpus: Corpus,
-    user_id: str,
-    k: int,
-    config: PBRConfig,
-    personalize: Callable[[], Awaitable[PersonalizedQuery]],
+    request: Request,
+    personalize: AsyncPersonalize,
     *,
     host_search: AsyncHostSearch | None = None,
-    view_filtered: bool = False,
+    host_filter: Callable[[], Awaitable[Candidates]] | None = None,
+    final_search: AsyncFinalSearch | None = None,
     host_errors: HostErrors = contextlib.nullcontext,
 ) -> Retrieval:
-    """Async :func:`retrieve` (pbr's ranking is in-process: it runs inline)."""
-    with host_errors():
-        history = await corpus.ahistory(user_id)
-    pq = await personalize()
-    start = time.perf_counter()
-    found = None
-    with host_errors():
-        if host_search is not None and _needs_host(corpus, history, view_filtered):
-            found = await host_search(pq.vector, host_candidates(k, config.search))
-        results = rank_personalized(corpus, user_id, history, pq, k, config, found, since=start)
-    return Retrieval(pq, results)
+    """Async :func:`retrieve`: the same steps with awaited calls (a host listing runs in a
+    worker thread; pbr's ranking is in-process and runs inline)."""
+    config = request.config
+    steps = _steps(corpus, request, config, _hosts(host_search, host_filter, final_search))
+
+    async def perform(effect: _Effect) -> Any:
+        if isinstance(effect, _Personalize):
+            return await personalize(request.user_id, request.query, **request.personalize_kwargs())
+        with host_errors():
+            if isinstance(effect, _ReadHistory):
+                return await corpus.ahistory(request.user_id)
+            if isinstance(effect, _Filter):
+                assert host_filter is not None
+                return await host_filter()
+            if isinstance(effect, _HostSearch):
+                assert host_search is not None
+                return await host_search(effect.vector, effect.n)
+            assert final_search is not None
+            return await final_search(effect.vector, effect.k)
+
+    effect = next(steps)
+    while True:
+        result = await perform(effect)
+        try:
+            effect = steps.send(result)
+        except StopIteration as done:
+            return done.value
+
+
+def _hosts(search: object, filter_: object, final: object) -> _Hosts:
+    return _Hosts(search=search is not None, filter=filter_ is not None, final=final is not None)

@@ -118,3 +118,26 @@ def check_dimension(embedder: Embedder, dim: int | None, where: str) -> None:
             f"{where} holds vectors of dimension {dim}, but the embedder makes vectors of "
             f"dimension {got.shape[0]}; load it with the embedding model that built it"
         )
+
+
+def check_model(saved_model_id: str | None, embedder: Embedder | None, where: str) -> None:
+    """Raise :class:`~pbr_core.errors.PersistenceError` unless ``embedder`` is the model that
+    made the vectors ``where`` holds (``saved_model_id``; None: nothing recorded, nothing to
+    check). Without an embedder the default MiniLM would embed the queries: it is checked
+    (by its id alone: no model load). The one model check of every load path."""
+    if saved_model_id is None:
+        return
+    from .errors import PersistenceError
+    from .protocols import model_id_of
+
+    if embedder is None:
+        from .models import MiniLMEmbedder
+
+        current, fix = MiniLMEmbedder.model_id, "pass the embedder that made them"
+    else:
+        current, fix = model_id_of(embedder), "pass the embedding model that made them"
+    if current != saved_model_id:
+        raise PersistenceError(
+            f"{where} holds vectors of {saved_model_id!r}, but the embedder is {current!r}; "
+            f"{fix} (or re-add the history with this one)"
+        )

@@ -583,3 +583,23 @@ def test_save_and_load_round_trip(tmp_path: Any) -> None:
         PBRRetriever.load(tmp_path / "hist", embeddings=FakeEmbeddings(size=64))
     with pytest.raises(PersistenceError, match="pass the embedder that made them"):
         PBRRetriever.load(tmp_path / "hist")  # queries would be embedded by the default MiniLM
+
+
+def test_the_personalizer_writes_through_the_retrievers_vector_store() -> None:
+    # One corpus per store: the Personalizer a retriever exposes adds to and deletes from the
+    # vector store, not only pbr's history.
+    store = InMemoryVectorStore(EMB)
+    retriever = PBRRetriever(
+        llm=ParrotFakeChatModel(),
+        embeddings=EMB,
+        vectorstore=store,
+        config=PBRConfig(fusion="plain"),
+    )
+    retriever.add_documents([Document(ALICE[0])], user_id="alice", ids=["a0"])
+    retriever.personalizer.add_texts("alice", [ALICE[1]], ids=["a1"])
+    assert scoped_key("alice", "a1") in store.store
+    docs = retriever.invoke("who visits in May?", user_id="alice", k=2)
+    assert {d.id for d in docs} == {"a0", "a1"}
+    retriever.personalizer.delete("alice", ["a1"])
+    assert scoped_key("alice", "a1") not in store.store
+    assert [d.id for d in retriever.invoke("who visits in May?", user_id="alice")] == ["a0"]

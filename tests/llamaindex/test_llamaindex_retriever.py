@@ -962,3 +962,17 @@ def test_explain_says_which_nodes_carry_the_explanation(
     carries = ["pbr" in n.node.metadata for n in got]
     assert carries == ([True, False, False, False] if explain == "first" else [False] * 4)
     assert all(("pbr_search" in n.node.metadata) == (explain == "first") for n in got)
+
+
+def test_an_item_added_through_the_personalizer_is_indexed_and_retrieved(
+    base: PBRRetriever,
+) -> None:
+    # One corpus per store: the personalizer writes through the retriever's, so the item
+    # reaches the index (it was once only in pbr's history: shown to the LLM, never retrieved).
+    base.personalizer.add_texts("u3", ["Beetroot juice before every race"], ids=["u3-beet"])
+    assert scoped_key("u3", "u3-beet") in base.index.vector_store.data.embedding_dict
+    got = base.retrieve("beetroot juice before a race", user_id="u3")
+    assert got[0].node.node_id == "u3-beet"
+    base.personalizer.delete("u3", ["u3-beet"])
+    assert scoped_key("u3", "u3-beet") not in base.index.vector_store.data.embedding_dict
+    assert "u3-beet" not in [nws.node.node_id for nws in base.retrieve(QUERY, user_id="u3")]
