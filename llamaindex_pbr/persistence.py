@@ -1,9 +1,10 @@
-"""PBRRetriever.persist / from_persist_dir: files plus the constructor's arguments, saved whole.
+"""The files of a saved PBRRetriever: pbr's history, the index (or a partition's indexes) and the
+view's settings, saved whole.
 
-A save is one snapshot folder made current atomically (:mod:`pbr_core.persist`): pbr's history,
-the index (or each user's index of a partition) and a manifest of the view's settings. A crash
-at any moment leaves the previous save loadable; every damaged file is a ``PersistenceError``
-naming it.
+A save is one snapshot folder made current atomically (:mod:`pbr_core.persist`). A crash at any
+moment leaves the previous save loadable; every damaged file is a ``PersistenceError`` naming it.
+This module knows files only: the retriever hands it what to save (:func:`persist`) and builds
+itself from what :func:`load` read, so neither module imports the other.
 """
 
 from __future__ import annotations
@@ -12,18 +13,18 @@ import hashlib
 import inspect
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llama_index.core import Settings, StorageContext, VectorStoreIndex, load_index_from_storage
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.llms import LLM
 from llama_index.core.vector_stores import MetadataFilters
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
-from pbr_core import GenerationCache, HistoryStore, PBRConfig, PersistenceError, PromptSet
+from pbr_core import HistoryStore, PBRConfig, PersistenceError, PromptSet
 from pbr_core.persist import current_snapshot, write_atomically
 from pbr_core.vectors import check_dimension
 
@@ -37,65 +38,53 @@ VectorStoreLoader = (
     | Callable[[str, "str | None"], BasePydanticVectorStore]
 )
 
-if TYPE_CHECKING:
-    from .retrievers import PBRRetriever, VectorStoreFactory
-
 _MANIFEST = "pbr_retriever.json"
 _FORMAT = "pbr-llamaindex-retriever"
 _FORMAT_VERSION = 1
 
 
-def persist(retriever: PBRRetriever, persist_dir: str | os.PathLike[str]) -> None:
-    """See :meth:`PBRRetriever.persist`."""
-    shared = retriever._shared
+@dataclass(frozen=True)
+class Saved:
+    """What :func:`load` read: the index (or a partition's indexes), the history, the embedding
+    model and callback manager it was loaded with, and the view's constructor arguments."""
+
+    index: VectorStoreIndex | dict[str, VectorStoreIndex]
+    history: HistoryStore
+    embed_model: BaseEmbedding
+    callback_manager: CallbackManager
+    settings: dict[str, Any]
+
+
+def persist(
+    persist_dir: str | os.PathLike[str],
+    *,
+    history: HistoryStore,
+    index: VectorStoreIndex | None,
+    user_indexes: Mapping[str, VectorStoreIndex] | None,
+    settings: Mapping[str, Any],
+) -> None:
+    """Save ``history``, the index (or each user's index) and the view's ``settings`` (its
+    constructor arguments: see ``PBRRetriever.settings``) as one snapshot of ``persist_dir``."""
     root = Path(persist_dir)
-    try:
-        kwargs_json = json.loads(json.dumps(shared.retriever_kwargs))
-    except TypeError as exc:
-        raise ValueError(
-            f"retriever_kwargs must be JSON-serialisable to persist ({exc}); leave them "
-            "out and pass them again to from_persist_dir"
-        ) from exc
-    indexes = (
-        {user: _user_dir(user) for user in shared.user_indexes}
-        if shared.user_indexes is not None
-        else None
-    )
-    prompts = retriever.personalizer.prompts
     manifest = {
         "format": _FORMAT,
         "format_version": _FORMAT_VERSION,
-        "user_id": retriever._user_id,
-        "user_id_key": shared.user_id_key,
-        "similarity_top_k": retriever._top_k,
-        "filters": retriever._filters.model_dump(mode="json") if retriever._filters else None,
-        "config": retriever.config.to_dict(),
-        "prompts": (
-            {
-                "utterances": prompts.utterances,
-                "reasoning": prompts.reasoning,
-                "style": prompts.style,
-            }
-            if prompts is not None
-            else None
+        **_settings_json(settings),
+        "indexes": (
+            {user: _user_dir(user) for user in user_indexes} if user_indexes is not None else None
         ),
-        "prompt_style": shared.prompt_style,
-        "strict": retriever._is_strict(),
-        "retriever_kwargs": kwargs_json,
-        "indexes": indexes,
     }
-
     commits: list[Callable[[], Path]] = []
 
     def write(folder: Path) -> None:
         # the histories' lazy users move to the new files only once the whole save is current
-        commits.append(retriever.personalizer.store.save_within(folder / "history"))
-        if shared.user_indexes is not None:
-            for user, index in shared.user_indexes.items():
-                index.storage_context.persist(persist_dir=str(folder / "indexes" / _user_dir(user)))
+        commits.append(history.save_within(folder / "history"))
+        if user_indexes is not None:
+            for user, part in user_indexes.items():
+                part.storage_context.persist(persist_dir=str(folder / "indexes" / _user_dir(user)))
         else:
-            assert shared.index is not None
-            shared.index.storage_context.persist(persist_dir=str(folder / "index"))
+            assert index is not None
+            index.storage_context.persist(persist_dir=str(folder / "index"))
         (folder / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
 
     # A new snapshot folder made current in one atomic step: a crash leaves the old state.
@@ -104,22 +93,15 @@ def persist(retriever: PBRRetriever, persist_dir: str | os.PathLike[str]) -> Non
         commit()
 
 
-def from_persist_dir(
-    cls: type[PBRRetriever],
+def load(
     persist_dir: str | os.PathLike[str],
     *,
-    llm: LLM | None = None,
     embed_model: BaseEmbedding | None = None,
     vector_store_loader: VectorStoreLoader | None = None,
-    vector_store_factory: VectorStoreFactory | None = None,
-    cache: GenerationCache | str | None = None,
     callback_manager: CallbackManager | None = None,
-    verbose: bool = False,
-) -> PBRRetriever:
-    """See :meth:`PBRRetriever.from_persist_dir`."""
+) -> Saved:
+    """Read a save of :func:`persist` (see ``PBRRetriever.from_persist_dir``)."""
     takes_user = vector_store_loader is not None and _takes_two(vector_store_loader)
-    from .retrievers import DEFAULT_SIMILARITY_TOP_K, DEFAULT_USER_ID_KEY
-
     root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
     manifest = _read_manifest(root)
     callback_manager = callback_manager or Settings.callback_manager
@@ -127,7 +109,7 @@ def from_persist_dir(
     history = HistoryStore.load(root / "history")
     check_dimension(LlamaIndexEmbedder(embed_model), history.dim, str(root))
 
-    def load(folder: Path, user: str | None = None) -> VectorStoreIndex:
+    def load_index(folder: Path, user: str | None = None) -> VectorStoreIndex:
         if not folder.is_dir():
             raise PersistenceError(f"{root} is damaged: the index folder {folder} is missing")
         vector_store = None
@@ -157,30 +139,49 @@ def from_persist_dir(
     index: VectorStoreIndex | dict[str, VectorStoreIndex]
     if manifest.get("indexes") is not None:
         indexes = manifest["indexes"].items()
-        index = {user: load(root / "indexes" / key, user) for user, key in indexes}
+        index = {user: load_index(root / "indexes" / key, user) for user, key in indexes}
     else:
-        index = load(root / "index")
-    prompts = manifest.get("prompts")
-    filters = manifest.get("filters")
-    return cls(
-        index,
-        user_id=manifest.get("user_id"),
-        llm=llm,
-        embed_model=embed_model,
-        similarity_top_k=int(manifest.get("similarity_top_k", DEFAULT_SIMILARITY_TOP_K)),
-        filters=MetadataFilters.model_validate(filters) if filters else None,
-        user_id_key=manifest.get("user_id_key", DEFAULT_USER_ID_KEY),
-        vector_store_factory=vector_store_factory,
-        history=history,
-        config=PBRConfig(**manifest["config"]) if manifest.get("config") else None,
-        prompts=PromptSet(**prompts) if prompts else None,
-        prompt_style=manifest.get("prompt_style"),
-        cache=cache,
-        strict=bool(manifest.get("strict", False)),
-        retriever_kwargs=manifest.get("retriever_kwargs") or None,
-        callback_manager=callback_manager,
-        verbose=verbose,
-    )
+        index = load_index(root / "index")
+    return Saved(index, history, embed_model, callback_manager, _settings_of(manifest))
+
+
+#: The view's constructor arguments a save keeps, as (name, to JSON, from JSON).
+_SETTINGS: tuple[tuple[str, Callable[[Any], Any], Callable[[Any], Any]], ...] = (
+    ("user_id", lambda v: v, lambda v: v),
+    ("user_id_key", lambda v: v, lambda v: v),
+    ("similarity_top_k", lambda v: v, int),
+    ("filters", lambda f: f.model_dump(mode="json"), MetadataFilters.model_validate),
+    ("config", lambda c: c.to_dict(), lambda d: PBRConfig(**d)),
+    (
+        "prompts",
+        lambda p: {"utterances": p.utterances, "reasoning": p.reasoning, "style": p.style},
+        lambda d: PromptSet(**d),
+    ),
+    ("prompt_style", lambda v: v, lambda v: v),
+    ("strict", bool, bool),
+    ("retriever_kwargs", lambda v: v, lambda v: v),
+)
+
+
+def _settings_json(settings: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, to_json, _ in _SETTINGS:
+        value = settings.get(name)
+        out[name] = None if value is None else to_json(value)
+    try:
+        return json.loads(json.dumps(out))
+    except TypeError as exc:
+        raise ValueError(
+            f"retriever_kwargs must be JSON-serialisable to persist ({exc}); leave them "
+            "out and pass them again to from_persist_dir"
+        ) from exc
+
+
+def _settings_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved constructor arguments; one absent, null or empty keeps its default."""
+    return {
+        name: from_json(manifest[name]) for name, _, from_json in _SETTINGS if manifest.get(name)
+    }
 
 
 def _takes_two(loader: Callable[..., Any]) -> bool:

@@ -314,22 +314,8 @@ class PBRRetriever(BaseRetriever):
         index: VectorStoreIndex | Mapping[str, VectorStoreIndex] | None = None,
         nodes: Sequence[BaseNode] | None = None,
         documents: Sequence[Document] | None = None,
-        user_id: str | None = None,
-        llm: LLM | None = None,
-        embed_model: BaseEmbedding | None = None,
-        similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
-        filters: MetadataFilters | None = None,
-        user_id_key: str = DEFAULT_USER_ID_KEY,
-        vector_store_factory: VectorStoreFactory | None = None,
         transformations: Sequence[TransformComponent] | None = None,
-        config: PBRConfig | None = None,
-        prompts: PromptSet | None = None,
-        prompt_style: PromptStyle | None = None,
-        cache: GenerationCache | str | None = None,
-        strict: bool = False,
-        retriever_kwargs: Mapping[str, Any] | None = None,
-        callback_manager: CallbackManager | None = None,
-        verbose: bool = False,
+        **kwargs: Any,
     ) -> PBRRetriever:
         """A retriever over exactly one of: your ``index``, ``nodes`` or ``documents``.
 
@@ -337,7 +323,8 @@ class PBRRetriever(BaseRetriever):
         per user from ``vector_store_factory``); documents are split by ``transformations``
         (default ``Settings.transformations``). Each node's user is its
         ``metadata[user_id_key]``, or ``user_id`` when the node has none. Your nodes are not
-        modified: the index holds copies. Other arguments: see the class.
+        modified: the index holds copies. Other keyword arguments are the class's (``user_id``,
+        ``llm``, ``embed_model``, ``similarity_top_k``, ``config``, ...), passed on as they are.
         """
         given = [
             name
@@ -351,35 +338,22 @@ class PBRRetriever(BaseRetriever):
             )
         if transformations is not None and documents is None:
             raise ValueError("transformations split documents; pass them with documents= only")
-        callback_manager = callback_manager or Settings.callback_manager
+        callback_manager = kwargs["callback_manager"] = (
+            kwargs.get("callback_manager") or Settings.callback_manager
+        )
         if index is None:
-            embed_model = (
-                embed_model or settings_embed_model() or default_embed_model(callback_manager)
+            embed_model = kwargs["embed_model"] = (
+                kwargs.get("embed_model")
+                or settings_embed_model()
+                or default_embed_model(callback_manager)
             )
-            if vector_store_factory is None:
+            if kwargs.get("vector_store_factory") is None:
                 index = VectorStoreIndex(
                     nodes=[], embed_model=embed_model, callback_manager=callback_manager
                 )
             else:
                 index = {}
-        retriever = cls(
-            index,
-            user_id=user_id,
-            llm=llm,
-            embed_model=embed_model,
-            similarity_top_k=similarity_top_k,
-            filters=filters,
-            user_id_key=user_id_key,
-            vector_store_factory=vector_store_factory,
-            config=config,
-            prompts=prompts,
-            prompt_style=prompt_style,
-            cache=cache,
-            strict=strict,
-            retriever_kwargs=retriever_kwargs,
-            callback_manager=callback_manager,
-            verbose=verbose,
-        )
+        retriever = cls(index, **kwargs)
         if documents is not None:
             nodes = run_transformations(
                 list(documents), list(transformations or Settings.transformations)
@@ -849,7 +823,31 @@ class PBRRetriever(BaseRetriever):
         The LLM, the embedding model and the generation cache are not saved: pass them again
         to :meth:`from_persist_dir`.
         """
-        persistence.persist(self, persist_dir)
+        shared = self._shared
+        persistence.persist(
+            persist_dir,
+            history=self._core.store,
+            index=shared.index,
+            user_indexes=shared.user_indexes,
+            settings=self.settings(),
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """This view's constructor arguments that describe it, not its collaborators (what a
+        save keeps): ``user_id``, ``user_id_key``, ``similarity_top_k``, ``filters``, ``config``,
+        ``prompts``, ``prompt_style``, ``strict`` and ``retriever_kwargs``."""
+        shared = self._shared
+        return {
+            "user_id": self._user_id,
+            "user_id_key": shared.user_id_key,
+            "similarity_top_k": self._top_k,
+            "filters": self._filters,
+            "config": self.config,
+            "prompts": self._core.prompts,
+            "prompt_style": shared.prompt_style,
+            "strict": self._is_strict(),
+            "retriever_kwargs": dict(shared.retriever_kwargs),
+        }
 
     @classmethod
     def from_persist_dir(
@@ -875,14 +873,20 @@ class PBRRetriever(BaseRetriever):
                 shared index); default: ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """
-        return persistence.from_persist_dir(
-            cls,
+        saved = persistence.load(
             persist_dir,
-            llm=llm,
             embed_model=embed_model,
             vector_store_loader=vector_store_loader,
+            callback_manager=callback_manager,
+        )
+        return cls(
+            saved.index,
+            history=saved.history,
+            llm=llm,
+            embed_model=saved.embed_model,
             vector_store_factory=vector_store_factory,
             cache=cache,
-            callback_manager=callback_manager,
+            callback_manager=saved.callback_manager,
             verbose=verbose,
+            **saved.settings,
         )
