@@ -485,7 +485,7 @@ class PBRRetriever(BaseRetriever):
         embedder = kwargs.get("embeddings")
         if embedder is None and kwargs.get("vectorstore") is not None:
             embedder = kwargs["vectorstore"].embeddings
-        store = Personalizer.load(str(path), embedder).store
+        store = Corpus.load(path, embedder).cache
         return cls(**{**kwargs, "history": store})
 
     def as_plain(self) -> PBRRetriever:

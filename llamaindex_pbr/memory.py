@@ -173,8 +173,8 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         embed_model = kwargs.pop("embed_model", None)
         if embed_model is None:
             embed_model = settings_embed_model() or default_embed_model(CallbackManager())
-        loaded = Personalizer.load(str(persist_dir), LlamaIndexEmbedder(embed_model))
-        return cls(user_id=user_id, embed_model=embed_model, store=loaded.store, **kwargs)
+        loaded = Corpus.load(persist_dir, LlamaIndexEmbedder(embed_model))
+        return cls(user_id=user_id, embed_model=embed_model, store=loaded.cache, **kwargs)
 
     @property
     def corpus(self) -> Corpus:

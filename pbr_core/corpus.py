@@ -35,6 +35,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -46,10 +47,23 @@ import numpy as np
 
 from .config import SearchMode
 from .errors import UnknownUserError
-from .history import HistoryItem, HistoryStore, UserHistory, check_ids, check_serialisable
+from .history import (
+    HistoryItem,
+    HistoryStore,
+    UserHistory,
+    check_batch,
+    check_ids,
+    check_serialisable,
+)
 from .hybrid import hits, rank
 from .protocols import Embedder, SearchHit, model_id_of
-from .vectors import aembed_documents, as_unit_rows, embed_documents
+from .vectors import (
+    aembed_documents,
+    as_unit_rows,
+    check_dimension,
+    check_model,
+    embed_documents,
+)
 from .windows import Window, split, window_of
 
 __all__ = [
@@ -307,6 +321,44 @@ class Corpus:
         """Add (or replace, by id) one user's items; returns their ids. See :meth:`add_many`."""
         added = self.add_many({user_id: list(items)}, vectors={user_id: vectors})
         return added.get(user_id, [])
+
+    def add_texts(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        *,
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        timestamps: Sequence[float | None] | None = None,
+    ) -> list[str]:
+        """Embed and store texts for a user; returns their ids (new uuid4 hex when not given)."""
+        return self.add(user_id, items_of_texts(texts, ids, metadatas, timestamps))
+
+    async def aadd_texts(
+        self,
+        user_id: str,
+        texts: Sequence[str],
+        *,
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        timestamps: Sequence[float | None] | None = None,
+    ) -> list[str]:
+        """Async :meth:`add_texts` (native async embeddings when they exist)."""
+        items = items_of_texts(texts, ids, metadatas, timestamps)
+        return (await self.aadd_many({user_id: items})).get(user_id, [])
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *, lazy: bool = False
+    ) -> Corpus:
+        """A corpus whose record is the store saved at ``path`` (:meth:`HistoryStore.save`);
+        refuses an embedder of another model than the saved vectors' (None: the default MiniLM,
+        checked by its id). ``lazy=True`` reads each user's files on first use."""
+        store = HistoryStore.load(path, lazy=lazy)
+        check_model(store.embedding_model_id, embedder, str(path))
+        if embedder is not None:
+            check_dimension(embedder, store.dim, str(path))
+        return cls(None, embedder=embedder, cache=store)
 
     def add_many(
         self,
@@ -831,3 +883,27 @@ def merge_vectors(known: list[np.ndarray | None], todo: list[int], fresh: np.nda
     if not rows:
         return np.zeros((0, 0), dtype=np.float32)
     return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
+
+
+def items_of_texts(
+    texts: Sequence[str],
+    ids: Sequence[str] | None,
+    metadatas: Sequence[Mapping[str, Any]] | None,
+    timestamps: Sequence[float | None] | None,
+) -> list[HistoryItem]:
+    """Texts and their optional parallel lists as items (a new uuid4 hex id where none given)."""
+    texts = check_batch(texts, "texts")  # elements as given: a non-str text is refused later
+    ids = None if ids is None else check_ids(ids)
+    n = len(texts)
+    for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):
+        if seq is not None and len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries for {n} texts")
+    return [
+        HistoryItem(
+            id=str(ids[i]) if ids is not None else uuid.uuid4().hex,
+            text=texts[i],
+            metadata=dict(metadatas[i]) if metadatas is not None else {},
+            timestamp=timestamps[i] if timestamps is not None else None,
+        )
+        for i in range(n)
+    ]

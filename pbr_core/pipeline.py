@@ -20,10 +20,9 @@ import asyncio
 import logging
 import os
 import time
-import uuid
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,7 +33,7 @@ from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUse
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
 from .generation import Answer, agenerate, executor_for, generate, timeout_for
-from .history import HistoryItem, HistoryStore, UserHistory, check_batch, check_ids
+from .history import HistoryItem, HistoryStore, UserHistory
 from .prf import (
     Parsed,
     PromptSet,
@@ -52,8 +51,6 @@ from .vectors import (
     aembed_documents,
     aembed_query,
     as_unit_vector,
-    check_dimension,
-    check_model,
     embed_documents,
     embed_query,
 )
@@ -118,6 +115,18 @@ class _EmbedFeedback:
 
 
 _Effect = _EmbedQuery | _Generate | _EmbedFeedback
+
+
+class _Options(NamedTuple):
+    """:meth:`Personalizer.personalize`'s per-call arguments, as given."""
+
+    config: PBRConfig | None
+    generator: TextGenerator | None
+    feedback: PseudoFeedback | None
+    strict: bool | None
+    prompts: PromptSet | None
+    unknown_user: UnknownUserPolicy
+    query_vector: Sequence[float] | np.ndarray | None
 
 
 class Personalizer:
@@ -215,68 +224,41 @@ class Personalizer:
             return self.prompts
         return prompts_for_style(resolve_prompt_style(getattr(generator, "prompt_style", None)))
 
-    # -- history -------------------------------------------------------------------------------
-    def add_texts(
-        self,
-        user_id: str,
-        texts: Sequence[str],
-        *,
-        ids: Sequence[str] | None = None,
-        metadatas: Sequence[dict[str, Any]] | None = None,
-        timestamps: Sequence[float | None] | None = None,
-    ) -> list[str]:
-        """Embed and store texts for a user; returns their ids (new uuid4 hex when not given)."""
-        return self.add_items(user_id, _items(texts, ids, metadatas, timestamps))
+    # -- history: the corpus's, here for convenience -----------------------------------------
+    def add_texts(self, user_id: str, texts: Sequence[str], **kwargs: Any) -> list[str]:
+        """:meth:`Corpus.add_texts` (``ids``, ``metadatas``, ``timestamps``): embed and store."""
+        return self.corpus.add_texts(user_id, texts, **kwargs)
+
+    async def aadd_texts(self, user_id: str, texts: Sequence[str], **kwargs: Any) -> list[str]:
+        """Async :meth:`add_texts`."""
+        return await self.corpus.aadd_texts(user_id, texts, **kwargs)
 
     def add_items(
         self, user_id: str, items: Sequence[HistoryItem], *, vectors: Any = None
     ) -> list[str]:
-        """Store items, embedding only those whose (id, text) is not stored yet.
-
-        Args:
-            vectors: the items' embeddings when the host already has them (e.g. read back from
-                its vector store); they are checked and normalised like any other.
-        """
-        # The corpus embeds what is not cached yet (same id and text), validates, and records
-        # the embedding model: one write path for every caller.
+        """:meth:`Corpus.add`: store items, embedding only those whose (id, text) is new;
+        ``vectors`` are the items' embeddings where the caller has them (checked, normalised)."""
         return self.corpus.add(user_id, list(items), vectors=vectors)
 
-    async def aadd_texts(
-        self,
-        user_id: str,
-        texts: Sequence[str],
-        *,
-        ids: Sequence[str] | None = None,
-        metadatas: Sequence[dict[str, Any]] | None = None,
-        timestamps: Sequence[float | None] | None = None,
-    ) -> list[str]:
-        return await self.aadd_items(user_id, _items(texts, ids, metadatas, timestamps))
-
     async def aadd_items(self, user_id: str, items: Sequence[HistoryItem]) -> list[str]:
-        added = await self.corpus.aadd_many({user_id: list(items)})
-        return added.get(user_id, [])
+        """Async :meth:`add_items`."""
+        return (await self.corpus.aadd_many({user_id: list(items)})).get(user_id, [])
 
     def delete(self, user_id: str, ids: Sequence[str]) -> None:
         """Remove items (``KeyError`` for an id the user lacks; nothing removed)."""
         self.corpus.delete(user_id, ids)
 
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """:meth:`HistoryStore.save` of :attr:`store`."""
         self.store.save(path)
 
     @classmethod
     def load(
         cls, path: str, embedder: Embedder | None = None, *, lazy: bool = False, **kwargs: Any
     ) -> Personalizer:
-        """A personalizer over a saved store; refuses an embedder of another model.
-
-        ``lazy=True`` reads each user's files on first use (see :meth:`HistoryStore.load`): a
-        restarted server with many users answers its first query in milliseconds.
-        """
-        store = HistoryStore.load(path, lazy=lazy)
-        check_model(store.embedding_model_id, embedder, str(path))
-        if embedder is not None:
-            check_dimension(embedder, store.dim, str(path))
-        return cls(embedder, store=store, **kwargs)
+        """A personalizer over a saved store (:meth:`Corpus.load`: refuses an embedder of
+        another model; ``lazy=True`` reads each user's files on first use)."""
+        return cls(corpus=Corpus.load(path, embedder, lazy=lazy), **kwargs)
 
     # -- the method ----------------------------------------------------------------------------
     def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
@@ -316,19 +298,8 @@ class Personalizer:
                 ``QueryBundle.embedding``), by the same model as the history; checked (finite,
                 the history's dimension) and normalised, and the query is not embedded again.
         """
-        return self._drive(
-            self._steps(
-                user_id,
-                query,
-                config=config,
-                generator=generator,
-                feedback=feedback,
-                strict=strict,
-                prompts=prompts,
-                unknown_user=unknown_user,
-                query_vector=query_vector,
-            )
-        )
+        opts = _Options(config, generator, feedback, strict, prompts, unknown_user, query_vector)
+        return self._drive(self._steps(user_id, query, opts))
 
     async def apersonalize(
         self,
@@ -350,33 +321,12 @@ class Personalizer:
         ``generate_batch``) runs in the :attr:`llm_executor`'s own threads, never in asyncio's
         default executor. Cancelling the awaiting task frees it at once.
         """
-        return await self._adrive(
-            self._steps(
-                user_id,
-                query,
-                config=config,
-                generator=generator,
-                feedback=feedback,
-                strict=strict,
-                prompts=prompts,
-                unknown_user=unknown_user,
-                query_vector=query_vector,
-            )
-        )
+        opts = _Options(config, generator, feedback, strict, prompts, unknown_user, query_vector)
+        return await self._adrive(self._steps(user_id, query, opts))
 
     # -- the steps of one request, once for both entry points ----------------------------------
     def _steps(
-        self,
-        user_id: str,
-        query: str,
-        *,
-        config: PBRConfig | None,
-        generator: TextGenerator | None,
-        feedback: PseudoFeedback | None,
-        strict: bool | None,
-        prompts: PromptSet | None,
-        unknown_user: UnknownUserPolicy,
-        query_vector: Sequence[float] | np.ndarray | None,
+        self, user_id: str, query: str, opts: _Options
     ) -> Generator[_Effect, Any, PersonalizedQuery]:
         """The spec's §2 for one request, in order: embed the query, related history (§2.1) and
         anchor (§2.3), the pre-generation gate, the two P-PRF answers, parsed and embedded
@@ -384,30 +334,31 @@ class Personalizer:
         result back, so :meth:`personalize` and :meth:`apersonalize` are drivers over one
         implementation."""
         try:
-            req = self._start(user_id, query, config, prompts)
+            req = self._start(user_id, query, opts.config, opts.prompts)
         except UnknownUserError as exc:
-            if unknown_user == "raise":
+            if opts.unknown_user == "raise":
                 raise
-            q = yield _EmbedQuery(query, query_vector)
-            return _unpersonalized(user_id, query, q, config or self.config, str(exc))
-        req.q = yield _EmbedQuery(req.query, query_vector)
+            q = yield _EmbedQuery(query, opts.query_vector)
+            return _unpersonalized(user_id, query, q, opts.config or self.config, str(exc))
+        req.q = yield _EmbedQuery(req.query, opts.query_vector)
         req.watch.lap("embed_query")
-        self._related_and_anchor(req)
+        _related_and_anchor(req)
         texts: tuple[str | BaseException | None, str | BaseException | None]
+        feedback = opts.feedback
         if feedback is not None:
             texts = _feedback_texts(feedback)
         elif req.needs_llm:
-            self._bind_llm(req, generator or self.generator)
+            self._bind_llm(req, opts.generator or self.generator)
             texts = yield _Generate(req)
         else:
             texts = (None, None)
         if not req.pre_gated:
             req.watch.lap("llm")
-        parsed = self._parse(req, texts, feedback, strict)
+        parsed = self._parse(req, texts, feedback, opts.strict)
         feedback_texts = [*parsed[0].items, *parsed[1].items]
         vecs = yield _EmbedFeedback(feedback_texts, req.q.shape[0])
         req.watch.lap("embed_feedback")
-        return self._finish(req, parsed, vecs)
+        return _finish(req, parsed, vecs, self.fusion_rule)
 
     def _drive(self, steps: Generator[_Effect, Any, PersonalizedQuery]) -> PersonalizedQuery:
         """Run :meth:`_steps` with blocking calls."""
@@ -467,15 +418,7 @@ class Personalizer:
         large batches and fill the generation cache; ``personalize`` then only reads the cache.
         """
         steps = self._steps(
-            user_id,
-            query,
-            config=config,
-            generator=generator,
-            feedback=None,
-            strict=None,
-            prompts=prompts,
-            unknown_user="raise",
-            query_vector=None,
+            user_id, query, _Options(config, generator, None, None, prompts, "raise", None)
         )
         try:  # the request's own steps, up to the LLM call
             effect = next(steps)
@@ -542,49 +485,6 @@ class Personalizer:
             prompts=prompts,
         )
 
-    def _related_and_anchor(self, req: _Request) -> None:
-        cfg, history, expl = req.config, req.history, req.explanation
-        assert req.q is not None
-        want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
-        related = [_hit(history, i, s) for i, s in history.search(req.q, cfg.k1)]
-        expl.related = related
-        req.watch.lap("related_history")
-        # It predicts the history gate, so it is only on where that gate is.
-        gate = cfg.pre_gate if cfg.fusion == "safe" and cfg.safe_history_gate else None
-        if gate is not None and related and related[0].score >= gate:
-            # Decided before any LLM call: the query is already clear for this user, so the
-            # history gate would almost surely keep the plain query after paying for both
-            # calls. Given feedback is ignored alike, so the result never depends on its source.
-            why = (
-                f"pre-generation gate: safe fusion kept the plain query without calling the LLM: "
-                f"the user's closest history item (cosine {related[0].score:.2f}) is at or above "
-                f"pre_gate {gate:.2f}"
-            )
-            req.pre_gated = True
-            for term in TERMS:
-                expl.dropped[term] = why
-                expl.skipped[term] = why
-        if want_anchor:
-            if len(history) < 2:
-                expl.dropped["anchor"] = (
-                    f"the history has {len(history)} item(s); an anchor needs 2"
-                )
-            else:
-                result = history.anchor(cfg)
-                assert result is not None
-                req.anchor = result.vector
-                expl.anchor_items = [
-                    _hit(history, i, s) for i, s in result.top_items(cfg.top_anchor_items)
-                ]
-        req.watch.lap("anchor")
-        if (want_f or want_r) and not req.pre_gated:
-            if not related:
-                for term, wanted in (("utterances", want_f), ("reasoning", want_r)):
-                    if wanted:
-                        expl.dropped[term] = "the user has no history to imitate"
-            else:
-                req.needs_llm = True
-
     def _prompt_pair(self, req: _Request, generator: TextGenerator) -> tuple[str, str]:
         prompts = req.prompts or self.prompts_for(generator)
         cfg = req.config
@@ -608,73 +508,19 @@ class Personalizer:
         """Both P-PRF answers (the cache's, else the LLM's within the timeout); a failure is
         returned, not raised."""
         assert req.generator is not None and req.sent is not None
-        outs, todo = self._from_cache(req)
+        outs, todo = _from_cache(self.cache, req)
         timeout = timeout_for(req.generator, req.config)
         outs.update(generate(req.generator, req.sent, todo, self.llm_executor, timeout))
         return outs[0], outs[1]
 
     async def _agenerate(self, req: _Request) -> tuple[Answer, Answer]:
         assert req.generator is not None and req.sent is not None
-        outs, todo = self._from_cache(req)
+        outs, todo = _from_cache(self.cache, req)
         timeout = timeout_for(req.generator, req.config)
         outs.update(await agenerate(req.generator, req.sent, todo, self.llm_executor, timeout))
         return outs[0], outs[1]
 
-    def _from_cache(self, req: _Request) -> tuple[dict[int, Answer], list[int]]:
-        """The cached answers that still parse, and which prompts the LLM must answer now.
-
-        A cached answer that does not parse (written by an older version, or by hand) is ignored
-        and generated again, never raised."""
-        outs: dict[int, Answer] = {0: None, 1: None}
-        if self.cache is not None:
-            assert req.generator is not None and req.sent is not None
-            model_id = model_id_of(req.generator)
-            for i, prompt in enumerate(req.sent):
-                text = self.cache.get(model_id, prompt)
-                if text is not None and self._parse_answer(req, i, text).items:
-                    outs[i] = text
-                elif text is not None:
-                    _log.debug("ignoring a cached LLM answer that does not parse; asking again")
-        todo = [i for i, out in outs.items() if out is None]
-        req.fresh = tuple(todo)
-        req.explanation.llm_calls = len(todo)
-        req.explanation.llm_cached = len(outs) - len(todo)
-        return outs, todo
-
-    def _keep(
-        self, req: _Request, texts: Sequence[str | BaseException | None], parsed: Sequence[Parsed]
-    ) -> None:
-        """Cache the answers generated now that parsed into at least one usable item."""
-        if self.cache is None or req.generator is None or req.sent is None:
-            return
-        model_id = model_id_of(req.generator)
-        for i in req.fresh:
-            text = texts[i]
-            if not isinstance(text, str):
-                continue
-            if parsed[i].items or self._parse_answer(req, i, text).items:
-                self.cache.put(model_id, req.sent[i], text)
-
     # -- parsing and fusion --------------------------------------------------------------------
-    def _parse_answer(self, req: _Request, index: int, text: str | None) -> Parsed:
-        """One LLM answer parsed; never raises (an exception becomes the reason)."""
-        cfg = req.config
-        prompt = req.sent[index] if req.sent is not None else None
-        try:
-            if index == 0:
-                return parse_utterances(
-                    text,
-                    limit=cfg.num_utterances,
-                    style=req.style,
-                    prompt=prompt,
-                    max_chars=cfg.max_answer_chars,
-                )
-            return parse_reasoning(
-                text, style=req.style, prompt=prompt, max_chars=cfg.max_answer_chars
-            )
-        except Exception as exc:  # RecursionError from deep JSON, or anything else
-            return Parsed((), f"the LLM answer could not be parsed: {_describe(exc)}")
-
     def _parse(
         self,
         req: _Request,
@@ -704,11 +550,11 @@ class Personalizer:
                     failures[term] = (got.problem or f"no {term} were given", None)
                 results.append(got)
             else:
-                got = self._parse_answer(req, index, text)
+                got = _parse_answer(req, index, text)
                 if not got.items:
                     failures[term] = (got.problem or "nothing usable in the LLM answer", None)
                 results.append(got)
-        self._keep(req, texts, results)
+        _keep(self.cache, req, texts, results)
         if failures and strict:
             term, (reason, cause) = next(iter(failures.items()))
             if isinstance(cause, LLMTimeoutError):
@@ -717,68 +563,11 @@ class Personalizer:
         for term, (reason, _) in failures.items():
             expl.dropped[term] = reason
         if failures and feedback is None:
-            self._warn_degraded(req, {term: reason for term, (reason, _) in failures.items()})
+            _warn_degraded(req, {term: reason for term, (reason, _) in failures.items()})
         expl.pseudo_utterances = list(results[0].items)
         expl.reasoning = results[1].items[0] if results[1].items else None
         req.watch.lap("parse")
         return results[0], results[1]
-
-    def _warn_degraded(self, req: _Request, failures: dict[str, str]) -> None:
-        """One warning per degraded request; the user id hashed, the query left out."""
-        model = model_id_of(req.generator) if req.generator is not None else "?"
-        details = "; ".join(f"{term}: {_short(reason)}" for term, reason in failures.items())
-        _log.warning(
-            "PBR request degraded (user %s, model %s): %s dropped: %s",
-            user_tag(req.user_id),
-            model,
-            " and ".join(failures),
-            details,
-        )
-
-    def _finish(
-        self, req: _Request, parsed: tuple[Parsed, Parsed], vecs: np.ndarray
-    ) -> PersonalizedQuery:
-        assert req.q is not None
-        n_f = len(parsed[0].items)
-        f_avg = vecs[:n_f].mean(axis=0) if n_f else None
-        r = vecs[n_f] if parsed[1].items else None
-        history = req.history
-        related = tuple(
-            pos
-            for pos in (history.position(h.id) for h in req.explanation.related)
-            if pos is not None
-        )
-        result: FusionResult = self.fusion_rule(
-            FusionInputs(
-                q=req.q,
-                anchor=req.anchor,
-                f_avg=f_avg,
-                r=r,
-                config=req.config,
-                history=history,
-                related=related,
-                best_history_cos=(
-                    req.explanation.related[0].score if req.explanation.related else None
-                ),
-            )
-        )
-        expl = req.explanation
-        expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
-        expl.trust = dict(result.trust)
-        if result.fallback is not None:
-            # A deliberate choice, not a failure: "skipped" (and, as ever, "dropped") says why.
-            why = f"safe fusion kept the plain query: {result.fallback}"
-            for term in TERMS:
-                if term not in expl.dropped:
-                    expl.dropped[term] = why
-                    expl.skipped[term] = why
-        norm = float(np.linalg.norm(result.vector))
-        if not np.isfinite(norm) or norm == 0.0:
-            raise EmbeddingError("the personalized query vector is zero or not finite")
-        vector = (result.vector / norm).astype(np.float32)
-        req.watch.lap("fusion")
-        expl.timings_ms["total"] = (time.perf_counter() - req.started) * 1000.0
-        return PersonalizedQuery(vector=vector, query_vector=req.q, explanation=expl)
 
 
 class HistoryVectorSearch:
@@ -790,6 +579,167 @@ class HistoryVectorSearch:
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
         history = self.store.get(user_id)
         return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
+
+
+# -- the steps that need no personalizer -----------------------------------------------------
+def _related_and_anchor(req: _Request) -> None:
+    cfg, history, expl = req.config, req.history, req.explanation
+    assert req.q is not None
+    want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
+    related = [_hit(history, i, s) for i, s in history.search(req.q, cfg.k1)]
+    expl.related = related
+    req.watch.lap("related_history")
+    # It predicts the history gate, so it is only on where that gate is.
+    gate = cfg.pre_gate if cfg.fusion == "safe" and cfg.safe_history_gate else None
+    if gate is not None and related and related[0].score >= gate:
+        # Decided before any LLM call: the query is already clear for this user, so the
+        # history gate would almost surely keep the plain query after paying for both
+        # calls. Given feedback is ignored alike, so the result never depends on its source.
+        why = (
+            f"pre-generation gate: safe fusion kept the plain query without calling the LLM: "
+            f"the user's closest history item (cosine {related[0].score:.2f}) is at or above "
+            f"pre_gate {gate:.2f}"
+        )
+        req.pre_gated = True
+        for term in TERMS:
+            expl.dropped[term] = why
+            expl.skipped[term] = why
+    if want_anchor:
+        if len(history) < 2:
+            expl.dropped["anchor"] = f"the history has {len(history)} item(s); an anchor needs 2"
+        else:
+            result = history.anchor(cfg)
+            assert result is not None
+            req.anchor = result.vector
+            expl.anchor_items = [
+                _hit(history, i, s) for i, s in result.top_items(cfg.top_anchor_items)
+            ]
+    req.watch.lap("anchor")
+    if (want_f or want_r) and not req.pre_gated:
+        if not related:
+            for term, wanted in (("utterances", want_f), ("reasoning", want_r)):
+                if wanted:
+                    expl.dropped[term] = "the user has no history to imitate"
+        else:
+            req.needs_llm = True
+
+
+def _from_cache(
+    cache: GenerationCache | None, req: _Request
+) -> tuple[dict[int, Answer], list[int]]:
+    """The cached answers that still parse, and which prompts the LLM must answer now.
+
+    A cached answer that does not parse (written by an older version, or by hand) is ignored
+    and generated again, never raised."""
+    outs: dict[int, Answer] = {0: None, 1: None}
+    if cache is not None:
+        assert req.generator is not None and req.sent is not None
+        model_id = model_id_of(req.generator)
+        for i, prompt in enumerate(req.sent):
+            text = cache.get(model_id, prompt)
+            if text is not None and _parse_answer(req, i, text).items:
+                outs[i] = text
+            elif text is not None:
+                _log.debug("ignoring a cached LLM answer that does not parse; asking again")
+    todo = [i for i, out in outs.items() if out is None]
+    req.fresh = tuple(todo)
+    req.explanation.llm_calls = len(todo)
+    req.explanation.llm_cached = len(outs) - len(todo)
+    return outs, todo
+
+
+def _keep(
+    cache: GenerationCache | None,
+    req: _Request,
+    texts: Sequence[str | BaseException | None],
+    parsed: Sequence[Parsed],
+) -> None:
+    """Cache the answers generated now that parsed into at least one usable item."""
+    if cache is None or req.generator is None or req.sent is None:
+        return
+    model_id = model_id_of(req.generator)
+    for i in req.fresh:
+        text = texts[i]
+        if not isinstance(text, str):
+            continue
+        if parsed[i].items or _parse_answer(req, i, text).items:
+            cache.put(model_id, req.sent[i], text)
+
+
+def _parse_answer(req: _Request, index: int, text: str | None) -> Parsed:
+    """One LLM answer parsed; never raises (an exception becomes the reason)."""
+    cfg = req.config
+    prompt = req.sent[index] if req.sent is not None else None
+    try:
+        if index == 0:
+            return parse_utterances(
+                text,
+                limit=cfg.num_utterances,
+                style=req.style,
+                prompt=prompt,
+                max_chars=cfg.max_answer_chars,
+            )
+        return parse_reasoning(text, style=req.style, prompt=prompt, max_chars=cfg.max_answer_chars)
+    except Exception as exc:  # RecursionError from deep JSON, or anything else
+        return Parsed((), f"the LLM answer could not be parsed: {_describe(exc)}")
+
+
+def _warn_degraded(req: _Request, failures: dict[str, str]) -> None:
+    """One warning per degraded request; the user id hashed, the query left out."""
+    model = model_id_of(req.generator) if req.generator is not None else "?"
+    details = "; ".join(f"{term}: {_short(reason)}" for term, reason in failures.items())
+    _log.warning(
+        "PBR request degraded (user %s, model %s): %s dropped: %s",
+        user_tag(req.user_id),
+        model,
+        " and ".join(failures),
+        details,
+    )
+
+
+def _finish(
+    req: _Request, parsed: tuple[Parsed, Parsed], vecs: np.ndarray, rule: FusionRule
+) -> PersonalizedQuery:
+    """Fuse (spec §2.4, §2.5) and record why ``q*`` is what it is."""
+    assert req.q is not None
+    n_f = len(parsed[0].items)
+    f_avg = vecs[:n_f].mean(axis=0) if n_f else None
+    r = vecs[n_f] if parsed[1].items else None
+    history = req.history
+    related = tuple(
+        pos for pos in (history.position(h.id) for h in req.explanation.related) if pos is not None
+    )
+    result: FusionResult = rule(
+        FusionInputs(
+            q=req.q,
+            anchor=req.anchor,
+            f_avg=f_avg,
+            r=r,
+            config=req.config,
+            history=history,
+            related=related,
+            best_history_cos=(
+                req.explanation.related[0].score if req.explanation.related else None
+            ),
+        )
+    )
+    expl = req.explanation
+    expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
+    expl.trust = dict(result.trust)
+    if result.fallback is not None:
+        # A deliberate choice, not a failure: "skipped" (and, as ever, "dropped") says why.
+        why = f"safe fusion kept the plain query: {result.fallback}"
+        for term in TERMS:
+            if term not in expl.dropped:
+                expl.dropped[term] = why
+                expl.skipped[term] = why
+    norm = float(np.linalg.norm(result.vector))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise EmbeddingError("the personalized query vector is zero or not finite")
+    vector = (result.vector / norm).astype(np.float32)
+    req.watch.lap("fusion")
+    expl.timings_ms["total"] = (time.perf_counter() - req.started) * 1000.0
+    return PersonalizedQuery(vector=vector, query_vector=req.q, explanation=expl)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -815,29 +765,6 @@ def _unpersonalized(
 def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
     item = history.items[pos]
     return SearchHit(id=item.id, score=float(score), text=item.text, metadata=item.metadata)
-
-
-def _items(
-    texts: Sequence[str],
-    ids: Sequence[str] | None,
-    metadatas: Sequence[dict[str, Any]] | None,
-    timestamps: Sequence[float | None] | None,
-) -> list[HistoryItem]:
-    texts = check_batch(texts, "texts")  # elements as given: a non-str text is refused later
-    ids = None if ids is None else check_ids(ids)
-    n = len(texts)
-    for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):
-        if seq is not None and len(seq) != n:
-            raise ValueError(f"{name} has {len(seq)} entries for {n} texts")
-    return [
-        HistoryItem(
-            id=str(ids[i]) if ids is not None else uuid.uuid4().hex,
-            text=texts[i],
-            metadata=dict(metadatas[i]) if metadatas is not None else {},
-            timestamp=timestamps[i] if timestamps is not None else None,
-        )
-        for i in range(n)
-    ]
 
 
 def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:
