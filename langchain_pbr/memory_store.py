@@ -299,15 +299,9 @@ class PBRStore(BaseStore):
 
     # -- BaseStore --------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        ops = _checked(ops)
-        results: list[Result] = [None] * len(ops)
-        rest: list[int] = []
-        for i, op in enumerate(ops):
-            if _is_pbr(op):
-                assert isinstance(op, SearchOp)
-                results[i] = self._search(op)
-            else:
-                rest.append(i)
+        ops, results, searches, rest = _split(ops)
+        for i, search in searches:
+            results[i] = self._search(search)
         if rest:
             done = self.inner.batch([ops[i] for i in rest])
             self._expire_written([ops[i] for i in rest])
@@ -316,15 +310,9 @@ class PBRStore(BaseStore):
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        ops = _checked(ops)
-        results: list[Result] = [None] * len(ops)
-        rest: list[int] = []
-        for i, op in enumerate(ops):
-            if _is_pbr(op):
-                assert isinstance(op, SearchOp)
-                results[i] = await asyncio.to_thread(self._search, op)
-            else:
-                rest.append(i)
+        ops, results, searches, rest = _split(ops)
+        for i, search in searches:
+            results[i] = await asyncio.to_thread(self._search, search)
         if rest:
             done = await self.inner.abatch([ops[i] for i in rest])
             # expire takes the user's lock, which a search's listing thread may hold while it
@@ -429,6 +417,17 @@ def _checked(ops: Iterable[Op]) -> list[Op]:
                     "config={'configurable': {'langgraph_user_id': 'alice'}} for LangMem's tools"
                 )
     return ops
+
+
+def _split(
+    ops: Iterable[Op],
+) -> tuple[list[Op], list[Result], list[tuple[int, SearchOp]], list[int]]:
+    """The checked batch, its results to fill, and which ops pbr answers (query searches) and
+    which go to the wrapped store, by position."""
+    checked = _checked(ops)
+    searches = [(i, op) for i, op in enumerate(checked) if isinstance(op, SearchOp) and op.query]
+    rest = [i for i, op in enumerate(checked) if not _is_pbr(op)]
+    return checked, [None] * len(checked), searches, rest
 
 
 def _is_pbr(op: Op) -> bool:

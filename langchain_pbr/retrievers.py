@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -39,7 +39,7 @@ from pbr_core.adapters_support import (
     owner_of,
 )
 from pbr_core.corpus import Corpus
-from pbr_core.retrieval import Request, aretrieve, retrieve
+from pbr_core.retrieval import Request, Retrieval, aretrieve, retrieve
 
 from ._bridge import (
     LangChainGenerator,
@@ -55,6 +55,8 @@ from ._bridge import (
 from .stores import astore_search, default_filter, host_records, store_search, with_view_filter
 
 __all__ = ["PBRRetriever"]
+
+_T = TypeVar("_T")
 
 _MISSING_USER = (
     "PBRRetriever needs the user this request is for. Pass it per call with "
@@ -313,6 +315,23 @@ class PBRRetriever(BaseRetriever):
     def _host_errors(self) -> contextlib.AbstractContextManager[None]:
         return host_store_errors(self.vectorstore, "search")
 
+    def _host_search(self, search: Callable[..., _T], user_id: str) -> Callable[..., _T] | None:
+        """``store_search`` / ``astore_search`` over this retriever's store, filtered to the user
+        (the filter is built when the host is searched, not before)."""
+        store = self.vectorstore
+        if store is None:
+            return None
+        return lambda v, m: search(store, v.tolist(), m, self._search_kwargs(user_id))
+
+    @staticmethod
+    def _events(got: Retrieval) -> list[tuple[str, dict[str, Any]]]:
+        assert got.query is not None  # the request does not skip: always personalized
+        return explanation_events(got.query.explanation)
+
+    def _documents(self, got: Retrieval) -> list[Document]:
+        assert got.query is not None
+        return documents_of(got.results, got.query, self.config.search, self.config.explain)
+
     # -- retrieval: the steps are pbr_core.retrieval's, this translates ------------------------
     def _get_relevant_documents(
         self,
@@ -324,21 +343,17 @@ class PBRRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         request = self._request(query, user_id, k, kwargs, run_manager)
-        uid, store = request.user_id, self.vectorstore
         got = retrieve(
             self._corpus(),
             request,
             self._personalizer().personalize,
-            host_search=None
-            if store is None
-            else lambda v, m: store_search(store, v.tolist(), m, self._search_kwargs(uid)),
+            host_search=self._host_search(store_search, request.user_id),
             host_errors=self._host_errors,
         )
-        assert got.query is not None  # the request does not skip: always personalized
         child = run_manager.get_child()
-        for name, data in explanation_events(got.query.explanation):
+        for name, data in self._events(got):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return documents_of(got.results, got.query, self.config.search, self.config.explain)
+        return self._documents(got)
 
     async def _aget_relevant_documents(
         self,
@@ -350,21 +365,17 @@ class PBRRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         request = self._request(query, user_id, k, kwargs, run_manager)
-        uid, store = request.user_id, self.vectorstore
         got = await aretrieve(
             self._corpus(),
             request,
             self._personalizer().apersonalize,
-            host_search=None
-            if store is None
-            else lambda v, m: astore_search(store, v.tolist(), m, self._search_kwargs(uid)),
+            host_search=self._host_search(astore_search, request.user_id),
             host_errors=self._host_errors,
         )
-        assert got.query is not None  # the request does not skip: always personalized
         child = run_manager.get_child()
-        for name, data in explanation_events(got.query.explanation):
+        for name, data in self._events(got):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)
-        return documents_of(got.results, got.query, self.config.search, self.config.explain)
+        return self._documents(got)
 
     # -- the users' corpora: pbr_core.corpus owns every rule, this only translates --------------
     def add_documents(
