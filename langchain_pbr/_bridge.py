@@ -104,24 +104,24 @@ def generator_for(
 
 
 def natively_async(llm: Any) -> bool:
-    """Whether ``llm.ainvoke`` is the model's own async code (not its sync code in a thread).
+    """Whether ``llm.ainvoke`` runs the model's own async code (not its sync code in a thread).
 
-    A chat model or LLM counts when its class overrides LangChain's async hooks
-    (``_agenerate`` / ``_astream``, ``_acall`` for an ``LLM``); any other Runnable is taken at
-    its word.
+    A chat model counts when its class overrides ``_agenerate`` (``_acall`` for an ``LLM``,
+    ``_agenerate`` for a ``BaseLLM``): that is what ``ainvoke`` awaits. An ``_astream`` override
+    alone does not count: ``ainvoke`` does not stream, so it would run the sync ``_generate`` in
+    asyncio's default executor, the application's shared pool, where a hung call holds a thread
+    pbr cannot bound. Any other Runnable is taken at its word.
     """
     from langchain_core.language_models import BaseChatModel, BaseLLM
     from langchain_core.language_models.llms import LLM
 
     model, cls = underlying_model(llm), type(underlying_model(llm))
     if isinstance(model, BaseChatModel):
-        return cls._agenerate is not BaseChatModel._agenerate or (
-            cls._astream is not BaseChatModel._astream
-        )
+        return cls._agenerate is not BaseChatModel._agenerate
     if isinstance(model, LLM):
-        return cls._acall is not LLM._acall or cls._astream is not BaseLLM._astream
+        return cls._acall is not LLM._acall
     if isinstance(model, BaseLLM):
-        return cls._agenerate is not BaseLLM._agenerate or cls._astream is not BaseLLM._astream
+        return cls._agenerate is not BaseLLM._agenerate
     return True
 
 

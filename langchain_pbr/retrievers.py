@@ -408,7 +408,8 @@ class PBRRetriever(BaseRetriever):
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
         with host_store_errors(self.vectorstore, "add"):
-            return self._corpus().add_many({uid: items}, write_host=add_to_vectorstore)[uid]
+            added = self._corpus().add_many({uid: items}, write_host=add_to_vectorstore)
+        return added.get(uid, [])
 
     async def aadd_documents(
         self,
@@ -423,7 +424,7 @@ class PBRRetriever(BaseRetriever):
         items = items_of(documents, uid, ids, self.user_key)
         with host_store_errors(self.vectorstore, "add"):
             added = await self._corpus().aadd_many({uid: items}, write_host=add_to_vectorstore)
-        return added[uid]
+        return added.get(uid, [])
 
     def delete(self, ids: Sequence[str], *, user_id: str) -> None:
         """Remove the user's documents; ``KeyError`` (nothing removed) for an id they lack."""

@@ -143,6 +143,8 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
             self.embed_model = settings_embed_model() or default_embed_model(CallbackManager())
         embedder = LlamaIndexEmbedder(self.embed_model)
         self._corpus = Corpus(None, embedder=embedder, cache=self.store)
+        # the store this block writes to, so another block can share it: store=block.store
+        self.store = self._corpus.cache
         if self.llm is not None:
             self._generator = llamaindex_generator(self.llm, self.prompt_style)
         self._personalizer = Personalizer(

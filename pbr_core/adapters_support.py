@@ -106,7 +106,7 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
     ``user_id`` and ``query`` and is JSON-ready.
     """
     full = explanation.to_dict()
-    base = {"user_id": explanation.user_id, "query": explanation.query}
+    base = {"user_id": explanation.user_id, "query": explanation.shown_query()}
     events: list[tuple[str, dict[str, Any]]] = [
         ("pbr.anchor", {**base, "anchor_items": full["anchor_items"], "related": full["related"]}),
         ("pbr.pseudo_utterances", {**base, "pseudo_utterances": full["pseudo_utterances"]}),

@@ -19,6 +19,7 @@ from .fusion import MODE_TERMS, TERMS
 from .protocols import SearchHit
 
 __all__ = [
+    "SHOWN_QUERY_CHARS",
     "Explanation",
     "PersonalizedQuery",
     "PseudoFeedback",
@@ -26,6 +27,10 @@ __all__ = [
     "explanation_payload",
     "missing_terms",
 ]
+
+
+#: How much of the query an explanation's JSON form shows (characters).
+SHOWN_QUERY_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -80,13 +85,21 @@ class Explanation:
     llm_calls: int = 0
     llm_cached: int = 0
 
+    def shown_query(self) -> str:
+        """The query as results, events and traces show it: its first
+        :data:`SHOWN_QUERY_CHARS` characters (then ``…``). Every result of a request carries the
+        explanation, so an uncut 1 MB query would be copied into each one."""
+        if len(self.query) <= SHOWN_QUERY_CHARS:
+            return self.query
+        return self.query[: SHOWN_QUERY_CHARS - 1] + "…"
+
     def to_dict(self) -> dict[str, Any]:
         def hit(h: SearchHit) -> dict[str, Any]:
             return {"id": h.id, "score": round(h.score, 6), "text": h.text}
 
         return {
             "user_id": self.user_id,
-            "query": self.query,
+            "query": self.shown_query(),
             "fusion": self.fusion,
             "used": list(self.used),
             "related": [hit(h) for h in self.related],

@@ -420,3 +420,20 @@ def test_a_fusion_rule_plugs_in_and_sees_the_requests_terms() -> None:
     np.testing.assert_allclose(
         want.vector, unit(default_rule(inputs).vector).astype(np.float32), atol=1e-6
     )
+
+
+def test_a_huge_query_is_shown_cut_in_the_explanation_not_copied_whole() -> None:
+    import json
+
+    from pbr_core.adapters_support import explanation_events, explanation_payload
+    from pbr_core.results import SHOWN_QUERY_CHARS
+
+    query = "beets " * 200_000  # 1.2 MB
+    result = make().search("alice", query, k=4)
+    expl = result.personalized.explanation
+    assert expl.query == query.strip()  # the request itself keeps it whole (the lexical leg)
+    shown = explanation_payload(expl)["query"]
+    assert len(shown) == SHOWN_QUERY_CHARS and shown.endswith("…")
+    assert len(json.dumps(explanation_payload(expl))) < 20_000
+    assert all(len(data["query"]) == SHOWN_QUERY_CHARS for _, data in explanation_events(expl))
+    assert {h.id for h in result.hits} == {"a1", "a2", "a3", "a4"}

@@ -20,7 +20,7 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import ConfigurableField, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from langchain_pbr import LocalGemmaChatModel, PBRRetriever
 from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
@@ -603,3 +603,45 @@ def test_the_personalizer_writes_through_the_retrievers_vector_store() -> None:
     retriever.personalizer.delete("alice", ["a1"])
     assert scoped_key("alice", "a1") not in store.store
     assert [d.id for d in retriever.invoke("who visits in May?", user_id="alice")] == ["a0"]
+
+
+class StreamOnlyAsyncChat(BaseChatModel):
+    """Natively async when streaming only: ``ainvoke`` runs the sync ``_generate`` (as many
+    community integrations do); records the thread each answer is computed on."""
+
+    threads: list[str] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "stream-only-async"
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        self.threads.append(threading.current_thread().name)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(content=ANSWER))])
+
+    async def _astream(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):  # type: ignore[no-untyped-def]
+        from langchain_core.messages import AIMessageChunk
+        from langchain_core.outputs import ChatGenerationChunk
+
+        yield ChatGenerationChunk(message=AIMessageChunk(content=ANSWER))
+
+
+async def test_a_model_async_only_when_streaming_runs_in_pbrs_executor_not_asyncios() -> None:
+    llm = StreamOnlyAsyncChat()
+    retriever = PBRRetriever(llm=llm, embeddings=EMB, config=PBRConfig(fusion="paper"))
+    retriever.add_documents([Document(t) for t in ALICE], user_id="alice")
+    docs = await retriever.ainvoke("what should I cook?", user_id="alice")
+    assert docs and len(llm.threads) == 2
+    # pbr's own bounded threads, never the application's default executor ("asyncio_N")
+    assert all(name.startswith("pbr-llm-") for name in llm.threads), llm.threads
+
+
+def test_adding_no_documents_adds_nothing_for_new_and_known_users() -> None:
+    retriever = PBRRetriever(llm=ParrotFakeChatModel(), embeddings=EMB)
+    assert retriever.add_documents([], user_id="newcomer") == []
+    retriever.add_documents([Document(ALICE[0])], user_id="alice")
+    assert retriever.add_documents([], user_id="alice") == []
+    assert asyncio.run(retriever.aadd_documents([], user_id="alice")) == []
+    assert len(retriever.invoke("lentil curry", user_id="alice")) == 1

@@ -305,3 +305,15 @@ def test_a_persisted_block_resumes_the_users_memories(tmp_path: Any) -> None:
         PBRMemoryBlock.from_persist_dir(
             tmp_path / "mem", user_id="alice", embed_model=HashEmbedding(dim=32)
         )
+
+
+def test_a_block_built_without_a_store_exposes_the_one_it_writes_to(tmp_path: Any) -> None:
+    emb = HashEmbedding(dim=64)
+    alice = PBRMemoryBlock(user_id="alice", embed_model=emb)
+    assert alice.store is not None and alice.store is alice.corpus.cache
+    bob = PBRMemoryBlock(user_id="bob", embed_model=emb, store=alice.store)
+    chat(memory_for(bob, "s1"), ["My bike lock code is kilimanjaro nine", *FILLER])
+    alice.persist(tmp_path / "mem")  # one store: bob's memories are in alice's save
+    resumed = PBRMemoryBlock.from_persist_dir(tmp_path / "mem", user_id="bob", embed_model=emb)
+    out = memory_text(memory_for(resumed, "s2").get(input="what is my bike lock code"))
+    assert "kilimanjaro nine" in out
