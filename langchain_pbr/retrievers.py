@@ -407,7 +407,8 @@ class PBRRetriever(BaseRetriever):
         """
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
-        with host_store_errors(self.vectorstore, "add"):
+        new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = self._corpus().add_many({uid: items}, write_host=add_to_vectorstore)
         return added.get(uid, [])
 
@@ -422,7 +423,8 @@ class PBRRetriever(BaseRetriever):
         """Async :meth:`add_documents` (native async embeddings when they exist)."""
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
-        with host_store_errors(self.vectorstore, "add"):
+        new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = await self._corpus().aadd_many({uid: items}, write_host=add_to_vectorstore)
         return added.get(uid, [])
 
@@ -451,7 +453,8 @@ class PBRRetriever(BaseRetriever):
         the retriever's default user); ``kwargs`` are the retriever's fields.
         """
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        with host_store_errors(retriever.vectorstore, "add"):
+        new_ids = sum(doc.id is None for doc in documents)
+        with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id)
             retriever._corpus().add_many(groups, write_host=add_to_vectorstore)
         return retriever
@@ -467,7 +470,8 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """Async :meth:`from_documents`."""
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        with host_store_errors(retriever.vectorstore, "add"):
+        new_ids = sum(doc.id is None for doc in documents)
+        with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id)
             await retriever._corpus().aadd_many(groups, write_host=add_to_vectorstore)
         return retriever

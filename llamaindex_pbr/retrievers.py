@@ -634,11 +634,13 @@ class PBRRetriever(BaseRetriever):
         """
         return self._add(nodes, insert=insert, own_only=True)
 
-    def _add(self, nodes: Sequence[BaseNode], *, insert: bool, own_only: bool) -> list[str]:
+    def _add(
+        self, nodes: Sequence[BaseNode], *, insert: bool, own_only: bool, new_ids: int = 0
+    ) -> list[str]:
         key = self._shared.user_id_key
         copies, users = tagged_copies(nodes, key, self._user_id, own_only=own_only)
         embed_missing(copies, self._shared.embed_model)
-        return self._write(copies, users, insert)
+        return self._write(copies, users, insert, new_ids)
 
     async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
         """Async :meth:`add_nodes`."""
@@ -647,10 +649,13 @@ class PBRRetriever(BaseRetriever):
         await aembed_missing(copies, self._shared.embed_model)
         return await asyncio.to_thread(self._write, copies, users, insert)
 
-    def _write(self, copies: list[BaseNode], users: list[str], insert: bool) -> list[str]:
-        """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules)."""
+    def _write(
+        self, copies: list[BaseNode], users: list[str], insert: bool, new_ids: int = 0
+    ) -> list[str]:
+        """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules);
+        ``new_ids``: how many nodes were made by this call, with ids a retry would not repeat."""
         groups, vectors, extras = batch_of(copies, users)
-        with host_store_errors(self._any_store(), "add"):
+        with host_store_errors(self._any_store(), "add", new_ids=new_ids):
             self._shared.corpus.add_many(groups, vectors=vectors, extras=extras, write_host=insert)
         return [n.node_id for n in copies]
 
@@ -664,7 +669,8 @@ class PBRRetriever(BaseRetriever):
         nodes = run_transformations(
             list(documents), list(transformations or Settings.transformations)
         )
-        return self.add_nodes(nodes)
+        # the splitter gives new node ids on every call: a retry is not exact
+        return self._add(nodes, insert=True, own_only=True, new_ids=len(nodes))
 
     def delete_nodes(self, node_ids: Sequence[str]) -> None:
         """Remove this view's user's nodes from the index and from their history.

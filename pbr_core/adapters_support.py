@@ -163,7 +163,7 @@ def _server_url(exc: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
-def host_store_errors(store: object, action: str) -> Iterator[None]:
+def host_store_errors(store: object, action: str, *, new_ids: int = 0) -> Iterator[None]:
     """Turn "cannot connect to the vector store" into :class:`VectorStoreUnavailableError`.
 
     The message names the server's URL (the store's own client error often does not) and says
@@ -173,6 +173,8 @@ def host_store_errors(store: object, action: str) -> Iterator[None]:
         store: the host vector store (its class name goes into the message).
         action: what was being done, e.g. ``"search"``; with ``"add"`` / ``"delete"`` the message
             says that PBR's history was left as it was (the adapters write the host store first).
+        new_ids: how many items of an add were given no id and got a new one: a retry would
+            give them other new ids, so it would add them again, and the message says so.
     """
     try:
         yield
@@ -182,11 +184,15 @@ def host_store_errors(store: object, action: str) -> Iterator[None]:
             raise
         url = _server_url(cause)
         where = f"at {url}" if url else f"({type(store).__name__})"
-        unchanged = (
-            "; PBR's history is unchanged and retrying the same call is safe"
-            if action in ("add", "delete")
-            else ""
-        )
+        unchanged = ""
+        if action in ("add", "delete") and not new_ids:
+            unchanged = "; PBR's history is unchanged and retrying the same call is safe"
+        elif action in ("add", "delete"):
+            unchanged = (
+                f"; PBR's history is unchanged, but {new_ids} of the items had no id and were "
+                "given new ones, so retrying the same call would add those again where the "
+                "first try landed: give every item an id (e.g. Document.id) to make a retry exact"
+            )
         raise VectorStoreUnavailableError(
             f"{action} failed: the vector store {where} is not reachable "
             f"({type(cause).__name__}: {cause}){unchanged}. Check that the server is running "

@@ -19,7 +19,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import ConfigurableField, RunnablePassthrough
-from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import Field, ValidationError
 
 from langchain_pbr import LocalGemmaChatModel, PBRRetriever
@@ -645,3 +645,32 @@ def test_adding_no_documents_adds_nothing_for_new_and_known_users() -> None:
     assert retriever.add_documents([], user_id="alice") == []
     assert asyncio.run(retriever.aadd_documents([], user_id="alice")) == []
     assert len(retriever.invoke("lentil curry", user_id="alice")) == 1
+
+
+class UnreachableStore(VectorStore):
+    """A vector store whose server is down: every write is refused at the socket."""
+
+    def add_texts(self, texts: Any, metadatas: Any = None, **kwargs: Any) -> list[str]:
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+    def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        return []
+
+    @classmethod
+    def from_texts(cls, texts: Any, embedding: Any, metadatas: Any = None, **kw: Any) -> Any:
+        return cls()
+
+
+def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id() -> None:
+    from pbr_core import VectorStoreUnavailableError
+
+    retriever = PBRRetriever(
+        llm=ParrotFakeChatModel(), embeddings=EMB, vectorstore=UnreachableStore()
+    )
+    with pytest.raises(VectorStoreUnavailableError, match="retrying the same call is safe"):
+        retriever.add_documents([Document(ALICE[0])], user_id="alice", ids=["a0"])
+    with pytest.raises(VectorStoreUnavailableError, match="retrying the same call is safe"):
+        retriever.add_documents([Document(ALICE[0], id="a0")], user_id="alice")
+    with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id") as info:
+        retriever.add_documents([Document(ALICE[0], id="a0"), Document(ALICE[1])], user_id="alice")
+    assert "is safe" not in str(info.value) and "Document.id" in str(info.value)
