@@ -69,7 +69,7 @@ def test_the_library_wheel_holds_the_library_only(tmp_path) -> None:
 
 
 def test_the_harness_is_installed_and_finds_the_checkout_from_any_folder(tmp_path) -> None:
-    code = "import pbr_bench.runner as r; print(r.REPO); print(r.GENERATION_CACHE_DIR.is_dir())"
+    code = "import pbr_bench.paths as p; print(p.REPO_ROOT); print(p.GENERATION_CACHE_DIR.is_dir())"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True
     ).stdout.split()
@@ -107,3 +107,46 @@ def test_every_name_a_benchmark_script_imports_exists() -> None:
                 for a in node.names:
                     importlib.import_module(a.name)
     assert not missing
+
+
+def _harness_graph() -> dict[str, set[str]]:
+    """Module of ``pbr_bench`` -> the modules of ``pbr_bench`` it imports, lazily or not."""
+    package = REPO / "benchmarks" / "pbr_bench"
+    names = {p.stem for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pbr_bench"):
+                parts = (node.module or "").split(".")
+                deps |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {
+                    a.name.split(".")[1] for a in node.names if a.name.startswith("pbr_bench.")
+                }
+        graph[path.stem] = (deps & names) - {path.stem}
+    return graph
+
+
+def test_the_harness_modules_import_each_other_without_a_cycle() -> None:
+    """Every import counts, lazy and type-only too: a cycle hidden in a function body is still
+    two modules that cannot be understood, or moved, one without the other."""
+    graph = _harness_graph()
+    assert graph["reproduce"] and graph["cli"]
+    done: set[str] = set()
+    path: list[str] = []
+
+    def walk(name: str) -> None:
+        assert name not in path, "import cycle: " + " -> ".join([*path[path.index(name) :], name])
+        if name in done:
+            return
+        path.append(name)
+        for dep in sorted(graph[name]):
+            walk(dep)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        walk(name)
