@@ -97,10 +97,9 @@ from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import Dataset, Query, load_named
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.splits import is_tuning_user
 from pbr_core import PBRConfig
-
-REPO = Path(__file__).resolve().parents[1]
 
 DATASET = "locomo-turn"
 MODEL = "all-MiniLM-L6-v2"
@@ -111,7 +110,7 @@ SPLITS = ("test", "tune", "all")
 #: Chroma's HNSW for VectorMemoryBlock: cosine, search and construction breadth well above the
 #: defaults, so that over ~600 items per user it is all but exact.
 HNSW: Any = {"space": "cosine", "ef_search": 200, "ef_construction": 200}
-OUT = REPO / "benchmarks" / "results" / "agent_memory"
+OUT = RESULTS_DIR / "agent_memory"
 
 LG_PLAIN, LG_PBR, LG_DENSE = "InMemoryStore", "PBRStore hybrid", "PBRStore dense"
 LI_PLAIN, LI_PBR = "VectorMemoryBlock", "PBRMemoryBlock"

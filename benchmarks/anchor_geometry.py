@@ -13,18 +13,16 @@ Writes ``benchmarks/results/anchor_geometry.{csv,json}``.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pbr_bench.datasets import Dataset, load_locomo, load_personabench, load_prefeval
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_bench.runner import Bench
 
-ROOT = Path(__file__).resolve().parent.parent
-
-OUT = ROOT / "benchmarks" / "results"
+OUT = RESULTS_DIR
 
 
 def geometry(ds: Dataset) -> dict[str, Any]:

@@ -57,10 +57,9 @@ from tqdm import tqdm
 
 from langchain_pbr import PBRRetriever
 from pbr_bench.chroma_server import ChromaServer
+from pbr_bench.paths import RESULTS_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = RESULTS_DIR
 K = 10
 WORDS = [
     "run", "marathon", "pasta", "banana", "knee", "coffee", "sister", "lyon", "camera", "film",

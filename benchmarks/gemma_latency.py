@@ -30,18 +30,17 @@ import os
 import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from pbr_bench.datasets import load_personabench
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.models import LocalGemmaGenerator
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results"
+OUT = RESULTS_DIR
 FIELDS = ["dtype", "budget", "question", "prompt_tokens", "new_tokens"]
 FIELDS += ["prefill_s", "step_ms", "generate_s"]
 

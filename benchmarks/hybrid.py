@@ -67,6 +67,7 @@ from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder
 from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, Built, build
 from pbr_bench.metrics import best_over_combinations, evaluate
+from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
 from pbr_bench.runner import CachedEmbedder
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.history import HistoryStore, UserHistory
@@ -74,8 +75,6 @@ from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank
 from pbr_core.models import MiniLMEmbedder
 from pbr_core.pipeline import PseudoFeedback
 from pbr_core.windows import split, window_of
-
-REPO = Path(__file__).resolve().parents[1]
 
 PBR_DATASET = "personabench-0.0"
 METHODS = [
@@ -117,7 +116,7 @@ K = 10  # ranking depth kept per question
 CUT = 5  # R@5, N@5
 TIMING_ITEMS = 600  # the LoCoMo-turn user whose history size is nearest to this is timed
 TIMING_PASSES = 5
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = RESULTS_DIR
 OUT = RESULTS / "hybrid"
 
 
@@ -507,7 +506,7 @@ def main() -> None:
     (OUT / "paired.json").write_text(json.dumps(paired, indent=1) + "\n")
     (OUT / "timing.json").write_text(json.dumps(timing, indent=1) + "\n")
     plot(summary, OUT / "r_at_5.png")
-    print(f"\nwrote {OUT.relative_to(REPO)}/", flush=True)
+    print(f"\nwrote {OUT.relative_to(REPO_ROOT)}/", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import json
 import pickle
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,16 +38,15 @@ from pbr_bench.compare import cells_below_best, sign_test
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.histories import DATASETS, build
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR, cache_dir
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query
 from pbr_core.models import MiniLMEmbedder
 from pbr_core.windows import window_of
 
-REPO = Path(__file__).resolve().parents[1]
-
 CUT = 5
-CACHE = REPO / ".pbr-cache" / "hybrid_adaptive.pkl"
-OUT = REPO / "benchmarks" / "results" / "hybrid"
+CACHE = cache_dir() / "hybrid_adaptive.pkl"
+OUT = RESULTS_DIR / "hybrid"
 BASELINES = ("dense", "bm25", "rrf")
 
 Row = dict[str, Any]

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from pbr_bench.datasets import Dataset, load_named
 from pbr_bench.embed import EmbeddingCache, minilm_encoder
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import cache_dir
 from pbr_bench.splits import is_tuning_user
 from pbr_core.lexical import LexicalIndex, query_terms
-
-REPO = Path(__file__).resolve().parents[1]
 
 DATASETS = [
     "personabench-0.0",
@@ -86,7 +84,7 @@ def collect() -> list[dict]:
     """Per question: dense, windowed-dense and BM25 scores of every item of the user."""
     import pickle
 
-    cache = REPO / ".pbr-cache" / "hybrid_explore.pkl"
+    cache = cache_dir() / "hybrid_explore.pkl"
     if cache.exists():
         return pickle.loads(cache.read_bytes())
     enc = EmbeddingCache("all-MiniLM-L6-v2", minilm_encoder())

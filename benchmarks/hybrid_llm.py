@@ -26,7 +26,6 @@ import argparse
 import csv
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,15 +40,14 @@ from pbr_bench.compare import sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.llms import harness_generator
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.runner import generate_missing, generation_cache_of
 from pbr_core import PBRConfig
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
 
-REPO = Path(__file__).resolve().parents[1]
-
 K, CUT = 10, 5
 MIN_QUESTIONS = 200  # the threshold for a data set to count in the verdict
-OUT = REPO / "benchmarks" / "results" / "hybrid"
+OUT = RESULTS_DIR / "hybrid"
 BASELINE = "hybrid (no LLM)"
 DIAGNOSTICS: dict[str, PBRConfig] = {}  # label -> config, filled in main()
 #: The default pipeline's feedback applied to one leg only (the other leg keeps the user's query):

@@ -21,21 +21,19 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.synthetic import corpus, queries, vocabulary
 from pbr_core import HistoryItem, HistoryStore
 from pbr_core.hybrid import lexical_query, rank
-
-ROOT = Path(__file__).resolve().parent.parent
 
 SIZES = (1_000, 10_000, 100_000)
 DIM = 384
 K = 10
 TARGET_MS = {1_000: 2.0, 100_000: 20.0}
-OUT = ROOT / "benchmarks" / "results"
+OUT = RESULTS_DIR
 
 
 def main() -> None:

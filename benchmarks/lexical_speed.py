@@ -40,6 +40,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.synthetic import (
     N_QUERIES,
     QUERY_TERMS,
@@ -50,8 +51,6 @@ from pbr_bench.synthetic import (
     vocabulary,
 )
 from pbr_core.lexical import ENGLISH_STOP_WORDS, LexicalIndex
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TARGETS = {"query_ms_1k": 2.0, "query_ms_100k": 20.0, "build_s_100k": 10.0}
 STOP = list(ENGLISH_STOP_WORDS)
@@ -159,7 +158,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3, help="build repeats (median)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)

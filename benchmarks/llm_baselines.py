@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from pathlib import Path
 from typing import Any
 
 from pbr_bench.cached import cached_bench, local_ids
-from pbr_bench.cli import load_dataset
 from pbr_bench.compare import paired
 from pbr_bench.datasets import Dataset
 from pbr_bench.metrics import evaluate
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_bench.runner import LLM_BASELINES, Bench
-
-ROOT = Path(__file__).resolve().parent.parent
+from pbr_bench.runs import load_dataset
 
 METHODS = ("plain", "bm25", "pbr", "pbr-safe", *LLM_BASELINES)
 
@@ -104,7 +102,7 @@ def main() -> int:
     if not queries:
         return 1
     rows = table(ds, queries, rankings)
-    out = ROOT / "benchmarks" / "results" / ds.name / f"n{args.limit}-seed{args.seed}"
+    out = RESULTS_DIR / ds.name / f"n{args.limit}-seed{args.seed}"
     payload = {"questions": [q.id for q in queries], "rows": rows}
     write_rows(rows, out / f"llm_baselines__{args.llm}", payload=payload)
     for r in rows:

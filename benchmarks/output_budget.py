@@ -33,12 +33,13 @@ from pbr_bench.cached import cached_questions, local_ids
 from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
-from pbr_bench.runner import REPO, Bench
+from pbr_bench.runner import Bench
 from pbr_bench.splits import is_tuning_question
 from pbr_core import GenerationCache
 
-OUT = REPO / "benchmarks" / "results"
+OUT = RESULTS_DIR
 BUDGETS = (32, 48, 64, 96, 128, 160)  # 160: the default max_new_tokens, the committed answers
 TOLERANCE = 0.005
 #: Every harness cell with the embedded Gemma's answers committed: (data set, questions, seed).

@@ -85,12 +85,11 @@ from tqdm import tqdm
 from langchain_pbr import PBRRetriever
 from langchain_pbr.stores import host_records
 from pbr_bench.chroma_server import ChromaServer
+from pbr_bench.paths import RESULTS_DIR, in_repo
 from pbr_core import HistoryItem, PBRConfig
 from pbr_core.corpus import Corpus
 
-ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS = ROOT / "benchmarks" / "results" / "ownership"
+RESULTS = RESULTS_DIR / "ownership"
 K = 10
 USER_KEY = "user_id"
 #: The retrieval path without an LLM: q + c_anchor (the anchor, verification and search only).
@@ -1101,7 +1100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stem = "ownership_quick" if quick else "ownership"  # a quick run never overwrites the full one
 
     results: dict[str, Any] = {"machine": machine(), "quick": quick}
-    results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results["args"] = {k: (in_repo(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     t0 = time.perf_counter()
     out = args.out_dir / f"{stem}.json"
 

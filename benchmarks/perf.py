@@ -56,13 +56,12 @@ import numpy as np
 import scipy
 from tqdm import tqdm
 
+from pbr_bench.paths import RESULTS_DIR, in_repo
 from pbr_core import HistoryItem, HistoryStore, PBRConfig, Personalizer
 from pbr_core.anchor import ApproximateKnn, compute_anchor
 from pbr_core.fusion import fuse
 
-ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = RESULTS_DIR
 DIM = 384
 T = TypeVar("T")
 
@@ -781,7 +780,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     suffix = "_quick" if quick else ""  # a quick run never overwrites docs/performance.md's figures
 
     results: dict[str, Any] = {"machine": machine(), "quick": quick, "args": {}}
-    results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results["args"] = {k: (in_repo(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     t0 = time.perf_counter()
     if "scaling" not in args.skip:
         results["scaling"] = run_scaling(args)

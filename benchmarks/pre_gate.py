@@ -46,12 +46,11 @@ from pbr_bench.cached import cached_questions, local_ids
 from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_bench.runner import Bench
 
-ROOT = Path(__file__).resolve().parent.parent
-
-OUT = ROOT / "benchmarks" / "results"
+OUT = RESULTS_DIR
 #: Named before the LoCoMo cell's generations existed: PersonaBench 0.0 questions 1-115 (every
 #: cached LLM source) and LoCoMo turn level, 200 new seeded questions (seed 4; seeds 0-3 were
 #: all seen when 0.60 was chosen), with the embedded Gemma 3 270M.

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -42,12 +41,12 @@ from pbr_bench.cached import answered_by_each_llm
 from pbr_bench.compare import sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "results" / "hybrid"
+OUT = RESULTS_DIR / "hybrid"
 K, CUT = 10, 5  # rank the top 10, score R@5 (as hybrid_llm.py)
 GRIDS: dict[str, list[float]] = {
     "z": [2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0],

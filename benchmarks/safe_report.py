@@ -18,8 +18,6 @@ from typing import Any
 from pbr_bench.report import write_rows
 from pbr_bench.safe import FIELDS, MODES, OUT, benches, cells
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def main() -> int:
     rows: list[dict[str, Any]] = []

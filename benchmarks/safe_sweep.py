@@ -32,12 +32,11 @@ from typing import Any
 
 from pbr_bench.cached import cached_bench, local_ids
 from pbr_bench.datasets import load_personabench
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_bench.runner import Bench
 from pbr_bench.safe import admissible
 from pbr_core.config import PBRConfig
-
-ROOT = Path(__file__).resolve().parent.parent
 
 LOWS = [0.3, 0.4, 0.5, 0.6]
 WIDTHS = [0.1, 0.2, 0.3]
@@ -96,7 +95,7 @@ def main() -> int:
         row["mean_gain"] = round(sum(gains) / len(gains), 4)
         row["admissible"] = admissible(safe, plain, paper_check=args.noise == "0.0")
         rows.append(row)
-    results = ROOT / "benchmarks" / "results" / f"personabench-{args.noise}"
+    results = RESULTS_DIR / f"personabench-{args.noise}"
     write_rows(rows, args.out or results / "safe_sweep")
     print("plain:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in plain.items()})
     print("paper:", {n: {k: round(v, 4) for k, v in s.items()} for n, s in paper.items()})

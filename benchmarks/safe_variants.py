@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,8 +50,6 @@ from pbr_bench.report import write_rows
 from pbr_bench.runner import Bench, MethodRun
 from pbr_bench.safe import FIELDS, OUT, admissible, benches, score
 from pbr_core.fusion import FusionInputs, FusionResult, default_rule, fuse
-
-ROOT = Path(__file__).resolve().parent.parent
 
 Rule = Callable[..., FusionResult]
 #: ``(plain ranking, safe ranking) -> ranking``

@@ -33,11 +33,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from pbr_bench.paths import RESULTS_DIR
 from pbr_core.salience import default_scorer, salience
 
-ROOT = Path(__file__).resolve().parent.parent
-
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = RESULTS_DIR
 
 
 def _workload(n_max: int, queries: int, seed: int) -> list[tuple[str, list[str]]]:

@@ -42,13 +42,12 @@ from pbr_bench.datasets import (
     resolve_data_dir,
 )
 from pbr_bench.metrics import evaluate
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_bench.runner import Bench
 from pbr_core.salience import default_scorer, oracle_salience, rerank, salience
 
-ROOT = Path(__file__).resolve().parent.parent
-
-OUT = ROOT / "benchmarks" / "results"
+OUT = RESULTS_DIR
 TAUS = [round(0.1 * i, 1) for i in range(31)]  # 0 … 3 nats per query token
 
 

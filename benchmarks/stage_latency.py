@@ -18,15 +18,13 @@ import argparse
 import os
 import random
 import statistics
-from pathlib import Path
 from typing import Any
 
 from pbr_bench.datasets import load_personabench
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_core import Personalizer
 from pbr_core.protocols import model_id_of
-
-ROOT = Path(__file__).resolve().parent.parent
 
 STAGES = (
     "embed_query",
@@ -59,7 +57,7 @@ def main() -> int:
         runs.append({"question": q.id, **{s: round(t.get(s, 0.0), 1) for s in STAGES}})
         print(runs[-1], flush=True)
     median = {s: round(statistics.median(r[s] for r in runs), 1) for s in STAGES}
-    out = ROOT / "benchmarks" / "results"
+    out = RESULTS_DIR
     payload = {
         "questions": len(runs),
         "models": {"embedder": model_id_of(pbr.embedder), "llm": model_id_of(pbr.generator)},

@@ -32,19 +32,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from pbr_bench.compare import SplitScores, cells_below_best, sign_summary
 from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
+from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query, rank
 from pbr_core.windows import Window
 
-REPO = Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "results" / "hybrid"
+OUT = RESULTS_DIR / "hybrid"
 CUT = 5
 #: Window caps tried, in word pieces of text (None: the model's own length).
 MAX_TOKENS: tuple[int | None, ...] = (None, 128, 64)

@@ -1,7 +1,10 @@
-"""A real ``chroma run`` server for the tests and the benchmarks: start, kill, restart, always
-stopped.
+"""A real ``chroma run`` server for the benchmarks: start, kill, restart, always stopped.
 
-Measured pitfalls (``/work/shared/notes/chroma-ray.md``) this module guards against:
+The library's tests start theirs with the same code, in ``tests/chroma_server.py`` (the tests
+never import the harness); ``tests/bench/test_bench_separation.py`` checks the two copies stay
+the same code.
+
+Pitfalls of ``chroma run`` (measured with chromadb 1.5) this module guards against:
 
 * ``chroma run`` on a port already in use prints "Address ... is not available" and exits 0, so
   a script that only waits for the heartbeat tests against somebody else's server: the port is
@@ -11,7 +14,7 @@ Measured pitfalls (``/work/shared/notes/chroma-ray.md``) this module guards agai
 
 Every server started here is stopped by its process id on every exit path: :meth:`stop` from a
 fixture finalizer, and an ``atexit`` hook for anything a crash left running. Only the Chroma
-tests and benchmarks import it, so nothing else pays for chromadb.
+benchmarks import it, so nothing else pays for chromadb.
 """
 
 from __future__ import annotations

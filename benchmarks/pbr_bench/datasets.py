@@ -10,8 +10,8 @@ use one id per element (``[["D1:3"], ["D2:7"]]``). :mod:`pbr_bench.metrics` scor
 against every combination of one alternative per element and keeps the best.
 
 The data are never copied into the repository. Each loader takes ``data_dir``; without it the
-directory comes from the environment variable ``PBR_DATA_DIR``, else ``../shared/data`` relative to
-the current directory, else relative to the repository root (see :func:`resolve_data_dir`).
+directory comes from the environment variable ``PBR_DATA_DIR`` (see :func:`resolve_data_dir`;
+``docs/benchmarks.md`` lists the data sets, their sources and the files expected under it).
 
 Setup:
     .. code-block:: python
@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 __all__ = [
+    "DATA_DIR_ENV",
     "PERSONABENCH_NOISE_LEVELS",
     "PREFEVAL_FORMS",
     "Dataset",
@@ -154,37 +155,40 @@ class Dataset:
 # Data directory
 # --------------------------------------------------------------------------------------------
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The environment variable naming the folder that holds the benchmark data sets.
+DATA_DIR_ENV = "PBR_DATA_DIR"
+
+DATA_DIR_HELP = (
+    f"set ${DATA_DIR_ENV} (or pass --data-dir / data_dir=...) to the folder holding the benchmark "
+    "data sets (locomo/, personabench/, prefeval/, pbr-generations/; see docs/benchmarks.md)"
+)
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Find the shared data directory.
+    """The folder holding the benchmark data sets.
 
-    Order: the argument; ``$PBR_DATA_DIR``; ``../shared/data`` relative to the current working
-    directory; ``../shared/data`` relative to the repository root (the parent of ``pbr_core``).
+    Order: the argument (``--data-dir`` on the command line); ``$PBR_DATA_DIR``. Nothing else:
+    the data live outside the checkout, wherever the person running the harness put them, so
+    there is no default to guess.
 
     Raises:
-        FileNotFoundError: when none of these exists, naming what was tried.
+        FileNotFoundError: when neither is given, or the one given is not a directory; the message
+            says what to set.
     """
     if data_dir is not None:
         path = Path(data_dir).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"data_dir {str(path)!r} is not a directory")
+            raise FileNotFoundError(f"data_dir {str(path)!r} is not a directory; {DATA_DIR_HELP}")
         return path
-    env = os.environ.get("PBR_DATA_DIR")
+    env = os.environ.get(DATA_DIR_ENV)
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"$PBR_DATA_DIR={env!r} is not a directory; fix or unset it")
+            raise FileNotFoundError(
+                f"${DATA_DIR_ENV}={env!r} is not a directory; fix or unset it ({DATA_DIR_HELP})"
+            )
         return path
-    candidates = [Path.cwd() / ".." / "shared" / "data", _REPO_ROOT / ".." / "shared" / "data"]
-    for path in candidates:
-        if path.is_dir():
-            return path.resolve()
-    tried = ", ".join(str(p) for p in candidates)
-    raise FileNotFoundError(
-        f"benchmark data not found (tried {tried}); pass data_dir=... or set $PBR_DATA_DIR"
-    )
+    raise FileNotFoundError(f"benchmark data directory not given: {DATA_DIR_HELP}")
 
 
 @lru_cache(maxsize=64)
@@ -259,7 +263,7 @@ def load_personabench(
     Args:
         noise: ``"0.0"``, ``"0.3"``, ``"0.5"`` or ``"0.7"`` (a float is formatted with one decimal).
             Higher levels add distractor sessions; gold ids are per level.
-        data_dir: the shared data directory (see :func:`resolve_data_dir`).
+        data_dir: the benchmark data directory (see :func:`resolve_data_dir`).
 
     Returns:
         At noise 0.0: 527 documents, 263 questions, 230 scored.

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runner import REPO
+from .paths import REPO_ROOT, RESULTS_DIR
 
-RESULTS = REPO / "benchmarks" / "results"
-DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+RESULTS = RESULTS_DIR
+DOCS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
 TABLES: dict[str, Callable[[Path], list[str]]] = {}
 _BLOCK = re.compile(r"(<!-- table:([\w.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
 
@@ -619,7 +619,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
         new, names = render(old)
         used.update(names)
         if new != old:
-            stale.append(str(doc.relative_to(REPO)))
+            stale.append(str(doc.relative_to(REPO_ROOT)))
             if not args.check:
                 doc.write_text(new, encoding="utf-8")
     unused = sorted(set(TABLES) - used)

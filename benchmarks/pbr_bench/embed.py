@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .paths import cache_dir as default_cache_dir
+
 __all__ = [
     "CountingEncoder",
     "EmbeddingCache",
@@ -39,14 +41,6 @@ __all__ = [
 
 #: ``encode(texts, batch_size) -> (len(texts), dim)`` array.
 EncodeFn = Callable[[list[str], int], np.ndarray]
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def default_cache_dir() -> Path:
-    """``$PBR_CACHE_DIR`` if set, else ``<repo>/.pbr-cache`` (git-ignored)."""
-    env = os.environ.get("PBR_CACHE_DIR")
-    return Path(env).expanduser() if env else _REPO_ROOT / ".pbr-cache"
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:

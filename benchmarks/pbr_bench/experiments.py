@@ -18,9 +18,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runner import REPO
+from .paths import BENCHMARKS_DIR
 
-SCRIPTS = REPO / "benchmarks"
+SCRIPTS = BENCHMARKS_DIR
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .paths import RESULTS_DIR
 from .report import write_rows
-from .runner import REPO
+from .runs import main
 
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = RESULTS_DIR
 METRICS = ("R@1", "R@5", "N@5", "R@10", "N@10", "MRR")
 _LLMS = {"none", "authors", "local", "smollm2"}
 TOLERANCE = 5e-5  # the CSVs hold four decimals
@@ -95,8 +96,6 @@ def row_deltas(
 
 def reproduce(cell: Cell, out: Path, *, paired: bool = False) -> dict[str, object]:
     """Rerun ``cell`` into ``out`` and compare its summary with the committed one."""
-    from .cli import main
-
     committed = read_summary(cell.summary)
     argv = [*cell.argv, "--methods", ",".join(cell.methods), "--cached-only", "--out", str(out)]
     code = main(argv)

@@ -32,6 +32,7 @@ from .bm25 import BM25Index
 from .datasets import Dataset, Query, load_pbr_generations
 from .embed import EmbeddingCache, minilm_encoder
 from .metrics import evaluate
+from .paths import GENERATION_CACHE_DIR
 
 #: PBR and its ablations (spec §2.5), by the fusion mode they use.
 PBR_METHODS: dict[str, str] = {
@@ -44,8 +45,6 @@ PBR_METHODS: dict[str, str] = {
 }
 LLM_BASELINES = ("hyde", "query2term", "cot", "thinkqe")
 ALL_METHODS = ("plain", "bm25", *PBR_METHODS, *LLM_BASELINES)
-REPO = Path(__file__).resolve().parents[2]
-GENERATION_CACHE_DIR = REPO / "benchmarks" / "cache"
 
 # Baseline prompts (spec §4.4), per prompt style: instruction-following vs base completion.
 BASELINE_PROMPTS: dict[str, dict[str, str]] = {

@@ -13,12 +13,13 @@ from typing import Any
 from .cached import cached_bench, local_ids
 from .compare import paired
 from .datasets import Dataset, load_named, load_personabench
-from .runner import REPO, Bench, MethodRun
+from .paths import RESULTS_DIR
+from .runner import Bench, MethodRun
 
 #: The paper's PBR with gpt-4o-mini on PersonaBench noise 0.0 (its only reported level).
 PAPER = {"R@5": 0.4516, "N@5": 0.3855}
 
-OUT = REPO / "benchmarks" / "results"
+OUT = RESULTS_DIR
 #: label -> (bench method, config changes): safe with and without its history gate.
 MODES: dict[str, tuple[str, dict[str, Any]]] = {
     "plain": ("plain", {}),

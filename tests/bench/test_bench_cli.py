@@ -17,7 +17,7 @@ def _data() -> None:
     try:
         resolve_data_dir()
     except (FileNotFoundError, OSError) as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"shared data not available: {exc}")
+        pytest.skip(f"benchmark data not available: {exc}")
 
 
 def test_plain_query_reproduces_the_papers_personabench_numbers(tmp_path, capsys) -> None:

@@ -1,4 +1,4 @@
-"""Benchmark loaders on the real shared data (skipped where the data directory is absent)."""
+"""Benchmark loaders on the real data sets (skipped where ``$PBR_DATA_DIR`` is unset or absent)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,16 @@ from pbr_bench.datasets import (
 
 try:
     DATA_DIR: Path | None = resolve_data_dir()
-except FileNotFoundError:
-    DATA_DIR = None
+    NO_DATA = ""
+except FileNotFoundError as exc:
+    DATA_DIR, NO_DATA = None, str(exc)
 
-needs_data = pytest.mark.skipif(
-    DATA_DIR is None,
-    reason="benchmark data not found: set $PBR_DATA_DIR or put the data in ../shared/data",
-)
+needs_data = pytest.mark.skipif(DATA_DIR is None, reason=f"benchmark data not available: {NO_DATA}")
 
 
 def test_public_api_is_pinned() -> None:
     assert sorted(datasets.__all__) == [
+        "DATA_DIR_ENV",
         "Dataset",
         "Doc",
         "PERSONABENCH_NOISE_LEVELS",
@@ -66,6 +65,19 @@ def test_bad_locations_say_what_to_do(tmp_path: Path, monkeypatch: pytest.Monkey
         resolve_data_dir(tmp_path / "missing")
     monkeypatch.setenv("PBR_DATA_DIR", str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match=r"PBR_DATA_DIR.*fix or unset"):
+        resolve_data_dir()
+
+
+def test_without_a_data_dir_the_error_says_what_to_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No guessing: a data folder beside the checkout or the current folder is not a default (the
+    data live wherever the person running the harness put them)."""
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "checkout").mkdir()
+    monkeypatch.chdir(tmp_path / "checkout")
+    monkeypatch.delenv("PBR_DATA_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"set \$PBR_DATA_DIR.*--data-dir"):
         resolve_data_dir()
 
 

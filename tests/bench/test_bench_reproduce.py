@@ -47,7 +47,7 @@ def _data() -> None:
     try:
         resolve_data_dir()
     except (FileNotFoundError, OSError) as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"shared data not available: {exc}")
+        pytest.skip(f"benchmark data not available: {exc}")
 
 
 @pytest.mark.slow
