@@ -16,16 +16,17 @@ with ``N`` items, ``df`` the number of items containing ``t``, ``tf`` the raw co
 ``idf`` and ``avgdl`` change with every added or removed item, so only raw counts are stored and
 the formula is evaluated at query time over the postings of the query's terms alone.
 
-Analysis matches ``bm25s.tokenize`` with a stemmer: lower-case the text, take the matches of
-``(?u)\\b\\w\\w+\\b`` (scikit-learn's and bm25s' default pattern: runs of two or more word
-characters, so single letters and punctuation are dropped and "don't" gives "don"), drop
-:data:`ENGLISH_STOP_WORDS` (:func:`tokenize`: the *words*), then reduce each word to its stem with
-the English Snowball stemmer (PyStemmer, the one bm25s uses: "visited", "visiting" and "visits"
-all index as "visit"). The stemmer belongs to the index (:attr:`LexicalIndex.stemmer`, default
-:data:`DEFAULT_STEMMER`; ``None`` indexes the words as they are): a query is given as words
-(a string, or the term -> weight mapping of :func:`query_terms`) and the index stems them itself,
-so items and queries, LLM feedback included, always meet under one analyzer, and an index derived
-from another keeps its analyzer.
+Analysis matches ``bm25s.tokenize``: lower-case the text, take the matches of ``(?u)\\b\\w\\w+\\b``
+(scikit-learn's and bm25s' default pattern: runs of two or more word characters, so single letters
+and punctuation are dropped and "don't" gives "don") and drop :data:`ENGLISH_STOP_WORDS`
+(:func:`tokenize`: the *words*); an index built with ``stemmer="english"`` then reduces each word
+to its stem with the English Snowball stemmer (PyStemmer, the one bm25s uses: "visited", "visiting"
+and "visits" all index as "visit"). The stemmer belongs to the index (:attr:`LexicalIndex.stemmer`,
+default :data:`DEFAULT_STEMMER`, None: the words as they are; stemming raised LoCoMo's recall but
+lowered PrefEval's N@5, ``docs/hybrid.md``): a query is given as words (a string, or the term ->
+weight mapping of :func:`query_terms`) and the index stems them itself, so items and queries, LLM
+feedback included, always meet under one analyzer, and an index derived from another keeps its
+analyzer.
 """
 
 from __future__ import annotations

@@ -183,6 +183,16 @@ def test_items_the_query_and_the_llm_feedback_meet_under_one_stemmer() -> None:
     )
 
 
+def test_rank_analyzes_with_the_librarys_default_stemmer_unless_told() -> None:
+    import inspect
+
+    from pbr_core.lexical import DEFAULT_STEMMER
+
+    assert inspect.signature(rank).parameters["stemmer"].default == DEFAULT_STEMMER
+    history, _ = snapshot()
+    assert history.lexical().stemmer == DEFAULT_STEMMER
+
+
 def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:
     dense = np.array([0.1, 0.9, 0.5])
     assert list(np.argsort(-fuse(dense, np.zeros(3)))) == [1, 2, 0]
