@@ -6,12 +6,14 @@ words, as in real text. Queries are 5 words drawn from the same distribution wit
 words, so they hit the long postings of frequent words as real queries do; a second, harder set
 draws its 5 words uniformly from the 100 most frequent non-stop words (long postings only).
 
-Per size and library: median build seconds (tokenizing included), median seconds to add one item
-to the index (``LexicalIndex.derived``; bm25s has no update, so a full rebuild over n + 1 texts),
-median and p90 milliseconds per query over the 50 queries of each set (ours from the query
-string, tokenizing included; bm25s from pre-tokenized tokens, its fastest path,
-``backend="numpy"``), and, as a check, the largest relative difference between the two
-libraries' scores.
+Both libraries analyze alike: pbr's stop words, then no stemmer (``--stemmer none``, the library's
+default analyzer) or the English Snowball stemmer (PyStemmer, ``--stemmer english``). Per size and
+library: median build seconds (tokenizing and stemming included), median seconds to add one item to
+the index (``LexicalIndex.derived``; bm25s has no update, so a full rebuild over n + 1 texts),
+median and p90 milliseconds per query over the 50 queries of each set (ours from the query string,
+tokenizing and stemming included; bm25s from pre-tokenized tokens, its fastest path,
+``backend="numpy"``), and, as a check, the largest relative difference between the two libraries'
+scores.
 
 Targets: query ≤ 2 ms at 1k items and ≤ 20 ms at 100k; build of 100k ≤ 10 s.
 
@@ -19,8 +21,10 @@ Run (a shared 2-core machine: the load average is recorded with the figures):
 
     python benchmarks/lexical_speed.py                 # about two minutes
     python benchmarks/lexical_speed.py --sizes 1000 10000 --repeats 2
+    python benchmarks/lexical_speed.py --stemmer english  # with the stemmer
 
-Prints a table and writes ``benchmarks/results/lexical_speed.json`` and ``lexical_speed.csv``.
+Prints a table and writes ``benchmarks/results/lexical_speed.json`` and ``lexical_speed.csv``
+(``lexical_speed_english.*`` with ``--stemmer english``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ from pbr_bench.synthetic import (
     queries,
     vocabulary,
 )
-from pbr_core.lexical import ENGLISH_STOP_WORDS, LexicalIndex
+from pbr_core.lexical import (
+    DEFAULT_STEMMER,
+    ENGLISH_STOP_WORDS,
+    LexicalIndex,
+    StemmerName,
+    analyze,
+)
 
 TARGETS = {"query_ms_1k": 2.0, "query_ms_100k": 20.0, "build_s_100k": 10.0}
 STOP = list(ENGLISH_STOP_WORDS)
@@ -66,9 +76,21 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
-def bm25s_build(texts: list[str]) -> bm25s.BM25:
+def bm25s_stemmer(stemmer: StemmerName | None) -> Any:
+    """What bm25s.tokenize takes as its stemmer: PyStemmer's stemWords, or None."""
+    if stemmer is None:
+        return None
+    import Stemmer
+
+    return Stemmer.Stemmer(stemmer).stemWords
+
+
+def bm25s_build(texts: list[str], stemmer: StemmerName | None) -> bm25s.BM25:
     retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-    retriever.index(bm25s.tokenize(texts, stopwords=STOP, show_progress=False), show_progress=False)
+    tokens = bm25s.tokenize(
+        texts, stopwords=STOP, stemmer=bm25s_stemmer(stemmer), show_progress=False
+    )
+    retriever.index(tokens, show_progress=False)
     return retriever
 
 
@@ -84,23 +106,34 @@ def per_query_ms(fn: Callable[[Any], Any], qs: list[Any]) -> tuple[float, float]
 
 
 def run_size(
-    n: int, words: list[str], qs: list[str], hard: list[str], repeats: int, seed: int
+    n: int,
+    words: list[str],
+    qs: list[str],
+    hard: list[str],
+    repeats: int,
+    seed: int,
+    stemmer: StemmerName | None,
 ) -> list[dict]:
     rng = np.random.default_rng(seed + n)
     texts = corpus(n, words, rng)
     extra = corpus(1, words, rng)
     load = round(os.getloadavg()[0], 2)
 
-    build_s, index = timed(lambda: LexicalIndex.build(texts), repeats)
+    build_s, index = timed(lambda: LexicalIndex.build(texts, stemmer=stemmer), repeats)
     derive_s, grown = timed(lambda: index.derived(range(n), extra), max(5, 3 * repeats))
     q_med, q_p90 = per_query_ms(index.scores, qs)
     h_med, h_p90 = per_query_ms(index.scores, hard)
 
-    b_build_s, retriever = timed(lambda: bm25s_build(texts), repeats)
-    b_add_s, _ = timed(lambda: bm25s_build(texts + extra), 1)
-    q_tokens = bm25s.tokenize(qs, stopwords=STOP, show_progress=False, return_ids=False)
+    b_build_s, retriever = timed(lambda: bm25s_build(texts, stemmer), repeats)
+    b_add_s, _ = timed(lambda: bm25s_build(texts + extra, stemmer), 1)
+    stem = bm25s_stemmer(stemmer)
+    q_tokens = bm25s.tokenize(
+        qs, stopwords=STOP, stemmer=stem, show_progress=False, return_ids=False
+    )
     b_med, b_p90 = per_query_ms(retriever.get_scores, q_tokens)
-    h_tokens = bm25s.tokenize(hard, stopwords=STOP, show_progress=False, return_ids=False)
+    h_tokens = bm25s.tokenize(
+        hard, stopwords=STOP, stemmer=stem, show_progress=False, return_ids=False
+    )
     bh_med, bh_p90 = per_query_ms(retriever.get_scores, h_tokens)
 
     # Checks, not timed: the two libraries agree, and derived() equals a rebuild.
@@ -108,14 +141,15 @@ def run_size(
     for q, toks in zip(qs + hard, q_tokens + h_tokens):
         ours, theirs = index.scores(q), retriever.get_scores(toks)
         rel = max(rel, float(np.max(np.abs(ours - theirs) / np.maximum(np.abs(theirs), 1e-6))))
-    rebuilt = LexicalIndex.build(texts + extra)
+    rebuilt = LexicalIndex.build(texts + extra, stemmer=stemmer)
     derived_exact = all(np.array_equal(grown.scores(q), rebuilt.scores(q)) for q in qs[:10])
     tf = index._tf
     df = np.diff(tf.indptr)
 
     def touched(batch: list[str]) -> float:  # postings read per query, on average
         vocab = index._vocab
-        return float(np.mean([sum(df[vocab[t]] for t in q.split() if t in vocab) for q in batch]))
+        terms = [analyze(q, stemmer) for q in batch]
+        return float(np.mean([sum(df[vocab[t]] for t in ts if t in vocab) for ts in terms]))
 
     common = {
         "items": n,
@@ -124,6 +158,7 @@ def run_size(
         "postings_per_query": touched(qs),
         "postings_per_frequent_query": touched(hard),
         "load_avg": load,
+        "stemmer": stemmer,
     }
     return [
         {
@@ -158,8 +193,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--repeats", type=int, default=3, help="build repeats (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stemmer",
+        choices=["english", "none"],
+        default=DEFAULT_STEMMER or "none",
+        help="both libraries' stemmer (default: the library's)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
+    stemmer: StemmerName | None = None if args.stemmer == "none" else "english"
 
     rng = np.random.default_rng(args.seed)
     words = vocabulary(rng)
@@ -167,7 +209,7 @@ def main() -> None:
     hard = queries(words, rng, frequent=True)
     rows: list[dict] = []
     for n in args.sizes:
-        rows += run_size(n, words, qs, hard, args.repeats, args.seed)
+        rows += run_size(n, words, qs, hard, args.repeats, args.seed, stemmer)
         print(f"done {n} items", file=sys.stderr)
 
     ours = {r["items"]: r for r in rows if r["library"] == "pbr_core.lexical"}
@@ -211,13 +253,15 @@ def main() -> None:
         "queries": N_QUERIES,
         "repeats": args.repeats,
         "seed": args.seed,
+        "stemmer": stemmer,
         "targets": TARGETS,
         "targets_met": checks,
     }
-    (args.out / "lexical_speed.json").write_text(
+    name = "lexical_speed" + ("" if stemmer is None else f"_{stemmer}")
+    (args.out / f"{name}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
     )
-    with (args.out / "lexical_speed.csv").open("w", newline="") as fh:
+    with (args.out / f"{name}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

@@ -170,12 +170,16 @@ def rank(
     mode: SearchMode = "hybrid",
     candidates: Sequence[int] | None = None,
     own_terms: Mapping[str, float] | None = None,
+    stemmer: str | None = None,
 ) -> list[Ranked]:
     """The ``k`` best of the user's items (or of ``candidates``, positions from a host search
     that applied filters pbr cannot evaluate), best first.
 
     ``terms`` is the lexical query; ``own_terms`` the user's own words in it (None: ``terms``),
-    which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`).
+    which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`). Both are
+    words (:func:`lexical_query`); the lexical leg analyzes them and the items with ``stemmer``
+    (default: :data:`pbr_core.lexical.DEFAULT_STEMMER`; None: no stemming): the snapshot's index
+    when it was built with it, else one rebuilt with it once per snapshot.
 
     Exact: every candidate is scored in both legs (one matrix-vector product and the postings
     of the query's words), so an approximate index cannot make an item unreachable.
@@ -199,7 +203,7 @@ def rank(
             )
             for i in top_k(dense.astype(np.float64), k)
         ]
-    index = history.lexical()
+    index = history.lexical().analyzed(stemmer, lambda: [item.text for item in history.items])
     lexical = index.scores(terms)[rows]
     # the lexical leg's order: BM25, ties (e.g. no query word at all) in the dense order; what
     # lexical mode ranks by and what every mode's lexical_rank counts

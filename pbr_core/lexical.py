@@ -16,23 +16,48 @@ with ``N`` items, ``df`` the number of items containing ``t``, ``tf`` the raw co
 ``idf`` and ``avgdl`` change with every added or removed item, so only raw counts are stored and
 the formula is evaluated at query time over the postings of the query's terms alone.
 
-Tokenization matches ``bm25s.tokenize`` without a stemmer: lower-case the text, take the matches
-of ``(?u)\\b\\w\\w+\\b`` (scikit-learn's and bm25s' default pattern: runs of two or more word
-characters, so single letters and punctuation are dropped and "don't" gives "don"), then drop
-:data:`ENGLISH_STOP_WORDS`.
+Analysis matches ``bm25s.tokenize``: lower-case the text, take the matches of ``(?u)\\b\\w\\w+\\b``
+(scikit-learn's and bm25s' default pattern: runs of two or more word characters, so single letters
+and punctuation are dropped and "don't" gives "don") and drop :data:`ENGLISH_STOP_WORDS`
+(:func:`tokenize`: the *words*); an index built with ``stemmer="english"`` then reduces each word
+to its stem with the English Snowball stemmer (PyStemmer, the one bm25s uses: "visited", "visiting"
+and "visits" all index as "visit"). The stemmer belongs to the index (:attr:`LexicalIndex.stemmer`,
+default :data:`DEFAULT_STEMMER`, None: the words as they are; stemming raised LoCoMo's recall but
+lowered PrefEval's N@5, ``docs/hybrid.md``): a query is given as words (a string, or the term ->
+weight mapping of :func:`query_terms`) and the index stems them itself, so items and queries, LLM
+feedback included, always meet under one analyzer, and an index derived from another keeps its
+analyzer.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["ENGLISH_STOP_WORDS", "LexicalIndex", "query_terms", "tokenize"]
+__all__ = [
+    "DEFAULT_STEMMER",
+    "ENGLISH_STOP_WORDS",
+    "STEMMERS",
+    "LexicalIndex",
+    "StemmerName",
+    "analyze",
+    "query_terms",
+    "stem",
+    "tokenize",
+]
+
+#: The stemmers an index can analyze with (Snowball algorithm names of PyStemmer).
+StemmerName = Literal["english"]
+STEMMERS: tuple[StemmerName, ...] = get_args(StemmerName)
+#: What :meth:`LexicalIndex.build` analyzes with unless told (None: the words as they are).
+DEFAULT_STEMMER: StemmerName | None = None
 
 # Alphabetical, one initial letter a line.
 _STOP_WORDS = """
@@ -77,12 +102,50 @@ def tokenize(text: str) -> list[str]:
     return [t for t in _TOKEN.findall(text.lower()) if t not in ENGLISH_STOP_WORDS]
 
 
+def check_stemmer(stemmer: object) -> StemmerName | None:
+    """``stemmer`` if it names a known stemmer (or is None: no stemming), else ValueError."""
+    if stemmer is not None and stemmer not in STEMMERS:
+        raise ValueError(f"stemmer must be one of {STEMMERS} or None, got {stemmer!r}")
+    return stemmer
+
+
+# PyStemmer's stemmer objects are not thread-safe: one per thread and language. Each keeps its
+# own cache of recent words (10,000 by default), which is most of its speed on chat text.
+_stemmers = threading.local()
+
+
+def _stem_words(stemmer: StemmerName) -> Callable[[list[str]], list[str]]:
+    made: dict[str, Callable[[list[str]], list[str]]] | None = getattr(_stemmers, "by_name", None)
+    if made is None:
+        made = _stemmers.by_name = {}
+    fn = made.get(stemmer)
+    if fn is None:
+        import Stemmer  # PyStemmer
+
+        fn = made[stemmer] = Stemmer.Stemmer(stemmer).stemWords
+    return fn
+
+
+def stem(words: Sequence[str], stemmer: StemmerName | None) -> list[str]:
+    """``words`` reduced to their stems (``stemmer=None``: unchanged), in order."""
+    if stemmer is None or not words:
+        return list(words)
+    return _stem_words(stemmer)(list(words))
+
+
+def analyze(text: str, stemmer: StemmerName | None = DEFAULT_STEMMER) -> list[str]:
+    """The index terms of ``text`` under ``stemmer``: :func:`tokenize`, then :func:`stem`."""
+    return stem(tokenize(text), stemmer)
+
+
 def query_terms(parts: Sequence[tuple[str, float]]) -> dict[str, float]:
-    """A weighted query from several texts: term -> sum over parts of weight × count in part.
+    """A weighted query from several texts: word -> sum over parts of weight × count in part.
 
     Lets the user's own words count more than generated expansions, e.g.
-    ``[(query, 1.0), (pseudo_utterance, 0.3)]``. Terms keep their first-appearance order, which
-    fixes the order of the floating-point sums in :meth:`LexicalIndex.scores`.
+    ``[(query, 1.0), (pseudo_utterance, 0.3)]``. The keys are words (:func:`tokenize`), not
+    stems: the index that scores the query stems them with its own analyzer. Words keep their
+    first-appearance order, which fixes the order of the floating-point sums in
+    :meth:`LexicalIndex.scores`.
     """
     weights: dict[str, float] = {}
     for text, weight in parts:
@@ -92,7 +155,9 @@ def query_terms(parts: Sequence[tuple[str, float]]) -> dict[str, float]:
     return weights
 
 
-def _count(texts: Sequence[str], vocab: dict[str, int]) -> tuple[sp.csc_matrix, np.ndarray]:
+def _count(
+    texts: Sequence[str], vocab: dict[str, int], stemmer: StemmerName | None
+) -> tuple[sp.csc_matrix, np.ndarray]:
     """Raw term counts of ``texts`` (items × terms, CSC) and their lengths in tokens.
 
     New terms are appended to ``vocab`` (mutated) as new columns, so a dict's insertion order is
@@ -100,8 +165,11 @@ def _count(texts: Sequence[str], vocab: dict[str, int]) -> tuple[sp.csc_matrix, 
     """
     cols: list[int] = []
     lengths: list[int] = []
+    stem_words = None if stemmer is None else _stem_words(stemmer)
     for text in texts:
         tokens = tokenize(text)
+        if stem_words is not None and tokens:
+            tokens = stem_words(tokens)
         lengths.append(len(tokens))
         cols.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
     dl = np.asarray(lengths, dtype=np.int32)
@@ -127,17 +195,29 @@ class LexicalIndex:
     Attributes:
         k1: term-frequency saturation (≥ 0; 0 makes BM25 count presence only).
         b: length normalisation in [0, 1] (0: none, 1: full).
+        stemmer: the analyzer's stemmer (None: words as they are). Items were indexed with it
+            and every query is stemmed with it; :meth:`derived` keeps it.
     """
 
     k1: float
     b: float
+    # An index pickled before stemming existed indexed words as they are.
+    stemmer: StemmerName | None = None
 
     def __init__(
-        self, vocab: dict[str, int], tf: sp.csc_matrix, dl: np.ndarray, *, k1: float, b: float
+        self,
+        vocab: dict[str, int],
+        tf: sp.csc_matrix,
+        dl: np.ndarray,
+        *,
+        k1: float,
+        b: float,
+        stemmer: StemmerName | None = None,
     ) -> None:
         """Wrap prepared parts (use :meth:`build`); the arguments are owned by the index."""
         self.k1 = k1
         self.b = b
+        self.stemmer = stemmer
         self._vocab = vocab
         self._tf = tf
         self._dl = dl
@@ -150,15 +230,24 @@ class LexicalIndex:
         self._norm: np.ndarray = k1 * (1.0 - b + b * (dl.astype(np.float64) / avgdl))
 
     @classmethod
-    def build(cls, texts: Sequence[str], *, k1: float = 1.5, b: float = 0.75) -> LexicalIndex:
-        """An index over ``texts``, item ``i`` being ``texts[i]``; bm25s' defaults for k1 and b."""
+    def build(
+        cls,
+        texts: Sequence[str],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        stemmer: StemmerName | None = DEFAULT_STEMMER,
+    ) -> LexicalIndex:
+        """An index over ``texts``, item ``i`` being ``texts[i]``; bm25s' defaults for k1 and b,
+        analyzed with ``stemmer`` (:data:`DEFAULT_STEMMER`; None: no stemming)."""
         if not (math.isfinite(k1) and k1 >= 0.0):
             raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
         if not (0.0 <= b <= 1.0):
             raise ValueError(f"b must lie in [0, 1], got {b!r}")
+        stemmer = check_stemmer(stemmer)
         vocab: dict[str, int] = {}
-        tf, dl = _count(texts, vocab)
-        return cls(vocab, tf, dl, k1=float(k1), b=float(b))
+        tf, dl = _count(texts, vocab, stemmer)
+        return cls(vocab, tf, dl, k1=float(k1), b=float(b), stemmer=stemmer)
 
     def __len__(self) -> int:
         """Number of items (rows), including those without any term."""
@@ -167,18 +256,53 @@ class LexicalIndex:
     def __repr__(self) -> str:
         return (
             f"LexicalIndex(items={len(self)}, terms={len(self._vocab)}, "
-            f"postings={self._tf.nnz}, k1={self.k1}, b={self.b})"
+            f"postings={self._tf.nnz}, k1={self.k1}, b={self.b}, stemmer={self.stemmer!r})"
         )
+
+    def analyzed(self, stemmer: str | None, texts: Callable[[], Sequence[str]]) -> LexicalIndex:
+        """This index if it analyzes with ``stemmer``, else an index of the same items under
+        ``stemmer`` (same k1 and b), built from ``texts()`` (this index keeps no texts: the caller
+        passes the items' texts in row order) once per index and kept with it.
+
+        How a search asks for an analyzer other than the one its snapshot was indexed with (a
+        comparison, or an index unpickled from before stemming) without mixing the two: the
+        other index is a full rebuild, not derived incrementally.
+        """
+        name = check_stemmer(stemmer)
+        if name == self.stemmer:
+            return self
+        others: dict[StemmerName | None, LexicalIndex] | None = self.__dict__.get("_others")
+        if others is None:
+            others = self.__dict__.setdefault("_others", {})
+        index = others.get(name)
+        if index is None:
+            built = LexicalIndex.build(texts(), k1=self.k1, b=self.b, stemmer=name)
+            if len(built) != len(self):
+                raise ValueError(f"texts() gave {len(built)} texts for an index of {len(self)}")
+            index = others.setdefault(name, built)  # a racing thread's equal copy is dropped
+        return index
+
+    def _terms(self, query: str | Mapping[str, float]) -> Mapping[str, float]:
+        """``query`` as index terms -> weight: words stemmed with :attr:`stemmer`, the weights
+        of words sharing a stem summed, in first-appearance order."""
+        words = query_terms([(query, 1.0)]) if isinstance(query, str) else query
+        if self.stemmer is None or not words:
+            return words
+        out: dict[str, float] = {}
+        for term, weight in zip(stem(list(words), self.stemmer), words.values()):
+            out[term] = out.get(term, 0.0) + float(weight)
+        return out
 
     def derived(self, keep: Sequence[int] | np.ndarray, added: Sequence[str]) -> LexicalIndex:
         """A new index over ``self``'s items ``keep`` (in that order), then the ``added`` texts.
 
         ``self`` is left as it was: snapshots are shared between threads. Only ``added`` is
-        tokenized; kept items are copied as counts, so the cost is O(len(added) tokens) in Python
-        plus O(nnz + terms) in numpy/scipy. Scores equal :meth:`build` over the same texts in the
-        same order, to the bit (column numbers may differ; scores do not depend on them). Terms no
-        item uses any more are dropped once they outnumber the live ones, so a long run of
-        replacements does not grow the vocabulary without bound.
+        tokenized (with :attr:`stemmer`); kept items are copied as counts, so the cost is
+        O(len(added) tokens) in Python plus O(nnz + terms) in numpy/scipy. Scores equal
+        :meth:`build` over the same texts in the same order with the same stemmer, to the bit
+        (column numbers may differ; scores do not depend on them). Terms no item uses any more
+        are dropped once they outnumber the live ones, so a long run of replacements does not
+        grow the vocabulary without bound.
 
         Raises:
             TypeError: ``keep`` is not integer (a boolean mask is refused, not read as 0/1).
@@ -187,7 +311,7 @@ class LexicalIndex:
         rows = _as_rows(keep, len(self))
         kept = self._tf[rows, :]
         vocab = dict(self._vocab)
-        new, new_dl = _count(added, vocab)
+        new, new_dl = _count(added, vocab, self.stemmer)
         n_cols = len(vocab)
         if kept.shape[1] != n_cols:  # the new terms are new, empty columns of the kept part
             pad = np.full(n_cols - kept.shape[1], kept.indptr[-1], dtype=kept.indptr.dtype)
@@ -202,19 +326,20 @@ class LexicalIndex:
             tf = sp.csc_matrix(tf[:, live])
             terms = list(vocab)  # insertion order is column order
             vocab = {terms[c]: i for i, c in enumerate(live.tolist())}
-        return LexicalIndex(vocab, tf, dl, k1=self.k1, b=self.b)
+        return LexicalIndex(vocab, tf, dl, k1=self.k1, b=self.b, stemmer=self.stemmer)
 
     def scores(self, query: str | Mapping[str, float]) -> np.ndarray:
         """BM25 score of every item for ``query``: float32, shape ``(len(self),)``.
 
-        A ``str`` is tokenized like the items; a repeated word counts once per occurrence (weight
-        = count). A mapping is term -> weight (as from :func:`query_terms`; its keys are used as
-        they are, not tokenized). Unknown terms, and items sharing no term with the query, score
-        0. Only the postings of the query's terms are read, so the cost grows with how many items
-        contain them, not with the size of the vocabulary. Summed in float64, in the query's term
-        order, then rounded to float32.
+        A ``str`` is analyzed like the items; a repeated word counts once per occurrence (weight
+        = count). A mapping is word -> weight (as from :func:`query_terms`; its keys are not
+        tokenized again, but stemmed with :attr:`stemmer`, so pass words, not stems). Unknown
+        terms, and items sharing no term with the query, score 0. Only the postings of the
+        query's terms are read, so the cost grows with how many items contain them, not with the
+        size of the vocabulary. Summed in float64, in the query's (stemmed) term order, then
+        rounded to float32.
         """
-        weights = query_terms([(query, 1.0)]) if isinstance(query, str) else query
+        weights = self._terms(query)
         n = len(self)
         acc = np.zeros(n, dtype=np.float64)
         indptr, indices, data = self._tf.indptr, self._tf.indices, self._tf.data
@@ -240,7 +365,7 @@ class LexicalIndex:
         comparably across queries and users. A term no item holds counts with ``df = 0``: an item
         that matches one word of a four-word query covers little of it.
         """
-        weights = query_terms([(query, 1.0)]) if isinstance(query, str) else query
+        weights = self._terms(query)
         n = len(self)
         indptr = self._tf.indptr
         total = 0.0

@@ -38,6 +38,7 @@ import numpy as np
 
 __all__ = [
     "DATA_DIR_ENV",
+    "LOCOMO_QUESTION_SETS",
     "PERSONABENCH_NOISE_LEVELS",
     "PREFEVAL_FORMS",
     "Dataset",
@@ -56,6 +57,11 @@ PERSONABENCH_NOISE_LEVELS: tuple[str, ...] = ("0.0", "0.3", "0.5", "0.7")
 PREFEVAL_FORMS: tuple[str, ...] = ("explicit", "implicit_choice", "implicit_persona")
 
 PrefEvalForm = Literal["explicit", "implicit_choice", "implicit_persona"]
+#: Which LoCoMo questions are scored: ``"no-adversarial"`` (categories 1-4, 1,536, what the
+#: harness has always scored) or ``"all"`` (every question with evidence, the adversarial
+#: category 5 included, 1,982: the set published memory-system numbers use, e.g. memini's).
+LoCoMoQuestions = Literal["no-adversarial", "all"]
+LOCOMO_QUESTION_SETS: tuple[LoCoMoQuestions, ...] = ("no-adversarial", "all")
 FillerRoles = Literal["user", "all"]
 
 
@@ -386,7 +392,9 @@ def _locomo_turn_text(turn: dict[str, Any]) -> str:
 
 
 def load_locomo(
-    level: Literal["turn", "session"] = "turn", data_dir: str | os.PathLike[str] | None = None
+    level: Literal["turn", "session"] = "turn",
+    data_dir: str | os.PathLike[str] | None = None,
+    questions: LoCoMoQuestions = "no-adversarial",
 ) -> Dataset:
     """LoCoMo (locomo10): one corpus per conversation, turns or sessions as documents (spec §4.2).
 
@@ -396,15 +404,21 @@ def load_locomo(
     - ``level="session"``: doc id = ``"S<n>"``, text = ``"<date>\\n"`` followed by the session's
       turns rendered as above, one per line.
 
-    Queries: every QA item except category 5 (adversarial) and empty evidence, 1,536 in total;
-    category = ``"cat<n>"``. Gold: one element per evidence turn (turn level) or per distinct
-    evidence session (session level). Evidence ids are normalised (see ``_parse_evidence``); at
-    turn level ids that name no existing turn (``conv-42 D10:19``, ``conv-47 D4:36``) are dropped
-    from gold (no system can retrieve them) but still count for their session at session level.
+    Queries (``questions``, :data:`LoCoMoQuestions`): ``"no-adversarial"``, every QA item except
+    category 5 (adversarial) and empty evidence, 1,536 in total; ``"all"``, every QA item with
+    evidence, 1,982 (the data set is then named ``locomo-<level>-all``). A category-5 question
+    asks about something the conversation does not say, but its evidence names the turns it is
+    built on, which is what a retriever is scored against. Category = ``"cat<n>"``. Gold: one
+    element per evidence turn (turn level) or per distinct evidence session (session level).
+    Evidence ids are normalised (see ``_parse_evidence``); at turn level ids that name no
+    existing turn (``conv-42 D10:19``, ``conv-47 D4:36``) are dropped from gold (no system can
+    retrieve them) but still count for their session at session level.
     ``Dataset.info["evidence_fixes"]`` lists every id that was rewritten or dropped.
     """
     if level not in ("turn", "session"):
         raise ValueError(f"level must be 'turn' or 'session', got {level!r}")
+    if questions not in LOCOMO_QUESTION_SETS:
+        raise ValueError(f"questions must be one of {LOCOMO_QUESTION_SETS}, got {questions!r}")
     samples = _read_json(resolve_data_dir(data_dir) / "locomo" / "locomo10.json")
     corpora: dict[str, UserCorpus] = {}
     queries: list[Query] = []
@@ -433,7 +447,8 @@ def load_locomo(
         corpora[uid] = UserCorpus(user_id=uid, docs=docs)
         sessions = set(session_nums)
         for qi, qa in enumerate(sample["qa"]):
-            if qa.get("category") == 5 or not qa.get("evidence"):
+            adversarial = qa.get("category") == 5
+            if (adversarial and questions != "all") or not qa.get("evidence"):
                 continue
             ids: list[str] = []
             for raw in qa["evidence"]:
@@ -459,14 +474,14 @@ def load_locomo(
                     text=qa["question"],
                     category=f"cat{qa['category']}",
                     gold=[[i] for i in gold_ids],
-                    answer=_answer_text(qa.get("answer")),
+                    answer=_answer_text(qa.get("answer", qa.get("adversarial_answer"))),
                 )
             )
     return Dataset(
-        name=f"locomo-{level}",
+        name=f"locomo-{level}" + ("-all" if questions == "all" else ""),
         corpora=corpora,
         queries=queries,
-        info={"level": level, "evidence_fixes": fixes},
+        info={"level": level, "questions": questions, "evidence_fixes": fixes},
     )
 
 
@@ -602,18 +617,21 @@ def load_prefeval(
 
 def load_named(name: str, data_dir: str | os.PathLike[str] | None = None) -> Dataset:
     """The data set whose :attr:`Dataset.name` is ``name`` (``"personabench-0.7"``,
-    ``"locomo-turn"``, ``"prefeval-explicit-n50"``), loaded with the other arguments' defaults:
-    result files are named by data set, so scripts that read them back can reload the data."""
+    ``"locomo-turn"``, ``"locomo-session-all"``, ``"prefeval-explicit-n50"``), loaded with the
+    other arguments' defaults: result files are named by data set, so scripts that read them back
+    can reload the data."""
     levels = "|".join(re.escape(level) for level in PERSONABENCH_NOISE_LEVELS)
     if m := re.fullmatch(rf"personabench-({levels})", name):
         return load_personabench(m[1], data_dir=data_dir)
-    if m := re.fullmatch(r"locomo-(turn|session)", name):
-        return load_locomo("turn" if m[1] == "turn" else "session", data_dir=data_dir)
+    if m := re.fullmatch(r"locomo-(turn|session)(-all)?", name):
+        level: Literal["turn", "session"] = "turn" if m[1] == "turn" else "session"
+        return load_locomo(level, data_dir=data_dir, questions="all" if m[2] else "no-adversarial")
     forms = "|".join(PREFEVAL_FORMS)
     if m := re.fullmatch(rf"prefeval-({forms})-n(\d+)", name):
         form: PrefEvalForm = m[1]  # type: ignore[assignment]
         return load_prefeval(int(m[2]), data_dir=data_dir, form=form)
     raise ValueError(
         f"unknown data set name {name!r}; expected personabench-<noise>, locomo-turn, "
-        f"locomo-session or prefeval-<form>-n<fillers>"
+        f"locomo-session (either with -all: every question with evidence) or "
+        f"prefeval-<form>-n<fillers>"
     )

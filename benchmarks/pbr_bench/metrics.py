@@ -38,6 +38,7 @@ __all__ = [
     "hit_at_k",
     "mrr",
     "ndcg_at_k",
+    "recall_any_at_k",
     "recall_at_k",
 ]
 
@@ -81,6 +82,17 @@ def hit_at_k(retrieved: Sequence[str], relevant: Collection[str], k: int) -> flo
     """1.0 when any relevant id is in the top ``k``, else 0.0."""
     gold = set(relevant)
     return float(any(d in gold for d in _top_k(retrieved, k)))
+
+
+def recall_any_at_k(retrieved: Sequence[str], gold: Sequence[Sequence[str]], k: int) -> float:
+    """1.0 when any gold id (of any answer element, any alternative) is in the top ``k``, else 0.0.
+
+    What memory-system benchmarks call recall_any@k (memini on LoCoMo): a question counts as
+    found when one of its evidence items is retrieved, however many it has. R@k asks for all of
+    them (the best combination's share), so recall_any@k ≥ R@k, equal for one-item gold. The same
+    number as :func:`hit_at_k` over the flattened gold.
+    """
+    return hit_at_k(retrieved, {d for alts in gold for d in alts}, k)
 
 
 def mrr(retrieved: Sequence[str], relevant: Collection[str], k: int | None = None) -> float:
@@ -140,10 +152,11 @@ def evaluate(
         categories: query id -> category name, for per-category rows.
 
     Returns:
-        ``{category: {"n": count, "R@k": .., "N@k": .., "Hit@k": .., "MRR": ..}}``. ``R@k`` and
-        ``N@k`` follow :func:`best_over_combinations`; ``Hit@k`` and ``MRR`` treat every id of
-        every element as relevant; ``MRR`` is over the ranking as given (pass the top 10 and it
-        is MRR@10).
+        ``{category: {"n": count, "R@k": .., "N@k": .., "Hit@k": .., "recall_any@k": ..,
+        "MRR": ..}}``. ``R@k`` and ``N@k`` follow :func:`best_over_combinations`; ``Hit@k``,
+        ``recall_any@k`` (:func:`recall_any_at_k`, the same number under memory-system
+        benchmarks' name) and ``MRR`` treat every id of every element as relevant; ``MRR`` is
+        over the ranking as given (pass the top 10 and it is MRR@10).
     """
     ks = list(ks)
     missing = [q for q in gold if q not in rankings]
@@ -158,6 +171,7 @@ def evaluate(
             r, n = best_over_combinations(ranking, elements, k)
             row[f"R@{k}"], row[f"N@{k}"] = r, n
             row[f"Hit@{k}"] = hit_at_k(ranking, flat, k)
+            row[f"recall_any@{k}"] = recall_any_at_k(ranking, elements, k)
         row["MRR"] = mrr(ranking, flat)
         rows["Overall"].append(row)
         if categories is not None:

@@ -20,7 +20,13 @@ from pbr_core.config import PBRConfig
 from pbr_core.protocols import model_id_of
 
 from .cached import CacheOnly
-from .datasets import Dataset, load_locomo, load_personabench, load_prefeval
+from .datasets import (
+    LOCOMO_QUESTION_SETS,
+    Dataset,
+    load_locomo,
+    load_personabench,
+    load_prefeval,
+)
 from .paths import RESULTS_DIR
 from .plots import category_bars, sweep_heatmap
 from .report import write_rows
@@ -36,7 +42,7 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
     if args.dataset == "personabench":
         return load_personabench(args.noise, data_dir=args.data_dir)
     if args.dataset == "locomo":
-        return load_locomo(args.level, data_dir=args.data_dir)
+        return load_locomo(args.level, data_dir=args.data_dir, questions=args.questions)
     if args.dataset == "prefeval":
         return load_prefeval(args.n_filler, data_dir=args.data_dir, max_per_topic=args.per_topic)
     raise SystemExit(f"unknown data set {args.dataset!r}")
@@ -200,6 +206,13 @@ def add_commands(sub: Any) -> None:
         )
         s.add_argument("--noise", default="0.0", help="PersonaBench noise level")
         s.add_argument("--level", default="turn", choices=["turn", "session"], help="LoCoMo")
+        s.add_argument(
+            "--questions",
+            default="no-adversarial",
+            choices=list(LOCOMO_QUESTION_SETS),
+            help="LoCoMo: categories 1-4 (1,536 questions, the committed runs) or all with "
+            "evidence, adversarial included (1,982, as published memory-system numbers)",
+        )
         s.add_argument("--n-filler", type=int, default=10, help="PrefEval filler messages")
         s.add_argument("--per-topic", type=int, default=None, help="PrefEval items per topic")
         s.add_argument("--llm", choices=["none", "authors", "local", "smollm2"], default="none")

@@ -32,6 +32,7 @@ def test_public_api_is_pinned() -> None:
         "DATA_DIR_ENV",
         "Dataset",
         "Doc",
+        "LOCOMO_QUESTION_SETS",
         "PERSONABENCH_NOISE_LEVELS",
         "PREFEVAL_FORMS",
         "Query",
@@ -212,6 +213,36 @@ def test_locomo_session_level() -> None:
         assert len(ids) == len(set(ids))
 
 
+@needs_data
+@pytest.mark.parametrize("level", ["turn", "session"])
+def test_locomo_all_questions_add_the_adversarial_category_with_its_evidence(level: str) -> None:
+    # The question set published memory-system numbers use (memini: 1,981 / 1,982): every
+    # question with evidence. The default set is the same questions without category 5.
+    every = load_locomo(level, data_dir=DATA_DIR, questions="all")  # type: ignore[arg-type]
+    default = load_locomo(level, data_dir=DATA_DIR)  # type: ignore[arg-type]
+    assert every.name == f"locomo-{level}-all" and default.name == f"locomo-{level}"
+    assert len(every.scored_queries) == 1982 and len(default.scored_queries) == 1536
+    assert Counter(q.category for q in every.queries) == {
+        "cat1": 282,
+        "cat2": 321,
+        "cat3": 92,
+        "cat4": 841,
+        "cat5": 446,
+    }
+    assert [q for q in every.queries if q.category != "cat5"] == default.queries
+    assert every.corpora.keys() == default.corpora.keys()
+    adversarial = next(q for q in every.queries if q.category == "cat5")
+    assert adversarial.gold and adversarial.answer  # the adversarial answer, for the record
+    ids = set(every.corpora[adversarial.user_id].ids)
+    assert all(alts[0] in ids for alts in adversarial.gold)
+    assert every.info["questions"] == "all" and default.info["questions"] == "no-adversarial"
+
+
+def test_locomo_rejects_an_unknown_question_set() -> None:
+    with pytest.raises(ValueError, match="questions must be one of"):
+        load_locomo("turn", questions="adversarial")  # type: ignore[arg-type]
+
+
 def test_locomo_rejects_unknown_level() -> None:
     with pytest.raises(ValueError, match="level must be"):
         load_locomo("utterance")  # type: ignore[arg-type]
@@ -294,7 +325,13 @@ def test_prefeval_rejects_bad_arguments() -> None:
 @needs_data
 @pytest.mark.parametrize(
     "name",
-    ["personabench-0.7", "locomo-session", "prefeval-explicit-n50", "prefeval-implicit_choice-n10"],
+    [
+        "personabench-0.7",
+        "locomo-session",
+        "locomo-turn-all",
+        "prefeval-explicit-n50",
+        "prefeval-implicit_choice-n10",
+    ],
 )
 def test_a_data_set_reloads_from_its_name(name: str) -> None:
     ds = datasets.load_named(name)

@@ -17,6 +17,7 @@ from pbr_bench.metrics import (
     hit_at_k,
     mrr,
     ndcg_at_k,
+    recall_any_at_k,
     recall_at_k,
 )
 
@@ -31,6 +32,7 @@ def test_public_api_is_pinned() -> None:
         "hit_at_k",
         "mrr",
         "ndcg_at_k",
+        "recall_any_at_k",
         "recall_at_k",
     ]
 
@@ -147,7 +149,11 @@ def test_evaluate_micro_averages_overall_and_per_category() -> None:
     assert out["A"]["MRR"] == pytest.approx((1.0 + 0.5) / 2)
     assert out["B"] == {
         "n": 1.0,
-        **{m: 0.0 for m in ("R@1", "N@1", "Hit@1", "R@5", "N@5", "Hit@5", "MRR")},
+        **{
+            m: 0.0
+            for m in ("R@1", "N@1", "Hit@1", "recall_any@1", "R@5", "N@5", "Hit@5", "recall_any@5")
+        },
+        "MRR": 0.0,
     }
 
 
@@ -156,3 +162,34 @@ def test_evaluate_scores_only_gold_queries_and_requires_their_rankings() -> None
     assert out["Overall"]["n"] == 1
     with pytest.raises(KeyError, match="no ranking"):
         evaluate({}, {"q1": [["a"]]})
+
+
+def test_recall_any_counts_a_question_found_when_any_gold_item_is_in_the_top_k() -> None:
+    gold = [["a"], ["b", "c"], ["d"]]  # three evidence items, the second with an alternative
+    assert recall_any_at_k(["x", "c", "y"], gold, k=2) == 1.0  # one of three is enough
+    assert recall_any_at_k(["x", "y", "d"], gold, k=2) == 0.0  # found, but below the cut
+    assert recall_any_at_k([], gold, k=5) == 0.0 and recall_any_at_k(["a"], [], k=5) == 0.0
+    assert best_over_combinations(["x", "c", "y"], gold, k=2)[0] == pytest.approx(1 / 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcdefg"), max_size=8),
+    st.lists(st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=2), max_size=3),
+    st.integers(1, 6),
+)
+def test_recall_any_bounds_recall_and_equals_hit_over_all_gold(
+    ranking: list[str], gold: list[list[str]], k: int
+) -> None:
+    any_ = recall_any_at_k(ranking, gold, k)
+    assert any_ >= best_over_combinations(ranking, gold, k)[0]
+    assert any_ == hit_at_k(ranking, {d for alts in gold for d in alts}, k)
+    if len(gold) == 1 and len(gold[0]) == 1:  # one gold item: the two recalls agree
+        assert any_ == best_over_combinations(ranking, gold, k)[0]
+
+
+def test_evaluate_reports_recall_any_beside_recall_and_ndcg() -> None:
+    gold = {"q1": [["a"], ["b"]], "q2": [["c"]]}
+    out = evaluate({"q1": ["a", "x"], "q2": ["x", "y"]}, gold, ks=(1, 5))["Overall"]
+    assert out["R@5"] == pytest.approx(0.25) and out["recall_any@5"] == pytest.approx(0.5)
+    assert out["recall_any@1"] == pytest.approx(0.5) and out["n"] == 2

@@ -159,6 +159,40 @@ def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
     assert [r.score for r in plain] == pytest.approx(sorted(expected, reverse=True))
 
 
+def test_items_the_query_and_the_llm_feedback_meet_under_one_stemmer() -> None:
+    """The lexical query is words; the index stems them as it stemmed the items, the user's words
+    and the LLM's feedback alike, and stemmer=None searches the words unstemmed."""
+    history, emb = snapshot()
+    q = np.asarray(emb.embed_query("unrelated words"))
+    own = lexical_query("baking breads")  # no item holds "baking" or "breads" as written
+    expanded = lexical_query("baking breads", ["she baked sourdoughs for the weekends"], 0.25)
+    for terms in (own, expanded):
+        assert not rank(history, q, terms, 1, mode="lexical", stemmer=None)[0].lexical
+    hit = rank(history, q, expanded, 1, mode="lexical", stemmer="english")[0]
+    assert history.items[hit.position].id == "b" and hit.lexical  # sourdough, weekend
+    # a stemmer other than the snapshot index's gets its own index, built once per snapshot
+    stemmed = history.lexical().analyzed("english", lambda: pytest.fail("built again"))
+    np.testing.assert_array_equal(
+        stemmed.scores("trips jazz"),
+        LexicalIndex.build([t for _, t in ITEMS], stemmer="english").scores("trips jazz"),
+    )
+    unstemmed = history.lexical().analyzed(None, lambda: pytest.fail("built again"))
+    np.testing.assert_array_equal(
+        unstemmed.scores("trip jazz"),
+        LexicalIndex.build([t for _, t in ITEMS], stemmer=None).scores("trip jazz"),
+    )
+
+
+def test_rank_analyzes_with_the_librarys_default_stemmer_unless_told() -> None:
+    import inspect
+
+    from pbr_core.lexical import DEFAULT_STEMMER
+
+    assert inspect.signature(rank).parameters["stemmer"].default == DEFAULT_STEMMER
+    history, _ = snapshot()
+    assert history.lexical().stemmer == DEFAULT_STEMMER
+
+
 def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:
     dense = np.array([0.1, 0.9, 0.5])
     assert list(np.argsort(-fuse(dense, np.zeros(3)))) == [1, 2, 0]

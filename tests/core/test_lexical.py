@@ -1,4 +1,4 @@
-"""The per-user BM25 index (pbr_core.lexical): tokenization, scores, snapshots."""
+"""The per-user BM25 index (pbr_core.lexical): tokenization, stemming, scores, snapshots."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pbr_core.lexical as lexical
-from pbr_core.lexical import ENGLISH_STOP_WORDS, LexicalIndex, query_terms, tokenize
+from pbr_core.lexical import (
+    ENGLISH_STOP_WORDS,
+    LexicalIndex,
+    analyze,
+    query_terms,
+    tokenize,
+)
 
 # A user's chat-like history, with what makes tokenizers disagree: apostrophes, hyphens, digits,
 # an underscore, accents, upper case, an item of stop words only and an empty item.
@@ -40,12 +46,27 @@ QUERIES = [
 ]
 
 
-def bm25s_scores(texts: list[str], query: str) -> np.ndarray:
+STEMMERS = [None, "english"]
+
+
+def bm25s_stemmer(stemmer: str | None):  # type: ignore[no-untyped-def]
+    if stemmer is None:
+        return None
+    return pytest.importorskip("Stemmer").Stemmer(stemmer).stemWords
+
+
+def bm25s_scores(texts: list[str], query: str, stemmer: str | None = None) -> np.ndarray:
     bm25s = pytest.importorskip("bm25s")
     stop = list(ENGLISH_STOP_WORDS)
+    stem = bm25s_stemmer(stemmer)
     retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-    retriever.index(bm25s.tokenize(texts, stopwords=stop, show_progress=False), show_progress=False)
-    query_tokens = bm25s.tokenize(query, stopwords=stop, show_progress=False, return_ids=False)[0]
+    retriever.index(
+        bm25s.tokenize(texts, stopwords=stop, stemmer=stem, show_progress=False),
+        show_progress=False,
+    )
+    query_tokens = bm25s.tokenize(
+        query, stopwords=stop, stemmer=stem, show_progress=False, return_ids=False
+    )[0]
     return np.asarray(retriever.get_scores(query_tokens))
 
 
@@ -76,14 +97,76 @@ def test_stop_words_cover_the_common_function_words() -> None:
     assert 120 <= len(ENGLISH_STOP_WORDS) <= 200
 
 
-def test_tokens_equal_bm25s_tokens() -> None:
-    # bm25s.tokenize without a stemmer lower-cases, applies the same pattern and drops the given
-    # stop words; no other splitting. Equal tokens are what makes the score comparison fair.
+@pytest.mark.parametrize("stemmer", STEMMERS)
+def test_tokens_equal_bm25s_tokens(stemmer: str | None) -> None:
+    # bm25s.tokenize lower-cases, applies the same pattern, drops the given stop words and then
+    # stems what is left; no other splitting. Equal tokens make the score comparison fair.
     bm25s = pytest.importorskip("bm25s")
     got = bm25s.tokenize(
-        [*CHAT, *QUERIES], stopwords=list(ENGLISH_STOP_WORDS), show_progress=False, return_ids=False
+        [*CHAT, *QUERIES],
+        stopwords=list(ENGLISH_STOP_WORDS),
+        stemmer=bm25s_stemmer(stemmer),
+        show_progress=False,
+        return_ids=False,
     )
-    assert got == [tokenize(t) for t in [*CHAT, *QUERIES]]
+    assert got == [analyze(t, stemmer) for t in [*CHAT, *QUERIES]]  # type: ignore[arg-type]
+    if stemmer is None:
+        assert got == [tokenize(t) for t in [*CHAT, *QUERIES]]
+
+
+def test_the_english_stemmer_makes_inflections_meet() -> None:
+    texts = ["We visited Lisbon and loved the concerts", "Paris in spring"]
+    stemmed = LexicalIndex.build(texts, stemmer="english")
+    plain = LexicalIndex.build(texts, stemmer=None)
+    assert stemmed.stemmer == "english" and plain.stemmer is None
+    assert analyze("visiting visits visited concerts", "english") == ["visit"] * 3 + ["concert"]
+    assert stemmed.scores("visiting a concert")[0] > 0 and not plain.scores("visiting")[0]
+    # The query's words are stemmed by the index: words sharing a stem add their weights, and a
+    # mapping's keys are words (as lexical_query makes them), never compared to stems unstemmed.
+    np.testing.assert_array_equal(
+        stemmed.scores({"visits": 1.0, "visited": 0.5}), stemmed.scores({"visit": 1.5})
+    )
+    assert stemmed.ceiling({"visits": 1.0, "visited": 0.5}) == stemmed.ceiling({"visit": 1.5})
+
+
+def test_an_unknown_stemmer_is_refused() -> None:
+    with pytest.raises(ValueError, match="stemmer must be one of"):
+        LexicalIndex.build(CHAT, stemmer="porter")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="stemmer must be one of"):
+        LexicalIndex.build(CHAT).analyzed("porter", lambda: CHAT)
+
+
+def test_analyzed_gives_the_same_items_under_another_stemmer_once() -> None:
+    index = LexicalIndex.build(CHAT, stemmer="english")
+    assert index.analyzed("english", lambda: pytest.fail("not rebuilt")) is index
+    calls: list[int] = []
+
+    def texts() -> list[str]:
+        calls.append(1)
+        return CHAT
+
+    other = index.analyzed(None, texts)
+    assert other.stemmer is None and index.analyzed(None, texts) is other and calls == [1]
+    built = LexicalIndex.build(CHAT, stemmer=None)
+    for query in QUERIES:
+        np.testing.assert_array_equal(other.scores(query), built.scores(query))
+    with pytest.raises(ValueError, match="texts"):
+        index.derived(range(len(CHAT)), []).analyzed(None, lambda: CHAT[:3])
+
+
+def test_an_index_pickled_before_stemming_reads_as_unstemmed() -> None:
+    index = LexicalIndex.build(CHAT, stemmer=None)
+    state = pickle.dumps(index)
+    old = pickle.loads(state)
+    del old.__dict__["stemmer"]  # what an index pickled by an earlier version holds
+    assert old.stemmer is None
+    np.testing.assert_array_equal(old.scores("lentils kids"), index.scores("lentils kids"))
+    # asked for a stemmer, it is rebuilt rather than mixed with stemmed queries
+    fresh = old.analyzed("english", lambda: CHAT)
+    np.testing.assert_array_equal(
+        fresh.scores("lentils kids"),
+        LexicalIndex.build(CHAT, stemmer="english").scores("lentils kids"),
+    )
 
 
 # --- weighted queries ---------------------------------------------------------------------------
@@ -143,10 +226,11 @@ def test_ceiling_is_the_score_no_item_reaches_unknown_words_counted_as_unseen() 
     assert index.ceiling("the of and") == 0.0
 
 
+@pytest.mark.parametrize("stemmer", STEMMERS)
 @pytest.mark.parametrize("query", QUERIES)
-def test_scores_equal_bm25s_lucene(query: str) -> None:
-    expected = bm25s_scores(CHAT, query)
-    got = LexicalIndex.build(CHAT).scores(query)
+def test_scores_equal_bm25s_lucene(query: str, stemmer: str | None) -> None:
+    expected = bm25s_scores(CHAT, query, stemmer)
+    got = LexicalIndex.build(CHAT, stemmer=stemmer).scores(query)  # type: ignore[arg-type]
     assert expected.any()
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
 
@@ -188,9 +272,9 @@ def test_parameters_are_checked() -> None:
 
 
 def test_pickle_round_trip() -> None:
-    index = LexicalIndex.build(CHAT, k1=1.2, b=0.6)
+    index = LexicalIndex.build(CHAT, k1=1.2, b=0.6, stemmer="english")
     copy = pickle.loads(pickle.dumps(index))
-    assert (copy.k1, copy.b, len(copy)) == (1.2, 0.6, len(CHAT))
+    assert (copy.k1, copy.b, copy.stemmer, len(copy)) == (1.2, 0.6, "english", len(CHAT))
     for query in QUERIES:
         np.testing.assert_array_equal(copy.scores(query), index.scores(query))
     np.testing.assert_array_equal(
@@ -234,6 +318,7 @@ def test_replacements_do_not_grow_the_vocabulary_without_bound() -> None:
 
 
 WORDS = ["jazz", "Jazz", "rock", "concert", "piano", "lentil", "soup", "2023", "the", "is", "of"]
+WORDS += ["concerts", "lentils", "rocking"]  # words that share a stem with another word
 text_st = st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join)
 QUERY_TERMS = sorted({w.lower() for w in WORDS})
 
@@ -243,11 +328,14 @@ def all_scores(index: LexicalIndex) -> list[np.ndarray]:
     return [index.scores(t) for t in QUERY_TERMS] + [index.scores(weighted)]
 
 
+@pytest.mark.parametrize("stemmer", STEMMERS)
 @settings(max_examples=50, deadline=None)
 @given(st.lists(text_st, max_size=8), st.data())
-def test_derived_equals_build_on_the_same_texts(initial: list[str], data: st.DataObject) -> None:
+def test_derived_equals_build_on_the_same_texts(
+    stemmer: str | None, initial: list[str], data: st.DataObject
+) -> None:
     texts = list(initial)
-    index = LexicalIndex.build(texts)
+    index = LexicalIndex.build(texts, stemmer=stemmer)  # type: ignore[arg-type]
     for _ in range(data.draw(st.integers(1, 4))):
         keep: list[int] = []  # reorders, repeats, drops
         if texts:
@@ -259,6 +347,7 @@ def test_derived_equals_build_on_the_same_texts(initial: list[str], data: st.Dat
             np.testing.assert_array_equal(now, was)  # the old snapshot is untouched
         texts = [texts[i] for i in keep] + added
         index = new_index
-        assert len(index) == len(texts)
-        for got, want in zip(all_scores(index), all_scores(LexicalIndex.build(texts))):
+        assert len(index) == len(texts) and index.stemmer == stemmer
+        rebuilt = LexicalIndex.build(texts, stemmer=stemmer)  # type: ignore[arg-type]
+        for got, want in zip(all_scores(index), all_scores(rebuilt)):
             np.testing.assert_array_equal(got, want)  # to the bit, not approximately
