@@ -14,7 +14,6 @@ re-exported, so ``from pbr_core.history import ...`` keeps working.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +30,7 @@ from .history_format import (
     USERS_DIR,
     Saved,
     copy_user,
+    manifest_text,
     read_manifest,
     read_user,
     write_user,
@@ -277,7 +277,8 @@ class HistoryStore:
                 "dim": self.dim,
                 "embedding_model_id": self.embedding_model_id,
             }
-        copied: list[tuple[str, Saved]] = []
+        # (user, what it was loaded as, its entry in the new save)
+        copied: list[tuple[str, Saved, dict[str, Any]]] = []
         unchanged = f"nothing was replaced: {target} still holds the previous save"
 
         def write(folder: Path) -> None:
@@ -288,7 +289,7 @@ class HistoryStore:
                 try:
                     if isinstance(snap, Saved):
                         entries.append(copy_user(snap, users))
-                        copied.append((user_id, snap))
+                        copied.append((user_id, snap, entries[-1]))
                     else:
                         entries.append(write_user(snap, users))
                 except (OSError, ValueError, TypeError, RecursionError) as exc:
@@ -297,7 +298,7 @@ class HistoryStore:
                         f"data (or drop_user({user_id!r})) and save again"
                     ) from exc
             try:
-                text = json.dumps({**header, "users": entries}, indent=1)
+                text = manifest_text(header, entries)
             except (TypeError, ValueError) as exc:
                 raise PersistenceError(
                     f"could not write the manifest ({exc}); {unchanged}. The store's dim must "
@@ -310,9 +311,9 @@ class HistoryStore:
         def commit() -> Path:
             with self._lock:
                 # The copies are in the new snapshot: read them from there from now on.
-                for user_id, saved in copied:
+                for user_id, saved, entry in copied:
                     if self._users.get(user_id) is saved:
-                        self._users[user_id] = Saved(snapshot, saved.entry)
+                        self._users[user_id] = Saved(snapshot, entry)
             return target
 
         return commit
@@ -329,9 +330,12 @@ class HistoryStore:
 
         Each user's items (JSON lines), vectors (``.npy``) and the anchors computed so far
         (``.anchors.npz``: graph, PageRank and anchor per parameter set), so that a restarted
-        process answers its first query without rebuilding any anchor. Users of a lazily loaded
-        folder that were never read are copied file by file, and are read from the new snapshot
-        afterwards (the one they were loaded from may be pruned by a later save).
+        process answers its first query without rebuilding any anchor. The manifest records the
+        size and sha256 of every file and a checksum of itself, so that a load finds any damage
+        (:mod:`pbr_core.history_format`). Users of a lazily loaded folder that were never read
+        are copied file by file, with the checksums recorded when they were saved (their files
+        are not read), and are read from the new snapshot afterwards (the one they were loaded
+        from may be pruned by a later save).
 
         Returns:
             ``path`` as a :class:`~pathlib.Path`: what :meth:`load` takes.
@@ -347,7 +351,10 @@ class HistoryStore:
         """Read a folder written by :meth:`save`; raise PersistenceError if missing or damaged.
 
         Reads the snapshot that the folder's ``CURRENT`` names, or, for a folder saved by an
-        older version, the files directly in it; format versions 1 and 2 are read.
+        older version, the files directly in it. Every file of a user is checked against the
+        size and sha256 its manifest records, and the manifest against its own checksum, as it
+        is read (about 1 ms per 1,000 items of dimension 384). Format versions 1 and 2 (saved
+        before checksums) are read without that check; the next save records them.
 
         Args:
             path: the folder.
