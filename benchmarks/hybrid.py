@@ -74,10 +74,11 @@ from pbr_bench.metrics import best_over_combinations, evaluate
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
 from pbr_bench.runner import CachedEmbedder
 from pbr_core import PBRConfig, Personalizer
-from pbr_core.history import HistoryStore, UserHistory
+from pbr_core.history import HistoryStore
 from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank
 from pbr_core.models import MiniLMEmbedder
 from pbr_core.pipeline import PseudoFeedback
+from pbr_core.snapshot import UserHistory
 from pbr_core.windows import split, window_of
 
 PBR_DATASET = "personabench-0.0"

@@ -24,7 +24,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
-from pbr_core.history import check_ids
+from pbr_core.items import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 
 #: The variables a PBR prompt template may use (the core fills them in).

@@ -32,8 +32,8 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPro
 from pbr_core import GenerationCache, HistoryItem, HistoryStore, PBRConfig, Personalizer
 from pbr_core.adapters_support import memory_config
 from pbr_core.corpus import Corpus, check_user_id
-from pbr_core.history import UserHistory
 from pbr_core.retrieval import Request, aretrieve
+from pbr_core.snapshot import UserHistory
 
 from ._bridge import (
     LlamaIndexEmbedder,

@@ -47,16 +47,11 @@ import numpy as np
 
 from .config import SearchMode
 from .errors import UnknownUserError
-from .history import (
-    HistoryItem,
-    HistoryStore,
-    UserHistory,
-    check_batch,
-    check_ids,
-    check_serialisable,
-)
+from .history import HistoryStore
 from .hybrid import hits, rank
+from .items import HistoryItem, check_batch, check_ids, check_serialisable
 from .protocols import Embedder, SearchHit, model_id_of
+from .snapshot import UserHistory
 from .vectors import (
     aembed_documents,
     as_unit_rows,

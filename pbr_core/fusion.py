@@ -36,7 +36,7 @@ import numpy as np
 from .config import FusionMode, PBRConfig
 
 if TYPE_CHECKING:
-    from .history import UserHistory
+    from .snapshot import UserHistory
 
 #: The optional terms of ``q*``, in the order of :data:`MODE_TERMS`' flags.
 TERMS: tuple[str, str, str] = ("anchor", "utterances", "reasoning")

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import SEARCH_MODES, SearchMode
-from .history import UserHistory, top_k
 from .lexical import query_terms
 from .protocols import SearchHit
+from .snapshot import UserHistory, top_k
 
 if TYPE_CHECKING:
     from .results import Explanation

@@ -33,7 +33,8 @@ from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUse
 from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
 from .generation import Answer, agenerate, executor_for, generate, timeout_for
-from .history import HistoryItem, HistoryStore, UserHistory
+from .history import HistoryStore
+from .items import HistoryItem
 from .prf import (
     Parsed,
     PromptSet,
@@ -47,6 +48,7 @@ from .prf import (
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .results import Explanation, PersonalizedQuery, PseudoFeedback, SearchResult
 from .retrieval import FinalSearch, Request, UnknownUserPolicy, aretrieve, retrieve
+from .snapshot import UserHistory
 from .vectors import (
     aembed_documents,
     aembed_query,

@@ -27,11 +27,11 @@ import numpy as np
 
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
-from .history import UserHistory
 from .hybrid import host_candidates, lexical_query, lexical_terms
 from .prf import PromptSet
 from .protocols import SearchHit, TextGenerator
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
+from .snapshot import UserHistory
 
 __all__ = [
     "Candidates",

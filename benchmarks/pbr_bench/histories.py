@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from pbr_core.history import HistoryItem, HistoryStore, UserHistory
+from pbr_core.history import HistoryStore
+from pbr_core.items import HistoryItem
+from pbr_core.snapshot import UserHistory
 from pbr_core.windows import Window, split, window_of
 
 from .datasets import Dataset, Query, load_named

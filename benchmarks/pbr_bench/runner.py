@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from pbr_core.cache import GenerationCache
 from pbr_core.config import PBRConfig, SearchMode
-from pbr_core.history import HistoryItem
+from pbr_core.items import HistoryItem
 from pbr_core.pipeline import Personalizer, PseudoFeedback
 from pbr_core.protocols import TextGenerator, model_id_of
 

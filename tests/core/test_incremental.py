@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import pbr_core.anchor as anchor_mod
 import pbr_core.history as history_mod
+import pbr_core.snapshot as snapshot_mod
 from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError, compute_anchor
 from pbr_core.anchor import anchor_from_graph, knn_graph, update_anchor, update_graph
 from pbr_core.persist import current_snapshot
@@ -227,13 +228,13 @@ def test_store_changes_derive_the_anchor_incrementally(monkeypatch: pytest.Monke
     assert first is not None and first.rows_searched == 300
 
     full_builds: list[int] = []
-    real = history_mod.compute_anchor
+    real = snapshot_mod.compute_anchor
 
     def spy(vectors, config):
         full_builds.append(len(vectors))
         return real(vectors, config)
 
-    monkeypatch.setattr(history_mod, "compute_anchor", spy)
+    monkeypatch.setattr(snapshot_mod, "compute_anchor", spy)
     extra = clustered(4, 16, seed=22)
     store.upsert("u", items(range(300, 302)), extra[:2])  # add
     store.upsert("u", items([5]), extra[2:3])  # replace a vector
@@ -313,8 +314,8 @@ def test_saved_anchors_are_loaded_not_recomputed(tmp_path, monkeypatch) -> None:
     def no_rebuild(*args, **kwargs):
         raise AssertionError("the anchor was recomputed after load")
 
-    monkeypatch.setattr(history_mod, "compute_anchor", no_rebuild)
-    monkeypatch.setattr(history_mod, "update_anchor", no_rebuild)
+    monkeypatch.setattr(snapshot_mod, "compute_anchor", no_rebuild)
+    monkeypatch.setattr(snapshot_mod, "update_anchor", no_rebuild)
     loaded = HistoryStore.load(tmp_path / "h")
     for c, w in zip((cfg, other), want):
         got = loaded.get("u").anchor(c)
@@ -345,7 +346,10 @@ def test_a_version_1_folder_still_loads(tmp_path) -> None:
     saved = store.save(tmp_path / "h")  # no anchor computed: nothing version 2 in it
     folder = current_snapshot(saved)
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["format_version"] = 1
+    manifest["format_version"] = 1  # and no checksums, which version 3 added
+    del manifest["manifest_sha256"]
+    for entry in manifest["users"]:
+        del entry["files"]
     (folder / "manifest.json").write_text(json.dumps(manifest))
     loaded = HistoryStore.load(saved)
     np.testing.assert_array_equal(loaded.get("u").vectors, store.get("u").vectors)
@@ -394,13 +398,13 @@ def test_a_lazy_load_reads_each_user_on_first_use(tmp_path, monkeypatch) -> None
     folder = store.save(tmp_path / "h")
 
     reads: list[str] = []
-    real = history_mod._read_user
+    real = history_mod.read_user
 
     def counted(folder, entry, dim):
         reads.append(entry["user_id"])
         return real(folder, entry, dim)
 
-    monkeypatch.setattr(history_mod, "_read_user", counted)
+    monkeypatch.setattr(history_mod, "read_user", counted)
     loaded = HistoryStore.load(folder, lazy=True)
     assert reads == [] and loaded.users() == ["alice", "bob", "carol"] and len(loaded) == 3
     assert "bob" in loaded and loaded.embedding_model_id == "m" and loaded.dim == 8

@@ -105,21 +105,21 @@ def test_a_writer_that_fails_midway_leaves_the_previous_state_current(
     store.save(folder)
     pointer = (folder / POINTER_NAME).read_bytes()
     add(store, "carol", items("carol", 4))
-    real = history_mod._write_user
+    real = history_mod.write_user
 
     def crash_on_carol(snap, users):
         if snap.user_id == "carol":
             raise OSError(28, "No space left on device")
         return real(snap, users)
 
-    monkeypatch.setattr(history_mod, "_write_user", crash_on_carol)
+    monkeypatch.setattr(history_mod, "write_user", crash_on_carol)
     with pytest.raises(PersistenceError, match=r"could not save user 'carol'.*previous save"):
         store.save(folder)
     assert (folder / POINTER_NAME).read_bytes() == pointer
     assert HistoryStore.load(folder).users() == ["alice", "bob"]
     assert len(snapshots(folder)) == 1  # the half-written snapshot was removed at once
 
-    monkeypatch.setattr(history_mod, "_write_user", real)
+    monkeypatch.setattr(history_mod, "write_user", real)
     store.save(folder)
     assert HistoryStore.load(folder).users() == ["alice", "bob", "carol"]
 
@@ -531,7 +531,7 @@ def test_a_load_while_other_saves_prune_its_snapshot_reads_the_new_one_not_damag
         return s
 
     store_of("old").save(tmp_path / "h")
-    real, calls = history_mod._read_user, []
+    real, calls = history_mod.read_user, []
 
     def two_saves_land_meanwhile(folder, entry, dim):  # type: ignore[no-untyped-def]
         calls.append(entry["user_id"])
@@ -540,6 +540,6 @@ def test_a_load_while_other_saves_prune_its_snapshot_reads_the_new_one_not_damag
             store_of("new").save(tmp_path / "h")
         return real(folder, entry, dim)
 
-    monkeypatch.setattr(history_mod, "_read_user", two_saves_land_meanwhile)
+    monkeypatch.setattr(history_mod, "read_user", two_saves_land_meanwhile)
     loaded = HistoryStore.load(tmp_path / "h")
     assert {loaded.get(u).items[0].text for u in ("u", "v")} == {"new"}  # one state, the new one

@@ -1,0 +1,230 @@
+"""One user's history as an immutable snapshot: items, unit vectors, exact search, cached anchors.
+
+A change to a user's history builds a new :class:`UserHistory` (see
+:class:`pbr_core.history.HistoryStore`) instead of editing one, so a query that is running keeps
+a consistent view and everything cached on a snapshot (its anchors, its BM25 index) is
+invalidated by construction. The new snapshot remembers the previous one's anchors and lexical
+index and where each of its rows was, so that its own are derived incrementally
+(:func:`~pbr_core.anchor.update_anchor`) instead of rebuilt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .anchor import AnchorResult, compute_anchor, update_anchor
+from .config import PBRConfig
+from .items import HistoryItem
+from .lexical import LexicalIndex
+
+__all__ = ["AnchorKey", "UserHistory", "top_k"]
+
+#: Which anchor a snapshot caches: :attr:`PBRConfig.anchor_key` (the graph parameters).
+AnchorKey = tuple[Any, ...]
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest ``scores``, best first, equal scores by position: an O(n)
+    selection, then only those ``k`` sorted.
+
+    Ties at the cut are resolved by position too (the first tied items are kept), so the top k
+    is always the first k of the top k + 1; ``argpartition`` alone keeps an arbitrary one.
+    """
+    n = len(scores)
+    k = min(k, n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]  # the k-th highest score
+        above = np.flatnonzero(scores > kth)
+        top = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])
+    else:
+        top = np.arange(n)
+    return top[np.lexsort((top, -scores[top]))]
+
+
+class UserHistory:
+    """An immutable snapshot of one user's history."""
+
+    def __init__(
+        self,
+        user_id: str,
+        items: Sequence[HistoryItem],
+        vectors: np.ndarray,
+        version: int,
+        windows: Mapping[str, np.ndarray] | None = None,
+        host_keys: Mapping[str, str] | None = None,
+    ) -> None:
+        self.user_id = user_id
+        self.items: tuple[HistoryItem, ...] = tuple(items)
+        self.vectors = vectors
+        self.vectors.setflags(write=False)
+        self.version = version
+        self._positions = {item.id: i for i, item in enumerate(self.items)}
+        # Items longer than the embedder reads: item id -> unit vectors of its windows (see
+        # pbr_core.windows). Their dense score is their best window's.
+        self.windows: dict[str, np.ndarray] = {
+            i: w for i, w in (windows or {}).items() if i in self._positions
+        }
+        # Item id -> the host store's key, for items a host that cannot list holds under a key
+        # of its own (recorded, not written, by pbr): the only record of where they are, so a
+        # delete after a restart still finds them (pbr_core.corpus).
+        self.host_keys: dict[str, str] = {
+            i: k for i, k in (host_keys or {}).items() if i in self._positions
+        }
+        self._window_rows: tuple[np.ndarray, np.ndarray] | None = None
+        self._lexical: LexicalIndex | None = None
+        # The previous snapshot's lexical index to derive ours from, and where each of our rows
+        # was in it (-1: new or changed text).
+        self._lexical_parent: tuple[LexicalIndex, np.ndarray] | None = None
+        self._anchors: dict[AnchorKey, AnchorResult | None] = {}
+        # Anchors of an earlier snapshot to derive ours from: key -> (anchor, old_positions),
+        # old_positions[i] = row i's position in that snapshot, -1 for a new or changed row.
+        self._parents: dict[AnchorKey, tuple[AnchorResult, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    # Locks cannot be pickled or deep-copied: a copy gets fresh ones (and keeps the anchors).
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def position(self, item_id: str) -> int | None:
+        return self._positions.get(item_id)
+
+    def item(self, item_id: str) -> HistoryItem:
+        pos = self._positions.get(item_id)
+        if pos is None:
+            raise KeyError(f"user {self.user_id!r} has no item {item_id!r}")
+        return self.items[pos]
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """Positions and inner products of the ``k`` items nearest to ``vector``, best first.
+
+        Exact brute force over the snapshot's own vectors (one BLAS matrix-vector product and an
+        O(n) selection): as fast as a flat faiss index for one query, without a second copy of
+        the vectors per user. Equal scores are ordered by position.
+        """
+        n = len(self.items)
+        if n == 0 or k <= 0:
+            return []
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        scores = self.vectors @ query
+        return [(int(i), float(scores[i])) for i in top_k(scores, k)]
+
+    def dense_scores(self, vector: np.ndarray) -> np.ndarray:
+        """Cosine of every item with the unit ``vector`` (float32): an item with windows scores
+        as its best window, so a long item is found by any part of it."""
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        scores = self.vectors @ query if len(self.items) else np.zeros(0, dtype=np.float32)
+        if self.windows:
+            owners, rows = self._windowed()
+            best = np.full(len(self.items), -np.inf, dtype=np.float32)
+            np.maximum.at(best, owners, rows @ query)
+            scores = np.maximum(scores, best)
+        return scores
+
+    def _windowed(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._window_rows is None:
+            owners = np.concatenate(
+                [
+                    np.full(len(w), self._positions[i], dtype=np.int64)
+                    for i, w in self.windows.items()
+                ]
+            )
+            rows = np.concatenate([np.asarray(w, dtype=np.float32) for w in self.windows.values()])
+            self._window_rows = (owners, rows)
+        return self._window_rows
+
+    def lexical(self) -> LexicalIndex:
+        """The BM25 index of the items' texts, built once per snapshot (derived from the
+        previous snapshot's index when there is one: only changed items are tokenized)."""
+        index = self._lexical
+        if index is not None:
+            return index
+        with self._lock:
+            if self._lexical is None:
+                parent = self._lexical_parent
+                texts = [item.text for item in self.items]
+                if parent is None:
+                    self._lexical = LexicalIndex.build(texts)
+                else:
+                    previous, old_positions = parent
+                    kept = np.flatnonzero(old_positions >= 0)
+                    added = np.flatnonzero(old_positions < 0)
+                    staged = previous.derived(old_positions[kept], [texts[i] for i in added])
+                    order = np.empty(len(texts), dtype=np.int64)  # our row i is staged row order[i]
+                    order[kept] = np.arange(kept.size)
+                    order[added] = kept.size + np.arange(added.size)
+                    identity = bool((order == np.arange(len(texts))).all())
+                    self._lexical = staged if identity else staged.derived(order, [])
+                self._lexical_parent = None  # release the previous index
+            return self._lexical
+
+    def _inherit_lexical(self, previous: UserHistory, old_positions: np.ndarray) -> None:
+        """Remember ``previous``'s lexical index (built or pending) to derive ours from."""
+        positions = np.array(old_positions, dtype=np.int64)
+        for i, p in enumerate(positions):  # same row, other text: re-tokenized
+            if p >= 0 and previous.items[p].text != self.items[i].text:
+                positions[i] = -1
+        if previous._lexical is not None:
+            self._lexical_parent = (previous._lexical, positions)
+        elif previous._lexical_parent is not None:
+            index, older = previous._lexical_parent
+            kept = positions >= 0
+            chained = np.full(positions.shape, -1, dtype=np.int64)
+            chained[kept] = older[positions[kept]]
+            self._lexical_parent = (index, chained)
+
+    def anchor(self, config: PBRConfig) -> AnchorResult | None:
+        """The anchor for ``config``'s graph parameters, computed once per snapshot.
+
+        Derived from the previous snapshot's anchor for the same parameters when there is one
+        (only the graph rows the change touched are recomputed, PageRank is warm-started), else
+        built from scratch.
+        """
+        key = config.anchor_key
+        try:
+            return self._anchors[key]
+        except KeyError:
+            pass
+        with self._lock:
+            if key not in self._anchors:
+                vectors = np.asarray(self.vectors)
+                parent = self._parents.get(key)
+                if parent is not None:
+                    self._anchors[key] = update_anchor(parent[0], vectors, parent[1], config)
+                else:
+                    self._anchors[key] = compute_anchor(vectors, config)
+                self._parents.pop(key, None)  # release the previous graph
+            return self._anchors[key]
+
+    def _inherit_anchors(self, previous: UserHistory, old_positions: np.ndarray) -> None:
+        """Remember ``previous``'s anchors (computed or themselves pending) to derive ours from.
+
+        ``old_positions[i]`` is row ``i``'s position in ``previous``, ``-1`` for a new or changed
+        row. A pending parent of ``previous`` is chained, so a run of changes without a query in
+        between still ends in one incremental update.
+        """
+        for key, result in list(previous._anchors.items()):
+            if result is not None:
+                self._parents[key] = (result, old_positions)
+        for key, (result, older) in list(previous._parents.items()):
+            if key not in self._parents:
+                kept = old_positions >= 0
+                chained = np.full(old_positions.shape, -1, dtype=np.int64)
+                chained[kept] = older[old_positions[kept]]
+                self._parents[key] = (result, chained)

@@ -1,0 +1,212 @@
+"""A damaged save is refused, not read: every file of a save is checked against its manifest.
+
+A save records the size and sha256 of each file it writes in the manifest, and a checksum of the
+manifest itself; a load verifies each file of a user when it reads it (eager: at load, lazy: at
+the user's first use). These tests damage a save in the ways that stay readable (a flipped byte
+in the vectors, edits of the items that stay valid JSON, a consistent manifest edit) and expect
+a ``PersistenceError`` naming the file, where the loader used to return wrong data silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder
+
+from pbr_core import HistoryItem, HistoryStore, PBRConfig, PersistenceError
+from pbr_core.persist import current_snapshot
+
+EMB = HashEmbedder(dim=8)
+CFG = PBRConfig(theta=0.0)
+
+
+def items(user: str, n: int) -> list[HistoryItem]:
+    return [HistoryItem(id=f"{user}{i}", text=f"{user} said thing {i}") for i in range(n)]
+
+
+def make_store() -> HistoryStore:
+    store = HistoryStore(embedding_model_id=EMB.model_id)
+    for user in ("alice", "bob"):
+        batch = items(user, 6)
+        store.upsert(user, batch, np.array(EMB.embed_documents([it.text for it in batch])))
+    windows = np.array(EMB.embed_documents(["alice's first half", "alice's second half"]))
+    store.upsert(
+        "alice",
+        [HistoryItem(id="alice-long", text="a long item, read in two windows")],
+        np.array(EMB.embed_documents(["a long item, read in two windows"])),
+        windows={"alice-long": windows},
+    )
+    store.get("alice").anchor(CFG)
+    return store
+
+
+def manifest_path(folder: Path) -> Path:
+    return current_snapshot(folder) / "manifest.json"
+
+
+def user_file(folder: Path, user: str, suffix: str) -> Path:
+    manifest = json.loads(manifest_path(folder).read_text(encoding="utf-8"))
+    key = next(u["key"] for u in manifest["users"] if u["user_id"] == user)
+    return current_snapshot(folder) / "users" / f"{key}{suffix}"
+
+
+def flip_a_vector_bit(path: Path) -> None:
+    """The lowest mantissa bit of the last float: a finite, slightly different vector."""
+    data = bytearray(path.read_bytes())
+    data[-4] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def edit_lines(path: Path, edit: Callable[[list[str]], list[str]]) -> None:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    path.write_text("\n".join(edit(lines)), encoding="utf-8")
+
+
+def change_a_text(path: Path) -> None:
+    edit_lines(path, lambda lines: [line.replace("thing 2", "thing 9") for line in lines])
+
+
+def swap_two_lines(path: Path) -> None:
+    edit_lines(path, lambda lines: [lines[1], lines[0], *lines[2:]])
+
+
+def give_an_id_to_another_user(path: Path) -> None:
+    edit_lines(path, lambda lines: [line.replace('"alice3"', '"bob3"') for line in lines])
+
+
+def rewrite_arrays(path: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """A valid ``.npz`` (its zip CRCs right) with other values of the same shapes."""
+    with np.load(path) as arrays:
+        parts = dict(arrays)
+    change(parts)
+    with path.open("wb") as fh:
+        np.savez(fh, **parts)  # type: ignore[arg-type]
+
+
+def reverse_the_pagerank(path: Path) -> None:
+    rewrite_arrays(path, lambda parts: parts.update({"0_pagerank": parts["0_pagerank"][::-1]}))
+
+
+def swap_the_windows(path: Path) -> None:
+    rewrite_arrays(path, lambda parts: parts.update({"vectors": parts["vectors"][::-1]}))
+
+
+DAMAGES = {
+    "a flipped bit in the vectors": (".npy", flip_a_vector_bit),
+    "a changed text": (".jsonl", change_a_text),
+    "two swapped lines": (".jsonl", swap_two_lines),
+    "an id changed to another user's": (".jsonl", give_an_id_to_another_user),
+    "other anchor values": (".anchors.npz", reverse_the_pagerank),
+    "other window vectors": (".windows.npz", swap_the_windows),
+}
+
+
+def mismatch(path: Path) -> str:
+    return rf"{re.escape(path.name)}.* is damaged \(checksum mismatch"
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_file_damaged_in_a_readable_way_is_refused_naming_the_file(
+    tmp_path, damage, lazy
+) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    suffix, apply = DAMAGES[damage]
+    path = user_file(folder, "alice", suffix)
+    apply(path)
+    if not lazy:
+        with pytest.raises(PersistenceError, match=mismatch(path)):
+            HistoryStore.load(folder)
+        return
+    loaded = HistoryStore.load(folder, lazy=True)
+    assert len(loaded.get("bob")) == 6  # the other user is fine
+    with pytest.raises(PersistenceError, match=mismatch(path)):
+        loaded.get("alice")
+    with pytest.raises(PersistenceError, match=mismatch(path)):  # and stays an error
+        loaded.get("alice")
+
+
+def swap_the_users_files(manifest: dict) -> None:
+    alice, bob = manifest["users"][:2]
+    alice["key"], bob["key"] = bob["key"], alice["key"]
+    for entry in (alice, bob):  # keep the rest consistent: only the checksum can tell
+        entry.pop("anchors", None), entry.pop("windows", None)
+        entry["count"] = 6
+
+
+def change_the_model(manifest: dict) -> None:
+    manifest["embedding_model_id"] = "another-model"
+
+
+def claim_an_older_format(manifest: dict) -> None:
+    manifest["format_version"] = 2
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize(
+    "edit",
+    [swap_the_users_files, change_the_model, claim_an_older_format],
+    ids=lambda f: f.__name__,
+)
+def test_an_edited_manifest_is_refused_naming_the_manifest(tmp_path, edit, lazy) -> None:
+    folder = tmp_path / "h"
+    store = make_store()
+    store.delete("alice", ["alice-long"])  # both users: 6 items
+    store.save(folder)
+    path = manifest_path(folder)
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    edit(manifest)
+    path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    with pytest.raises(PersistenceError, match=r"manifest\.json is damaged \(checksum mismatch"):
+        HistoryStore.load(folder, lazy=lazy)
+
+
+def test_reformatting_the_manifest_changes_nothing_it_says(tmp_path) -> None:
+    folder = tmp_path / "h"
+    store = make_store()
+    store.save(folder)
+    path = manifest_path(folder)
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=4), encoding="utf-8")
+    assert HistoryStore.load(folder).get("alice").items == store.get("alice").items
+
+
+def test_an_unread_user_copied_by_a_lazy_save_keeps_its_checksums(tmp_path) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    HistoryStore.load(folder, lazy=True).save(folder)  # alice and bob copied unread
+    path = user_file(folder, "alice", ".npy")
+    flip_a_vector_bit(path)
+    with pytest.raises(PersistenceError, match=mismatch(path)):
+        HistoryStore.load(folder)
+
+
+def strip_checksums(folder: Path) -> None:
+    """What the previous version wrote: format version 2, no checksums."""
+    path = manifest_path(folder)
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest["format_version"] = 2
+    manifest.pop("manifest_sha256")
+    for entry in manifest["users"]:
+        entry.pop("files")
+    path.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_a_save_without_checksums_loads_and_is_saved_again_with_them(tmp_path, lazy) -> None:
+    folder = tmp_path / "h"
+    store = make_store()
+    store.save(folder)
+    strip_checksums(folder)
+    loaded = HistoryStore.load(folder, lazy=lazy)
+    loaded.save(folder)  # lazy: copied unread, checksummed on the way
+    assert HistoryStore.load(folder).get("alice").items == store.get("alice").items
+    path = user_file(folder, "alice", ".jsonl")
+    change_a_text(path)
+    with pytest.raises(PersistenceError, match=mismatch(path)):
+        HistoryStore.load(folder, lazy=lazy).get("alice")
