@@ -25,7 +25,15 @@ from llama_index.core.vector_stores import MetadataFilters
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import HistoryStore, PBRConfig, PersistenceError, PromptSet
-from pbr_core.persist import current_snapshot, write_atomically
+from pbr_core.persist import (
+    MANIFEST_CHECKSUM,
+    check_manifest,
+    current_snapshot,
+    file_records,
+    manifest_digest,
+    verify_files,
+    write_atomically,
+)
 from pbr_core.vectors import check_dimension
 
 from ._bridge import LlamaIndexEmbedder, default_embed_model, settings_embed_model
@@ -40,7 +48,10 @@ VectorStoreLoader = (
 
 _MANIFEST = "pbr_retriever.json"
 _FORMAT = "pbr-llamaindex-retriever"
-_FORMAT_VERSION = 1
+#: Version 2 adds checksums: the size and sha256 of every index file (``files``) and the
+#: manifest's own (``manifest_sha256``); a version 1 save still loads, unverified.
+_FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,10 @@ def persist(
         else:
             assert index is not None
             index.storage_context.persist(persist_dir=str(folder / "index"))
-        (folder / _MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        # LlamaIndex's own files, checksummed so a load detects any damage to them
+        sealed = {**manifest, "files": file_records(folder, ["index", "indexes"])}
+        sealed[MANIFEST_CHECKSUM] = manifest_digest(sealed)
+        (folder / _MANIFEST).write_text(json.dumps(sealed, indent=1), encoding="utf-8")
 
     # A new snapshot folder made current in one atomic step: a crash leaves the old state.
     write_atomically(root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"))
@@ -104,6 +118,7 @@ def load(
     takes_user = vector_store_loader is not None and _takes_two(vector_store_loader)
     root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
     manifest = _read_manifest(root)
+    verify_files(root, manifest.get("files") or {})  # version 1: no records, nothing to check
     callback_manager = callback_manager or Settings.callback_manager
     embed_model = embed_model or settings_embed_model() or default_embed_model(callback_manager)
     history = HistoryStore.load(root / "history")
@@ -211,9 +226,12 @@ def _read_manifest(root: Path) -> dict[str, Any]:
         raise PersistenceError(f"damaged {path}: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
         raise PersistenceError(f"{path} is not a {_FORMAT} manifest")
-    if manifest.get("format_version") != _FORMAT_VERSION:
+    if manifest.get("format_version") not in _READABLE_VERSIONS:
         raise PersistenceError(
             f"{root} was saved in format version {manifest.get('format_version')}, this "
-            f"library reads version {_FORMAT_VERSION}"
+            f"library reads versions {list(_READABLE_VERSIONS)}"
         )
+    # checked unless the save is genuinely of version 1 (no checksum and no file records)
+    if manifest.get("format_version") != 1 or MANIFEST_CHECKSUM in manifest or "files" in manifest:
+        check_manifest(manifest, path)
     return manifest

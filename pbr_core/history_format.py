@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from .anchor import AnchorResult
 from .errors import PersistenceError
 from .items import HistoryItem
+from .persist import MANIFEST_CHECKSUM, manifest_digest
 from .snapshot import AnchorKey, UserHistory
 
 __all__ = [
@@ -61,10 +62,6 @@ FORMAT_NAME = "pbr-history"
 #: still read, without verification (they hold no checksums); their next save records them.
 FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
-#: The manifest's own checksum: sha256 of the rest of the manifest in canonical JSON (sorted
-#: keys, no spaces, ASCII), so re-indenting the file changes nothing and any edit of a value
-#: does. It detects damage and edits by hand, not a forger (anyone can recompute it).
-MANIFEST_CHECKSUM = "manifest_sha256"
 #: The files of one save (inside the snapshot folder that ``CURRENT`` names, see
 #: :mod:`pbr_core.persist`; directly in the save folder for folders saved by older versions).
 MANIFEST_NAME = "manifest.json"
@@ -104,14 +101,8 @@ def manifest_text(header: Mapping[str, Any], entries: Sequence[Mapping[str, Any]
         TypeError, ValueError: a value JSON cannot hold (from :func:`json.dumps`).
     """
     manifest = json.loads(json.dumps({**header, "users": list(entries)}))
-    manifest[MANIFEST_CHECKSUM] = _manifest_digest(manifest)
+    manifest[MANIFEST_CHECKSUM] = manifest_digest(manifest)
     return json.dumps(manifest, indent=1)
-
-
-def _manifest_digest(manifest: Mapping[str, Any]) -> str:
-    rest = {k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM}
-    canonical = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def _record(data: bytes) -> dict[str, Any]:
@@ -202,7 +193,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         isinstance(users, list) and any(isinstance(u, dict) and "files" in u for u in users)
     )
     verify = recorded or manifest["format_version"] >= 3
-    if verify and manifest.get(MANIFEST_CHECKSUM) != _manifest_digest(manifest):
+    if verify and manifest.get(MANIFEST_CHECKSUM) != manifest_digest(manifest):
         raise PersistenceError(
             f"{path} is damaged (checksum mismatch: its contents are not what the save "
             f"wrote, the {MANIFEST_CHECKSUM} it records does not match them); {_RESTORE}"

@@ -20,15 +20,18 @@ folder to fill, and :func:`current_snapshot` tells a loader which folder to read
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .errors import PersistenceError
 
@@ -348,3 +351,61 @@ def _writer_lock(folder: Path) -> Iterator[None]:
                 yield
             finally:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# -- checksums: a damaged file is detected, never silently read ------------------------------------
+#: The key of a manifest's own checksum (:func:`manifest_digest` of its other fields). It
+#: detects damage and edits by hand, not a forger (anyone can recompute it).
+MANIFEST_CHECKSUM = "manifest_sha256"
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """sha256 of ``manifest`` without its :data:`MANIFEST_CHECKSUM`, in canonical JSON (sorted
+    keys, no spaces, ASCII): re-indenting the file changes nothing, any edit of a value does."""
+    rest = {k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM}
+    canonical = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def check_manifest(manifest: Mapping[str, Any], path: Path) -> None:
+    """Raise :class:`PersistenceError` naming ``path`` unless ``manifest`` carries its own
+    checksum and it matches."""
+    if manifest.get(MANIFEST_CHECKSUM) != manifest_digest(manifest):
+        raise PersistenceError(
+            f"{path} is damaged (its checksum does not match its contents); restore the folder "
+            "from a backup, or build the state again and save it"
+        )
+
+
+def file_records(root: Path, folders: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file below ``root / folder`` for each of ``folders``, keyed by
+    its path relative to ``root`` (POSIX separators): what a manifest records of files another
+    library wrote (a LlamaIndex index's JSON files)."""
+    records = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file():
+                data = path.read_bytes()
+                records[path.relative_to(root).as_posix()] = {
+                    "size": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+    return records
+
+
+def verify_files(root: Path, records: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise :class:`PersistenceError` naming the first file of ``records`` (from
+    :func:`file_records`) that is missing below ``root`` or differs from what was saved."""
+    for name, want in records.items():
+        path = root / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise PersistenceError(
+                f"{path} is missing from the save; restore the folder from a backup"
+            ) from None
+        if len(data) != want.get("size") or hashlib.sha256(data).hexdigest() != want.get("sha256"):
+            raise PersistenceError(
+                f"{path} is damaged (checksum mismatch: it is not the file the save wrote); "
+                "restore the folder from a backup, or build the state again and save it"
+            )

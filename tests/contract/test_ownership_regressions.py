@@ -223,6 +223,38 @@ def test_a_damaged_index_file_is_a_persistence_error_naming_it(tmp_path: Path) -
         )
 
 
+@pytest.mark.parametrize("damage", ["vectors", "docstore text", "manifest"])
+def test_an_index_file_damaged_but_still_valid_json_is_detected(
+    damage: str, tmp_path: Path
+) -> None:
+    import json
+
+    emb = HashEmbedding(dim=32)
+    base = llamaindex_pbr.PBRRetriever.from_defaults(
+        nodes=[], llm=MockLLM(max_tokens=4), embed_model=emb
+    )
+    base.for_user("ann").add_nodes([TextNode(text="kept", id_="a1")])
+    base.persist(tmp_path / "pbr")
+    snapshot = current_snapshot(tmp_path / "pbr")
+    if damage == "vectors":  # one number of one vector changed: the file still parses
+        path = snapshot / "index" / "default__vector_store.json"
+        data = json.loads(path.read_text())
+        vectors = data["embedding_dict"]
+        first = next(iter(vectors))
+        vectors[first][0] = -vectors[first][0]
+    elif damage == "docstore text":
+        path = snapshot / "index" / "docstore.json"
+        data = json.loads(path.read_text().replace("kept", "edited"))
+    else:  # a setting changed by hand
+        path = snapshot / "pbr_retriever.json"
+        data = {**json.loads(path.read_text()), "similarity_top_k": 99}
+    path.write_text(json.dumps(data))
+    with pytest.raises(PersistenceError, match=path.name):
+        llamaindex_pbr.PBRRetriever.from_persist_dir(
+            tmp_path / "pbr", llm=MockLLM(max_tokens=4), embed_model=emb
+        )
+
+
 # -- the core ------------------------------------------------------------------------------------
 def test_an_empty_first_add_leaves_the_user_usable() -> None:
     p = Personalizer(HashEmbedder())
