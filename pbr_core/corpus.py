@@ -831,6 +831,7 @@ class Corpus:
             return {}
         current = self.cache._current(user_id)
         long: list[HistoryItem] = []
+        pieces: list[list[str]] = []
         for item in items:
             if len(item.text.encode("utf-8")) <= window.max_tokens:
                 continue  # no tokenizer makes more tokens than bytes
@@ -838,11 +839,12 @@ class Corpus:
                 pos = current.position(item.id)
                 if pos is not None and current.items[pos].text == item.text:
                     continue  # windowed already
-            if not window.fits(item.text):
+            texts = split(item.text, window)
+            if len(texts) > 1:
                 long.append(item)
+                pieces.append(texts)
         if not long:
             return {}
-        pieces = [split(item.text, window) for item in long]
         flat = [text for texts in pieces for text in texts]
         rows = embed_documents(self.resolved_embedder(), flat, dim=self.cache.dim)
         out: dict[str, np.ndarray] = {}

@@ -372,6 +372,38 @@ def test_text_without_spaces_is_cut_into_windows_that_fit() -> None:
     assert all(window.fits(p) for p in split(url, window))
 
 
+class CountingWindow:
+    """A window that counts characters (one token each, as on Chinese text) and records how
+    many characters its tokenizer was asked to read."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.read = 0
+        self.window = Window(max_tokens, self._count)
+
+    def _count(self, text: str) -> int:
+        self.read += len(text)
+        return len(text)
+
+
+@pytest.mark.parametrize("kind", ["no spaces", "spaces", "spaces and long runs"])
+def test_splitting_reads_the_text_a_bounded_number_of_times_whatever_its_length(kind: str) -> None:
+    # Linear, not quadratic: a 1 MB item once took minutes (each cut re-read the whole rest).
+    rng = np.random.default_rng(0)
+    ratios = []
+    for size in (20_000, 80_000):
+        letters = rng.choice(list("天地人和风云山水"), size)
+        if kind != "no spaces":
+            gaps = rng.random(size) < (0.2 if kind == "spaces" else 0.0005)
+            letters[gaps] = " "
+        text = "".join(letters)
+        counting = CountingWindow(50)
+        parts = split(text, counting.window)
+        assert all(counting.window.fits(p) for p in parts)
+        assert "".join(parts).replace(" ", "") == text.replace(" ", "")
+        ratios.append(counting.read / size)
+    assert ratios[1] <= 6 and ratios[1] <= 1.5 * ratios[0], ratios  # per character: flat
+
+
 def test_a_long_item_is_found_by_its_end_not_only_its_beginning() -> None:
     emb = BagOfWords(max_words=6)  # reads 6 words, like a model's 256 word pieces
     long = "we met at the station early\n" * 5 + "and then we booked the ferry to Tangier"
