@@ -37,6 +37,7 @@ from pbr_core.adapters_support import (
     host_store_errors,
     model_id,
     owner_of,
+    results_event,
 )
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Request, Retrieval, aretrieve, retrieve
@@ -137,9 +138,13 @@ class PBRRetriever(BaseRetriever):
     Inspect:
         .. code-block:: python
 
-            doc = docs[0]
+            # By default a document is the stored one (as VectorStoreRetriever returns it) and
+            # the explanation goes to the callbacks' custom events (pbr.anchor ... pbr.fusion,
+            # pbr.results with each result's scores); ask for it on the documents:
+            explained = PBRRetriever(llm=..., embeddings=..., config={"explain": "all"})
+            doc = explained.invoke("what should I cook tonight?", user_id="alice")[0]
             doc.id                                     # the user's own id of the item
-            doc.metadata["score"]                      # cosine with the personalized query
+            doc.metadata["score"]                      # what the search ranks by
             doc.metadata["store_score"]                # the store's own (Chroma: a distance)
             doc.metadata["pbr"]["pseudo_utterances"]   # what the LLM wrote for this user
             doc.metadata["pbr"]["w1"], doc.metadata["pbr"]["anchor_items"]
@@ -326,7 +331,8 @@ class PBRRetriever(BaseRetriever):
     @staticmethod
     def _events(got: Retrieval) -> list[tuple[str, dict[str, Any]]]:
         assert got.query is not None  # the request does not skip: always personalized
-        return explanation_events(got.query.explanation)
+        expl = got.query.explanation
+        return [*explanation_events(expl), results_event(expl, got.results, got.mode)]
 
     def _documents(self, got: Retrieval) -> list[Document]:
         assert got.query is not None

@@ -80,6 +80,8 @@ def collection(server: ChromaServer, name: str) -> Any:
 
 
 def retriever_on(store: Chroma, embeddings: Any, **kwargs: Any) -> PBRRetriever:
+    # explain="all": the tests check the scores and the explanation off the documents
+    kwargs["config"] = kwargs.get("config", PBRConfig()).with_(explain="all")
     return PBRRetriever(
         llm=ParrotFakeChatModel(), embeddings=embeddings, vectorstore=store, k=K, **kwargs
     )
@@ -140,7 +142,7 @@ def test_without_a_view_filter_pbr_ranks_every_item_of_the_user_itself(
     """Hybrid (the default) over the same collection: the adapter's ranking is the core's over
     the user's verified items; no store score, as Chroma did not search."""
     r, _ = world
-    hybrid = r.model_copy(update={"config": PBRConfig(), "search_kwargs": {}})
+    hybrid = r.model_copy(update={"config": PBRConfig(explain="all"), "search_kwargs": {}})
     for user in USERS[:10]:
         docs = hybrid.invoke(QUERY, user_id=user)
         pbr = docs[0].metadata["pbr"]

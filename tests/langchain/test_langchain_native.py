@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import BaseChatModel
@@ -111,7 +112,9 @@ def _wrapped_models() -> dict[str, Any]:
 @pytest.mark.parametrize("kind", list(_wrapped_models()))
 def test_an_llm_wrapped_in_a_runnable_is_used_as_it_is(kind: str) -> None:
     llm = _wrapped_models()[kind]
-    r = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=InMemoryVectorStore(EMB))
+    r = PBRRetriever(
+        llm=llm, embeddings=EMB, vectorstore=InMemoryVectorStore(EMB), config={"explain": "all"}
+    )
     r.add_documents([Document(page_content=t) for t in ("runs daily", "likes tea")], user_id="a")
     docs = r.invoke("what do I do?", user_id="a")
     pbr = docs[0].metadata["pbr"]
@@ -134,7 +137,7 @@ def test_a_retriever_can_be_copied_and_pickled(how: str) -> None:
 def test_the_plain_fallback_stays_per_user_and_calls_no_llm() -> None:
     from langchain_core.runnables import RunnableLambda
 
-    r = filled()
+    r = filled(config={"explain": "all"})
 
     def broken(_: Any) -> Any:
         raise RuntimeError("LLM down")
@@ -201,7 +204,7 @@ async def test_hung_sync_llms_under_asyncio_leave_the_default_executor_free() ->
         llm=hung,
         embeddings=EMB,
         vectorstore=InMemoryVectorStore(EMB),
-        config=PBRConfig(llm_timeout_s=0.3, pre_gate=None),
+        config=PBRConfig(llm_timeout_s=0.3, pre_gate=None, explain="all"),
     )
     r.add_documents([Document(page_content=t) for t in ("runs", "tea", "jazz")], user_id="a")
     try:
@@ -232,26 +235,95 @@ def test_explain_first_puts_one_copy_of_the_explanation_on_the_top_document() ->
     docs = filled(config={"explain": "first"}).invoke("note", user_id="ann", k=5)
     assert "pbr" in docs[0].metadata and not any("pbr" in d.metadata for d in docs[1:])
     assert all("score" in d.metadata and "pbr_search" in d.metadata for d in docs)
-    full = filled().invoke("note", user_id="ann", k=5)
+    full = filled(config={"explain": "all"}).invoke("note", user_id="ann", k=5)
     size = [len(json.dumps([d.metadata for d in ds], default=str)) for ds in (docs, full)]
     assert size[0] < size[1] / 2
 
 
-def test_multi_query_merges_one_item_found_by_several_queries_with_explain_none() -> None:
+class Events(BaseCallbackHandler):
+    """The custom events of the requests it sees: name -> data."""
+
+    def __init__(self) -> None:
+        self.got: dict[str, Any] = {}
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.got[name] = data
+
+
+def long_notes(user: str) -> list[Document]:
+    """Ten notes of ~900 characters, like the issue's (a chunked document)."""
+    return [
+        Document(page_content=f"{user} note {i}: " + "walked the dog by the river " * 32)
+        for i in range(10)
+    ]
+
+
+def test_results_are_the_stored_documents_and_the_explanation_goes_to_callbacks() -> None:
+    r = make(vectorstore=InMemoryVectorStore(EMB), k=10)
+    r.add_documents(long_notes("ann"), user_id="ann", ids=[f"n{i}" for i in range(10)])
+    events = Events()
+    docs = r.invoke("the dog?", user_id="ann", config={"callbacks": [events]})
+    assert len(docs) == 10
+    assert all(d.metadata == {"user_id": "ann"} for d in docs)  # as stored, nothing per query
+    # the whole explanation and every result's scores reach the callbacks, once per request
+    assert set(events.got) >= {"pbr.anchor", "pbr.pseudo_utterances", "pbr.fusion", "pbr.results"}
+    rows = events.got["pbr.results"]["results"]
+    assert [row["id"] for row in rows] == [d.id for d in docs]
+    assert all({"score", "store_score", "pbr_search"} <= set(row) for row in rows)
+    assert {"trust", "llm_calls", "degraded"} <= set(events.got["pbr.fusion"])
+    # and on request, on the documents
+    explained = r.model_copy(update={"config": r.config.with_(explain="all")})
+    full = explained.invoke("the dog?", user_id="ann")
+    assert all("pbr" in d.metadata and "score" in d.metadata for d in full)
+    size = [len(json.dumps([d.metadata for d in ds], default=str)) for ds in (docs, full)]
+    assert size[0] < 300 < 20_000 < size[1]
+
+
+def test_a_huge_query_is_never_copied_into_results_or_events() -> None:
+    r = filled(config={"explain": "all"})
+    events = Events()
+    query = "note " * 200_000  # 1 MB
+    docs = r.invoke(query, user_id="ann", k=5, config={"callbacks": [events]})
+    metadata = len(json.dumps([d.metadata for d in docs], default=str))
+    assert metadata < 5 * 3_000  # the explanation shows the query's first 1000 characters
+    assert all(len(data["query"]) <= 1000 for data in events.got.values())
+    plain = filled().invoke(query, user_id="ann", k=5)
+    assert len(json.dumps([d.metadata for d in plain])) < 200
+
+
+def multi_query_over(r: PBRRetriever) -> list[Document]:
     from langchain_classic.retrievers import MultiQueryRetriever
     from langchain_core.language_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage
 
-    def distinct(config: dict[str, str]) -> tuple[int, int]:
-        r = filled(config=config)
-        queries = GenericFakeChatModel(messages=iter([AIMessage("ann notes\nann things\nnote")]))
-        got = MultiQueryRetriever.from_llm(retriever=r, llm=queries).invoke(
-            "note", config={"metadata": {"user_id": "ann"}}
-        )
-        assert {d.metadata["user_id"] for d in got} == {"ann"}
-        return len(got), len({d.id for d in got})
+    queries = GenericFakeChatModel(messages=iter([AIMessage("ann notes\nann things\nnote")]))
+    got = MultiQueryRetriever.from_llm(retriever=r, llm=queries).invoke(
+        "note", config={"metadata": {"user_id": "ann"}}
+    )
+    assert {d.metadata["user_id"] for d in got} == {"ann"}
+    return got
 
-    n, unique = distinct({"explain": "none"})
-    assert n == unique  # every item once: the documents are the stored ones
-    n, unique = distinct({})
-    assert n > unique  # per-query scores and explanations keep the copies apart
+
+def test_multi_query_retriever_returns_each_item_once_without_settings() -> None:
+    got = multi_query_over(filled())
+    assert len(got) == len({d.id for d in got})  # 4 per query (of 6 notes), each note once
+    # per-result annotations, asked for, keep the copies of one item apart (LangChain's merge
+    # is by Document equality): the default is what makes it work
+    annotated = multi_query_over(filled(config={"explain": "scores"}))
+    assert len(annotated) > len({d.id for d in annotated})
+
+
+def test_ensemble_retriever_merges_the_personalized_and_plain_results_into_stored_documents() -> (
+    None
+):
+    from langchain_classic.retrievers import EnsembleRetriever
+
+    r = filled()
+    ensemble = EnsembleRetriever(retrievers=[r, r.as_plain()], weights=[0.5, 0.5])
+    got = ensemble.invoke("note", config={"metadata": {"user_id": "ben"}})
+    assert len(got) == len({d.page_content for d in got}) == 4
+    assert all(
+        d.metadata["user_id"] == "ben" and set(d.metadata) == {"user_id", "kind"} for d in got
+    )
+    by_id = EnsembleRetriever(retrievers=[r, r.as_plain()], id_key="kind")  # one per kind
+    assert len(by_id.invoke("note", config={"metadata": {"user_id": "ben"}})) == 2
