@@ -53,7 +53,15 @@ from ._bridge import (
     prompt_set,
     prompt_style_of,
 )
-from .stores import astore_search, default_filter, host_records, store_search, with_view_filter
+from .stores import (
+    PBR_SEARCH_KWARGS,
+    astore_search,
+    check_search_kwargs,
+    default_filter,
+    host_records,
+    store_search,
+    with_view_filter,
+)
 
 __all__ = ["PBRRetriever"]
 
@@ -193,8 +201,11 @@ class PBRRetriever(BaseRetriever):
     """Metadata key naming a document's owner in the vector store."""
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of every vector-store search, as for ``VectorStoreRetriever``: ``k``
-    (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it) and
-    the store's own (e.g. ``{"fetch_k": 100}``). Needs a ``vectorstore``."""
+    (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it),
+    ``score_threshold`` (only results whose ``score`` is at least this, applied by pbr on every
+    store) and the parameters the store's search by vector names (e.g. ``fetch_k`` for FAISS,
+    ``where_document`` for Chroma); any other key is refused at construction
+    (:func:`~langchain_pbr.stores.check_search_kwargs`). Needs a ``vectorstore``."""
     strict: bool = False
     """Raise ``GenerationError`` / ``UnknownUserError`` instead of degrading."""
     history: HistoryStore = Field(default_factory=HistoryStore)
@@ -216,6 +227,8 @@ class PBRRetriever(BaseRetriever):
                 "search_kwargs are the vector store's search arguments, but this retriever has "
                 "no vectorstore (it searches pbr's own store); pass vectorstore= or drop them"
             )
+        if self.vectorstore is not None:
+            check_search_kwargs(self.vectorstore, self.search_kwargs)
         if self.corpus is None:
             store = self.vectorstore
             host = host_records(store, self.user_key) if store is not None else None
@@ -295,6 +308,7 @@ class PBRRetriever(BaseRetriever):
             generator=self._generator(run.get_child()),
             strict=self.strict,
             view_filtered=self._view_filtered(),
+            score_threshold=self.search_kwargs.get("score_threshold"),
         )
 
     def _user(self, user_id: str | None) -> str:
@@ -305,7 +319,7 @@ class PBRRetriever(BaseRetriever):
 
     def _search_kwargs(self, user_id: str) -> dict[str, Any]:
         assert self.vectorstore is not None
-        kwargs = {k: v for k, v in self.search_kwargs.items() if k not in ("k", "filter")}
+        kwargs = {k: v for k, v in self.search_kwargs.items() if k not in PBR_SEARCH_KWARGS}
         extra = self.search_kwargs.get("filter")
         if self.filter_builder is not None:
             return {**kwargs, **with_view_filter(self.filter_builder(user_id), extra)}
@@ -315,7 +329,9 @@ class PBRRetriever(BaseRetriever):
         return generator_for(self._llm(), callbacks, self._style())
 
     def _view_filtered(self) -> bool:
-        return self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
+        # a filter or a store argument shapes the store's search; k and score_threshold do not
+        pbr_only = {"k", "score_threshold"}
+        return self.filter_builder is not None or not set(self.search_kwargs) <= pbr_only
 
     def _host_errors(self) -> contextlib.AbstractContextManager[None]:
         return host_store_errors(self.vectorstore, "search")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
@@ -83,6 +83,50 @@ def test_a_dict_filter_is_anded_with_the_user_for_stores_like_chroma() -> None:
     }
     with pytest.raises(ValueError, match="filter_builder"):
         default_filter(store, "user_id", "ann", lambda doc: True)
+
+
+def test_score_threshold_keeps_only_results_scoring_at_least_it() -> None:
+    everything = filled(config={"explain": "scores"}).invoke("ann note 1", user_id="ann", k=6)
+    scores = [d.metadata["score"] for d in everything]
+    assert len(scores) == 6 and min(scores) < 0.6 <= max(scores)  # the threshold splits them
+    r = filled(config={"explain": "scores"}, search_kwargs={"score_threshold": 0.6, "k": 6})
+    got = r.invoke("ann note 1", user_id="ann")
+    assert [d.metadata["score"] for d in got] == [s for s in scores if s >= 0.6]
+    assert {d.metadata["user_id"] for d in got} == {"ann"}
+
+
+class ScoredStore(InMemoryVectorStore):
+    """A store whose search by vector names a parameter of its own (as FAISS's ``fetch_k``)."""
+
+    seen: ClassVar[list[int]] = []
+
+    def similarity_search_with_score_by_vector(  # type: ignore[override]
+        self, embedding: list[float], k: int = 4, filter: Any = None, fetch_k: int = 20
+    ) -> list[tuple[Document, float]]:
+        ScoredStore.seen.append(fetch_k)
+        return super().similarity_search_with_score_by_vector(embedding, k=k, filter=filter)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fetch_k": 50}, {"lambda_mult": 0.5}, {"score_threshold": "high"}, {"k": 0}],
+    ids=["fetch_k", "lambda_mult", "threshold-not-a-number", "k"],
+)
+def test_a_search_kwarg_the_store_cannot_honour_is_refused_at_construction(
+    kwargs: dict[str, Any],
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        make(vectorstore=InMemoryVectorStore(EMB), search_kwargs=kwargs)
+    (key,) = kwargs
+    assert repr(key) in str(err.value) or key in str(err.value)
+
+
+def test_a_search_kwarg_the_store_names_is_passed_to_it() -> None:
+    r = make(vectorstore=ScoredStore(EMB), search_kwargs={"fetch_k": 50})
+    r.add_documents([Document(page_content=f"note {i}") for i in range(3)], user_id="ann")
+    ScoredStore.seen.clear()
+    assert len(r.invoke("note", user_id="ann")) == 3
+    assert ScoredStore.seen == [50]  # the store searched with it (a store argument: host search)
 
 
 def test_search_kwargs_without_a_vector_store_are_refused() -> None:
