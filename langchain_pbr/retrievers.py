@@ -17,7 +17,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -68,16 +68,19 @@ __all__ = ["PBRRetriever"]
 _T = TypeVar("_T")
 
 _MISSING_USER = (
-    "PBRRetriever needs the user this request is for. Pass it per call with "
-    "retriever.invoke(query, user_id='alice'), or make the field configurable with "
-    "retriever.configurable_fields(user_id=ConfigurableField(id='user_id')) and call "
-    ".invoke(query, config={'configurable': {'user_id': 'alice'}}) (that way also works in "
-    "batch with one config per input and inside chains), or give it as run metadata, "
-    "config={'metadata': {'user_id': 'alice'}}, which also reaches the retriever inside "
-    "compositions such as ContextualCompressionRetriever and MultiQueryRetriever"
+    "PBRRetriever needs the user this request is for. Give it as run metadata, "
+    "config={'metadata': {'user_id': 'alice'}}: the one way that works everywhere (invoke, "
+    "batch with one config per input, chains, MultiQueryRetriever, EnsembleRetriever, "
+    "ContextualCompressionRetriever, with_fallbacks), because child runs inherit it. Also "
+    "accepted: retriever.invoke(query, user_id='alice'), and "
+    "config={'configurable': {'user_id': 'alice'}} (chains and fallbacks, not inside "
+    "wrappers that re-invoke the retriever with callbacks only)"
 )
-#: The run-metadata key a request's user may come in (inherited by child runs).
+#: The run-metadata key a request's user may come in (inherited by child runs), and the
+#: ``configurable`` key read as well.
 USER_METADATA_KEY = "user_id"
+#: The private keyword argument :meth:`PBRRetriever.invoke` passes a configured user in.
+_CONFIGURED_USER = "_pbr_configured_user"
 
 
 class PBRRetriever(BaseRetriever):
@@ -127,7 +130,14 @@ class PBRRetriever(BaseRetriever):
     Choose the user:
         .. code-block:: python
 
+            # run metadata: the one way that works in invoke, batch, chains and inside every
+            # wrapper (MultiQueryRetriever, EnsembleRetriever, compression, with_fallbacks)
+            alice = {"metadata": {"user_id": "alice"}}
+            retriever.invoke("what should I cook tonight?", config=alice)
+
+            # also accepted: a direct call's keyword, and configurable (chains, fallbacks)
             retriever.invoke("what should I cook tonight?", user_id="alice", k=3)
+            retriever.invoke("...", config={"configurable": {"user_id": "alice"}})
 
             from langchain_core.runnables import ConfigurableField
 
@@ -288,6 +298,7 @@ class PBRRetriever(BaseRetriever):
         run: CallbackManagerForRetrieverRun | AsyncCallbackManagerForRetrieverRun,
     ) -> Request:
         kwargs.pop("verbose", None)  # LangChain's own invoke option, not ours
+        configured = kwargs.pop(_CONFIGURED_USER, None)
         if kwargs:
             raise TypeError(
                 f"PBRRetriever got unexpected keyword argument(s) {sorted(kwargs)}; per-request "
@@ -296,9 +307,12 @@ class PBRRetriever(BaseRetriever):
             )
         default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
         if user_id is None and self.user_id is None:
-            # The run's metadata is inherited by child runs, so a user given as
-            # config={"metadata": {"user_id": ...}} reaches this retriever inside compositions
-            # that re-invoke it with callbacks only (ContextualCompressionRetriever, ...).
+            # Then config={"configurable": {"user_id": ...}} (no configurable_fields needed, so
+            # as_plain() copies and fallbacks keep it), then the run's metadata: inherited by
+            # child runs, it reaches this retriever inside compositions that re-invoke it with
+            # callbacks only (ContextualCompressionRetriever, MultiQueryRetriever, ...).
+            user_id = configured
+        if user_id is None and self.user_id is None:
             user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
         return Request(
             self._user(user_id),
@@ -355,6 +369,16 @@ class PBRRetriever(BaseRetriever):
         return documents_of(got.results, got.query, self.config.search, self.config.explain)
 
     # -- retrieval: the steps are pbr_core.retrieval's, this translates ------------------------
+    def invoke(  # the user of config['configurable'], then BaseRetriever's
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return super().invoke(input, config, **_with_configured_user(config, kwargs))
+
+    async def ainvoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return await super().ainvoke(input, config, **_with_configured_user(config, kwargs))
+
     def _get_relevant_documents(
         self,
         query: str,
@@ -544,6 +568,7 @@ class PBRRetriever(BaseRetriever):
         ]
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
+        kwargs.pop(_CONFIGURED_USER, None)
         params = super()._get_ls_params(**kwargs)
         if self.vectorstore is not None:
             params["ls_vector_store_provider"] = type(self.vectorstore).__name__
@@ -552,3 +577,11 @@ class PBRRetriever(BaseRetriever):
             params["ls_embedding_provider"] = type(embedder).__name__
             params["ls_embedding_model"] = model_id(embedder)
         return params
+
+
+def _with_configured_user(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus the user of ``config["configurable"]["user_id"]``, if any: the config the
+    call was given merged with the one LCEL passes down to a step (``ensure_config``), so a
+    chain's or a fallback's configurable user reaches a plain retriever too."""
+    user = (ensure_config(config).get("configurable") or {}).get(USER_METADATA_KEY)
+    return kwargs if user is None else {**kwargs, _CONFIGURED_USER: user}

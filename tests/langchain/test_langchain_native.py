@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError
 
 from langchain_pbr import PBRRetriever
 from langchain_pbr.stores import default_filter
+from pbr_core import GenerationError
 
 EMB = DeterministicFakeEmbedding(size=16)
 
@@ -213,6 +214,105 @@ def test_the_user_in_run_metadata_reaches_the_retriever_inside_compositions() ->
     assert got and {d.metadata["user_id"] for d in got} == {"ann"}
     with pytest.raises(ValueError, match="needs the user"):
         ccr.invoke("note")
+
+
+def failing_copy(r: PBRRetriever) -> PBRRetriever:
+    """``r`` with an LLM that always raises, in strict mode: every request fails."""
+    from langchain_core.runnables import RunnableLambda
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("LLM down")
+
+    return r.model_copy(update={"llm": RunnableLambda(broken), "strict": True})
+
+
+def owners_and_terms(docs: list[Document]) -> tuple[set[str], set[tuple[str, ...]]]:
+    return {d.metadata["user_id"] for d in docs}, {tuple(d.metadata["pbr"]["used"]) for d in docs}
+
+
+PLAIN_FOR_BEN = ({"ben"}, {("query",)})
+
+
+def test_fallbacks_and_as_plain_keep_the_per_request_user_in_both_forms() -> None:
+    from langchain_core.runnables import ConfigurableField
+
+    r = filled(config={"explain": "all"})
+    failing = failing_copy(r)
+    per_user = failing.configurable_fields(user_id=ConfigurableField(id="user_id"))
+    ben = {"configurable": {"user_id": "ben"}}
+    # the configurable form: the fallback gets the request's user, not the primary's error
+    assert owners_and_terms(per_user.with_fallbacks([r.as_plain()]).invoke("q", ben)) == (
+        PLAIN_FOR_BEN
+    )
+    assert owners_and_terms(per_user.with_fallbacks([per_user.as_plain()]).invoke("q", ben)) == (
+        PLAIN_FOR_BEN
+    )
+    # per_user.as_plain() still takes the user per request, one per input in a batch
+    plain = per_user.as_plain()
+    assert owners_and_terms(plain.invoke("q", ben)) == PLAIN_FOR_BEN
+    users = [{"configurable": {"user_id": u}} for u in ("ann", "ben")]
+    assert [owners_and_terms(d)[0] for d in plain.batch(["q", "q"], users)] == [{"ann"}, {"ben"}]
+    # the constructor form
+    fixed = failing.model_copy(update={"user_id": "ben"})
+    assert owners_and_terms(fixed.with_fallbacks([fixed.as_plain()]).invoke("q")) == PLAIN_FOR_BEN
+    with pytest.raises(GenerationError):  # strict and no fallback: the primary's error
+        per_user.invoke("q", ben)
+
+
+def test_run_metadata_gives_the_user_in_chains_and_inside_every_wrapper() -> None:
+    import asyncio
+
+    from langchain_classic.retrievers import (
+        ContextualCompressionRetriever,
+        EnsembleRetriever,
+        MultiQueryRetriever,
+    )
+    from langchain_core.documents import BaseDocumentCompressor
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnablePassthrough
+
+    class KeepTwo(BaseDocumentCompressor):
+        def compress_documents(self, documents: Any, query: str, callbacks: Any = None) -> Any:
+            return list(documents)[:2]
+
+    r = filled()
+    ben: Any = {"metadata": {"user_id": "ben"}}  # the one way, the same in every line below
+    queries = GenericFakeChatModel(messages=iter([AIMessage("ben notes\nben things")] * 2))
+    compositions: dict[str, Any] = {
+        "retriever": r,
+        "chain": RunnablePassthrough() | r,
+        "multi-query": MultiQueryRetriever.from_llm(retriever=r, llm=queries),
+        "ensemble": EnsembleRetriever(retrievers=[r, r.as_plain()]),
+        "compression": ContextualCompressionRetriever(base_compressor=KeepTwo(), base_retriever=r),
+        "fallbacks": failing_copy(r).with_fallbacks([r.as_plain()]),
+    }
+    for name, runnable in compositions.items():
+        got = runnable.invoke("note", config=ben)
+        assert got and {d.metadata["user_id"] for d in got} == {"ben"}, name
+    async_got = asyncio.run(compositions["multi-query"].ainvoke("note", config=ben))
+    assert {d.metadata["user_id"] for d in async_got} == {"ben"}
+    users = [{"metadata": {"user_id": u}} for u in ("ann", "ben")]
+    assert [{d.metadata["user_id"] for d in ds} for ds in r.batch(["n", "n"], users)] == [
+        {"ann"},
+        {"ben"},
+    ]
+    with pytest.raises(ValueError, match="needs the user") as err:
+        r.invoke("note")
+    message = str(err.value)  # the error names the one way first
+    assert message.index("{'metadata': {'user_id'") < message.index("user_id='alice')")
+
+
+def test_a_configurable_user_reaches_a_retriever_without_configurable_fields() -> None:
+    from langchain_core.runnables import RunnablePassthrough
+
+    r = filled()
+    ben: Any = {"configurable": {"user_id": "ben"}}
+    assert {d.metadata["user_id"] for d in r.invoke("note", config=ben)} == {"ben"}
+    assert {d.metadata["user_id"] for d in (RunnablePassthrough() | r).invoke("n", ben)} == {"ben"}
+    fixed = r.model_copy(update={"user_id": "ann"})  # the field wins, then configurable
+    assert {d.metadata["user_id"] for d in fixed.invoke("note", config=ben)} == {"ann"}
+    assert {d.metadata["user_id"] for d in r.invoke("note", config=ben, user_id="ann")} == {"ann"}
 
 
 class HungChat(BaseChatModel):

@@ -242,7 +242,8 @@ def test_missing_user_names_both_ways() -> None:
     with pytest.raises(ValueError) as err:
         r.invoke("dinner?")
     assert "invoke(query, user_id=" in str(err.value)
-    assert "configurable_fields(user_id=ConfigurableField" in str(err.value)
+    assert "{'configurable': {'user_id'" in str(err.value)
+    assert "{'metadata': {'user_id'" in str(err.value)
     with pytest.raises(ValueError, match="user_id="):
         per_user(r).invoke("dinner?")
 
