@@ -3,8 +3,9 @@
 In: a node's user is the view's (a view adds its own user's nodes only), else, when a base adds
 everyone's nodes (``from_defaults``), the node's ``metadata[user_id_key]``; the index gets copies
 (yours are not modified) tagged for the corpus, embedded as LlamaIndex embeds (text and
-metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids,
-the mode's score, both legs and the explanation in metadata hidden from the LLM and embeddings.
+metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids
+and the mode's score; with ``PBRConfig.explain`` beyond ``"none"`` also both legs and the
+explanation in metadata hidden from the LLM and embeddings.
 Ownership and validation are :class:`pbr_core.corpus.Corpus`'s.
 """
 
