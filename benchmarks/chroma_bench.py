@@ -58,6 +58,7 @@ from tqdm import tqdm
 from langchain_pbr import PBRRetriever
 from pbr_bench.chroma_server import ChromaServer
 from pbr_bench.paths import RESULTS_DIR
+from pbr_core import PBRConfig
 
 RESULTS = RESULTS_DIR
 K = 10
@@ -219,10 +220,16 @@ def run_config(users: int, items: int, args: argparse.Namespace) -> list[dict[st
                 embedding_function=emb,
                 collection_configuration={"hnsw": {"space": "cosine"}},
             )
-            on_chroma = PBRRetriever(llm=instant, embeddings=emb, vectorstore=store, k=K)
+            # explain="first": the top document carries the stage timings _latency reads
+            explain = PBRConfig(explain="first")
+            on_chroma = PBRRetriever(
+                llm=instant, embeddings=emb, vectorstore=store, k=K, config=explain
+            )
             load = os.getloadavg()
             ingest_s = _ingest(on_chroma, users, items, args.seed)
-            in_process = PBRRetriever(llm=instant, embeddings=emb, history=on_chroma.history, k=K)
+            in_process = PBRRetriever(
+                llm=instant, embeddings=emb, history=on_chroma.history, k=K, config=explain
+            )
             # The first query of a user builds their anchor (PageRank over the history); it is
             # shared by both paths through the history, and timed apart from the steady state.
             start = time.perf_counter()

@@ -255,7 +255,8 @@ def _retriever(store: Chroma, emb: Any, fusion: str = NO_LLM_FUSION) -> PBRRetri
         embeddings=emb,
         vectorstore=store,
         k=K,
-        config=PBRConfig(fusion=fusion),  # type: ignore[arg-type]
+        # explain="first": the top document carries the stage timings this script reads
+        config=PBRConfig(fusion=fusion, explain="first"),  # type: ignore[arg-type]
     )
 
 

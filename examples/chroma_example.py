@@ -38,7 +38,7 @@ from llama_index.vector_stores.chroma import ChromaVectorStore
 from langchain_pbr import PBRRetriever as LangChainPBR
 from llamaindex_pbr import PBRRetriever as LlamaIndexPBR
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import VectorStoreUnavailableError
+from pbr_core import PBRConfig, VectorStoreUnavailableError
 
 MEMORIES = {
     "alice": [
@@ -123,6 +123,9 @@ def langchain_part(client: chromadb.ClientAPI, workdir: Path) -> LangChainPBR:
         embeddings=embeddings,
         vectorstore=store,
         k=2,
+        # scores on every document, the explanation on the top one (by default documents are the
+        # stored ones and both go to the callbacks' pbr.* events)
+        config={"explain": "first"},
     )
     for user, texts in MEMORIES.items():
         retriever.add_documents([Document(page_content=t) for t in texts], user_id=user)
@@ -152,7 +155,13 @@ def llamaindex_part(client: chromadb.ClientAPI, workdir: Path) -> None:
     index = VectorStoreIndex.from_vector_store(
         ChromaVectorStore(chroma_collection=collection), embed_model=embed_model
     )
-    base = LlamaIndexPBR(index, llm=MockLLM(), embed_model=embed_model, similarity_top_k=2)
+    base = LlamaIndexPBR(
+        index,
+        llm=MockLLM(),
+        embed_model=embed_model,
+        similarity_top_k=2,
+        config=PBRConfig(explain="first"),  # the explanation on the top node (default: events)
+    )
     for user, texts in MEMORIES.items():
         base.for_user(user).add_nodes([TextNode(text=t) for t in texts])
 

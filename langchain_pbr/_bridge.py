@@ -14,16 +14,9 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
 
 from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
-from pbr_core.adapters_support import (
-    EXPLANATION_KEY,
-    SCORE_KEY,
-    SEARCH_KEY,
-    annotated,
-    explanation_payload,
-    model_id,
-)
+from pbr_core.adapters_support import explanation_payload, model_id, result_metadata
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+from pbr_core.corpus import ScoredRecord
 from pbr_core.items import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 
@@ -206,21 +199,17 @@ def documents_of(
     scored: list[ScoredRecord],
     pq: PersonalizedQuery,
     mode: str = "dense",
-    explain: ExplainMode = "all",
+    explain: ExplainMode = "none",
 ) -> list[Document]:
-    """The found items as documents with the user's id, ``score`` (what ``mode`` ranks by),
-    ``store_score``, ``pbr_search`` (both legs' scores and ranks) and ``pbr`` (the explanation),
-    on the documents :attr:`PBRConfig.explain` says."""
-    payload = explanation_payload(pq.explanation)
-    out = []
-    for i, s in enumerate(scored):
-        scores, explained = annotated(i, explain)
-        metadata = dict(s.hit.metadata)
-        if scores:
-            metadata[SCORE_KEY] = s.hit.score
-            metadata[RAW_SCORE_KEY] = s.raw_score
-            metadata[SEARCH_KEY] = {"mode": mode, **(s.hit.legs or {})}
-        if explained:
-            metadata[EXPLANATION_KEY] = payload
-        out.append(Document(id=s.hit.id, page_content=s.hit.text, metadata=metadata))
-    return out
+    """The found items as the stored documents with the user's own id, plus what
+    :attr:`PBRConfig.explain` adds (:func:`~pbr_core.adapters_support.result_metadata`: by
+    default nothing, else ``score``, ``store_score``, ``pbr_search`` and ``pbr``)."""
+    payload = explanation_payload(pq.explanation) if explain in ("first", "all") else {}
+    return [
+        Document(
+            id=s.hit.id,
+            page_content=s.hit.text,
+            metadata={**s.hit.metadata, **result_metadata(i, s, mode, explain, payload)},
+        )
+        for i, s in enumerate(scored)
+    ]

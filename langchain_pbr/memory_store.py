@@ -68,17 +68,63 @@ def _parse_item_key(text: str) -> tuple[tuple[str, ...], str] | None:
     return (tuple(namespace), key) if isinstance(key, str) else None
 
 
+def check_one_user(
+    prefix: tuple[str, ...], namespaces: Iterable[tuple[str, ...]], user_index: int
+) -> None:
+    """Refuse a search of ``prefix`` that would rank items of users other than its own.
+
+    An item's user is element ``user_index`` of its own namespace. A non-negative index counts
+    from the start, so every item under a prefix that holds that element has the prefix's user.
+    A negative one counts from the end, so an item in a namespace below the searched one
+    (``("memories", "alice")`` under a search of ``("memories",)``) has another user element
+    than the search: the classic multi-tenant mistake, refused here with what to do instead
+    (search the user's namespace, set ``user_index`` to the layout, or opt in with
+    ``PBRStore(cross_user_search=True)``).
+
+    Raises:
+        ValueError: some item's user element is not the searched one.
+    """
+    if user_index >= 0:
+        return
+    # prefix-matched: an item at the searched depth is in the searched namespace itself
+    below = sorted({tuple(ns) for ns in namespaces if len(ns) != len(prefix)})
+    if not below:
+        return
+    more = f" and {len(below) - 3} more" if len(below) > 3 else ""
+    shown = ", ".join(repr(ns) for ns in below[:3]) + more
+    raise ValueError(
+        f"PBRStore: a search of {prefix!r} would mix users. With user_index={user_index} an "
+        f"item's user is element {user_index} of its own namespace, and items under {prefix!r} "
+        f"lie in {shown}, whose user is not {prefix[user_index]!r}. Search one user's namespace "
+        f"(e.g. {(*prefix, 'alice')!r}), set user_index to where the user is counted from the "
+        "start (user_index=1 for ('memories', user_id, ...)), or build "
+        "PBRStore(..., cross_user_search=True) to rank every user's items under a shared prefix "
+        "on purpose"
+    )
+
+
 class NamespaceRecords:
     """A LangGraph ``BaseStore`` as :class:`~pbr_core.corpus.HostRecords`: pbr's "user" is a
     namespace prefix (:func:`scope_id`), their records the items under it whose
-    ``value[text_key]`` is a non-blank string. Type translation only."""
+    ``value[text_key]`` is a non-blank string. A listing refuses a prefix above the user level
+    (:func:`check_one_user`) unless ``cross_user_search``."""
 
     can_list = True
 
-    def __init__(self, store: BaseStore, text_key: str, page_size: int = DEFAULT_PAGE_SIZE):
+    def __init__(
+        self,
+        store: BaseStore,
+        text_key: str,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        *,
+        user_index: int = -1,
+        cross_user_search: bool = False,
+    ):
         self.store = store
         self.text_key = text_key
         self.page_size = page_size
+        self.user_index = user_index
+        self.cross_user_search = cross_user_search
 
     def items(self, prefix: tuple[str, ...], filter: dict[str, Any] | None = None) -> list[Item]:
         """Every item under ``prefix`` (matching ``filter``); TTLs are not refreshed by this
@@ -135,8 +181,12 @@ class NamespaceRecords:
             self.store.batch(ops)
 
     def list_user(self, user_id: str) -> list[Record]:
+        prefix = tuple(json.loads(user_id))
+        items = self.items(prefix)
+        if not self.cross_user_search:
+            check_one_user(prefix, [i.namespace for i in items], self.user_index)
         out = []
-        for item in self.items(tuple(json.loads(user_id))):
+        for item in items:
             text = self.text_of(item)
             if text is not None:
                 key = item_key(item.namespace, item.key)
@@ -190,7 +240,12 @@ class PBRStore(BaseStore):
         user_index: which element of a searched namespace prefix names the user; default -1,
             the prefix's last element (``("memories", "alice")`` -> ``"alice"``). A prefix
             without that element, or whose element there is not a non-empty string, raises
-            ``ValueError``: there is no shared default user.
+            ``ValueError``: there is no shared default user. An item's user is that element of
+            its own namespace: with a negative index (counted from the end) a search whose
+            prefix has items in deeper namespaces (``("memories",)`` over
+            ``("memories", "alice")``) would mix users and raises ``ValueError``, unless
+            ``cross_user_search``; with ``user_index >= 0`` the prefix holds the user's element,
+            so sub-namespaces of one user are searched with it.
         text_key: the field of an item's ``value`` holding its text (LangMem and the LangGraph
             docs store memories as ``{"content": ...}``). Items without a string there are not
             ranked (non-query searches still return them).
@@ -201,6 +256,9 @@ class PBRStore(BaseStore):
             until the store returns fewer: offset pages can skip items, see
             :meth:`NamespaceRecords.items`).
         max_staleness_s: see :class:`~pbr_core.corpus.Corpus` (0: every query lists ``inner``).
+        cross_user_search: True lets a query search of a prefix above the user level rank every
+            user's items under it (one shared scope, e.g. an admin tool); False (default) refuses
+            it, naming the namespaces it would mix.
 
     A query search of ``namespace_prefix`` ranks the items under that prefix (its
     sub-namespaces included) and nothing else: two users' prefixes differ in the user's
@@ -231,6 +289,7 @@ class PBRStore(BaseStore):
         cache: GenerationCache | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_staleness_s: float = 0.0,
+        cross_user_search: bool = False,
     ) -> None:
         if not isinstance(inner, BaseStore):
             raise TypeError(f"inner must be a LangGraph BaseStore, got {type(inner).__name__}")
@@ -238,6 +297,8 @@ class PBRStore(BaseStore):
             raise ValueError(f"user_index must be an int, got {user_index!r}")
         if not isinstance(text_key, str) or not text_key:
             raise ValueError("text_key must be a non-empty string")
+        if not isinstance(cross_user_search, bool):
+            raise ValueError(f"cross_user_search must be a bool, got {cross_user_search!r}")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
         cfg = memory_config(config, llm is not None, "PBRStore")
@@ -250,7 +311,14 @@ class PBRStore(BaseStore):
         self.user_index = user_index
         self.text_key = text_key
         self.strict = strict
-        self.records = NamespaceRecords(inner, text_key, page_size)
+        self.cross_user_search = cross_user_search
+        self.records = NamespaceRecords(
+            inner,
+            text_key,
+            page_size,
+            user_index=user_index,
+            cross_user_search=cross_user_search,
+        )
         self.corpus = Corpus(self.records, embedder=embeddings, max_staleness_s=max_staleness_s)
         style = prompt_style_of(llm, prompt_style) if llm is not None else "chat"
         self._style: Literal["chat", "completion"] = style

@@ -17,7 +17,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.prompts import BasePromptTemplate, PromptTemplate
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, ensure_config
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -37,6 +37,7 @@ from pbr_core.adapters_support import (
     host_store_errors,
     model_id,
     owner_of,
+    results_event,
 )
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Request, Retrieval, aretrieve, retrieve
@@ -52,23 +53,34 @@ from ._bridge import (
     prompt_set,
     prompt_style_of,
 )
-from .stores import astore_search, default_filter, host_records, store_search, with_view_filter
+from .stores import (
+    PBR_SEARCH_KWARGS,
+    astore_search,
+    check_search_kwargs,
+    default_filter,
+    host_records,
+    store_search,
+    with_view_filter,
+)
 
 __all__ = ["PBRRetriever"]
 
 _T = TypeVar("_T")
 
 _MISSING_USER = (
-    "PBRRetriever needs the user this request is for. Pass it per call with "
-    "retriever.invoke(query, user_id='alice'), or make the field configurable with "
-    "retriever.configurable_fields(user_id=ConfigurableField(id='user_id')) and call "
-    ".invoke(query, config={'configurable': {'user_id': 'alice'}}) (that way also works in "
-    "batch with one config per input and inside chains), or give it as run metadata, "
-    "config={'metadata': {'user_id': 'alice'}}, which also reaches the retriever inside "
-    "compositions such as ContextualCompressionRetriever and MultiQueryRetriever"
+    "PBRRetriever needs the user this request is for. Give it as run metadata, "
+    "config={'metadata': {'user_id': 'alice'}}: the one way that works everywhere (invoke, "
+    "batch with one config per input, chains, MultiQueryRetriever, EnsembleRetriever, "
+    "ContextualCompressionRetriever, with_fallbacks), because child runs inherit it. Also "
+    "accepted: retriever.invoke(query, user_id='alice'), and "
+    "config={'configurable': {'user_id': 'alice'}} (chains and fallbacks, not inside "
+    "wrappers that re-invoke the retriever with callbacks only)"
 )
-#: The run-metadata key a request's user may come in (inherited by child runs).
+#: The run-metadata key a request's user may come in (inherited by child runs), and the
+#: ``configurable`` key read as well.
 USER_METADATA_KEY = "user_id"
+#: The private keyword argument :meth:`PBRRetriever.invoke` passes a configured user in.
+_CONFIGURED_USER = "_pbr_configured_user"
 
 
 class PBRRetriever(BaseRetriever):
@@ -118,7 +130,14 @@ class PBRRetriever(BaseRetriever):
     Choose the user:
         .. code-block:: python
 
+            # run metadata: the one way that works in invoke, batch, chains and inside every
+            # wrapper (MultiQueryRetriever, EnsembleRetriever, compression, with_fallbacks)
+            alice = {"metadata": {"user_id": "alice"}}
+            retriever.invoke("what should I cook tonight?", config=alice)
+
+            # also accepted: a direct call's keyword, and configurable (chains, fallbacks)
             retriever.invoke("what should I cook tonight?", user_id="alice", k=3)
+            retriever.invoke("...", config={"configurable": {"user_id": "alice"}})
 
             from langchain_core.runnables import ConfigurableField
 
@@ -137,9 +156,13 @@ class PBRRetriever(BaseRetriever):
     Inspect:
         .. code-block:: python
 
-            doc = docs[0]
+            # By default a document is the stored one (as VectorStoreRetriever returns it) and
+            # the explanation goes to the callbacks' custom events (pbr.anchor ... pbr.fusion,
+            # pbr.results with each result's scores); ask for it on the documents:
+            explained = PBRRetriever(llm=..., embeddings=..., config={"explain": "all"})
+            doc = explained.invoke("what should I cook tonight?", user_id="alice")[0]
             doc.id                                     # the user's own id of the item
-            doc.metadata["score"]                      # cosine with the personalized query
+            doc.metadata["score"]                      # what the search ranks by
             doc.metadata["store_score"]                # the store's own (Chroma: a distance)
             doc.metadata["pbr"]["pseudo_utterances"]   # what the LLM wrote for this user
             doc.metadata["pbr"]["w1"], doc.metadata["pbr"]["anchor_items"]
@@ -188,8 +211,11 @@ class PBRRetriever(BaseRetriever):
     """Metadata key naming a document's owner in the vector store."""
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of every vector-store search, as for ``VectorStoreRetriever``: ``k``
-    (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it) and
-    the store's own (e.g. ``{"fetch_k": 100}``). Needs a ``vectorstore``."""
+    (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it),
+    ``score_threshold`` (only results whose ``score`` is at least this, applied by pbr on every
+    store) and the parameters the store's search by vector names (e.g. ``fetch_k`` for FAISS,
+    ``where_document`` for Chroma); any other key is refused at construction
+    (:func:`~langchain_pbr.stores.check_search_kwargs`). Needs a ``vectorstore``."""
     strict: bool = False
     """Raise ``GenerationError`` / ``UnknownUserError`` instead of degrading."""
     history: HistoryStore = Field(default_factory=HistoryStore)
@@ -211,6 +237,8 @@ class PBRRetriever(BaseRetriever):
                 "search_kwargs are the vector store's search arguments, but this retriever has "
                 "no vectorstore (it searches pbr's own store); pass vectorstore= or drop them"
             )
+        if self.vectorstore is not None:
+            check_search_kwargs(self.vectorstore, self.search_kwargs)
         if self.corpus is None:
             store = self.vectorstore
             host = host_records(store, self.user_key) if store is not None else None
@@ -270,6 +298,7 @@ class PBRRetriever(BaseRetriever):
         run: CallbackManagerForRetrieverRun | AsyncCallbackManagerForRetrieverRun,
     ) -> Request:
         kwargs.pop("verbose", None)  # LangChain's own invoke option, not ours
+        configured = kwargs.pop(_CONFIGURED_USER, None)
         if kwargs:
             raise TypeError(
                 f"PBRRetriever got unexpected keyword argument(s) {sorted(kwargs)}; per-request "
@@ -278,9 +307,12 @@ class PBRRetriever(BaseRetriever):
             )
         default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
         if user_id is None and self.user_id is None:
-            # The run's metadata is inherited by child runs, so a user given as
-            # config={"metadata": {"user_id": ...}} reaches this retriever inside compositions
-            # that re-invoke it with callbacks only (ContextualCompressionRetriever, ...).
+            # Then config={"configurable": {"user_id": ...}} (no configurable_fields needed, so
+            # as_plain() copies and fallbacks keep it), then the run's metadata: inherited by
+            # child runs, it reaches this retriever inside compositions that re-invoke it with
+            # callbacks only (ContextualCompressionRetriever, MultiQueryRetriever, ...).
+            user_id = configured
+        if user_id is None and self.user_id is None:
             user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
         return Request(
             self._user(user_id),
@@ -290,6 +322,7 @@ class PBRRetriever(BaseRetriever):
             generator=self._generator(run.get_child()),
             strict=self.strict,
             view_filtered=self._view_filtered(),
+            score_threshold=self.search_kwargs.get("score_threshold"),
         )
 
     def _user(self, user_id: str | None) -> str:
@@ -300,7 +333,7 @@ class PBRRetriever(BaseRetriever):
 
     def _search_kwargs(self, user_id: str) -> dict[str, Any]:
         assert self.vectorstore is not None
-        kwargs = {k: v for k, v in self.search_kwargs.items() if k not in ("k", "filter")}
+        kwargs = {k: v for k, v in self.search_kwargs.items() if k not in PBR_SEARCH_KWARGS}
         extra = self.search_kwargs.get("filter")
         if self.filter_builder is not None:
             return {**kwargs, **with_view_filter(self.filter_builder(user_id), extra)}
@@ -310,7 +343,9 @@ class PBRRetriever(BaseRetriever):
         return generator_for(self._llm(), callbacks, self._style())
 
     def _view_filtered(self) -> bool:
-        return self.filter_builder is not None or not set(self.search_kwargs) <= {"k"}
+        # a filter or a store argument shapes the store's search; k and score_threshold do not
+        pbr_only = {"k", "score_threshold"}
+        return self.filter_builder is not None or not set(self.search_kwargs) <= pbr_only
 
     def _host_errors(self) -> contextlib.AbstractContextManager[None]:
         return host_store_errors(self.vectorstore, "search")
@@ -326,13 +361,24 @@ class PBRRetriever(BaseRetriever):
     @staticmethod
     def _events(got: Retrieval) -> list[tuple[str, dict[str, Any]]]:
         assert got.query is not None  # the request does not skip: always personalized
-        return explanation_events(got.query.explanation)
+        expl = got.query.explanation
+        return [*explanation_events(expl), results_event(expl, got.results, got.mode)]
 
     def _documents(self, got: Retrieval) -> list[Document]:
         assert got.query is not None
         return documents_of(got.results, got.query, self.config.search, self.config.explain)
 
     # -- retrieval: the steps are pbr_core.retrieval's, this translates ------------------------
+    def invoke(  # the user of config['configurable'], then BaseRetriever's
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return super().invoke(input, config, **_with_configured_user(config, kwargs))
+
+    async def ainvoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        return await super().ainvoke(input, config, **_with_configured_user(config, kwargs))
+
     def _get_relevant_documents(
         self,
         query: str,
@@ -522,6 +568,7 @@ class PBRRetriever(BaseRetriever):
         ]
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
+        kwargs.pop(_CONFIGURED_USER, None)
         params = super()._get_ls_params(**kwargs)
         if self.vectorstore is not None:
             params["ls_vector_store_provider"] = type(self.vectorstore).__name__
@@ -530,3 +577,11 @@ class PBRRetriever(BaseRetriever):
             params["ls_embedding_provider"] = type(embedder).__name__
             params["ls_embedding_model"] = model_id(embedder)
         return params
+
+
+def _with_configured_user(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus the user of ``config["configurable"]["user_id"]``, if any: the config the
+    call was given merged with the one LCEL passes down to a step (``ensure_config``), so a
+    chain's or a fallback's configurable user reaches a plain retriever too."""
+    user = (ensure_config(config).get("configurable") or {}).get(USER_METADATA_KEY)
+    return kwargs if user is None else {**kwargs, _CONFIGURED_USER: user}

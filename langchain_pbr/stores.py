@@ -14,6 +14,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,10 +22,20 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
+from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
+from pbr_core.retrieval import check_score_threshold
 
-__all__ = ["Found", "astore_search", "default_filter", "host_records", "store_search"]
+__all__ = [
+    "PBR_SEARCH_KWARGS",
+    "Found",
+    "astore_search",
+    "check_search_kwargs",
+    "default_filter",
+    "host_records",
+    "store_search",
+]
 
 #: ``(store key, store metadata, store score)`` per search result, best first.
 Found = list[tuple[str, dict[str, Any], float | None]]
@@ -218,6 +229,69 @@ def with_view_filter(built: dict[str, Any], extra: Any) -> dict[str, Any]:
     )
 
 
+#: The ``search_kwargs`` keys pbr itself gives a meaning, LangChain's, on every store: ``k`` (the
+#: default ``k``), ``filter`` (ANDed with the user's) and ``score_threshold`` (a minimum of the
+#: results' ``score``, applied by pbr after ranking: ``pbr_core.retrieval.Request``).
+PBR_SEARCH_KWARGS = ("k", "filter", "score_threshold")
+#: The search methods :func:`store_search` / :func:`astore_search` call, in the order tried.
+_SEARCH_METHODS = (
+    "similarity_search_with_score_by_vector",
+    "similarity_search_by_vector_with_relevance_scores",  # Chroma's name for it
+    "similarity_search_by_vector",
+)
+_ASYNC_SEARCH = "asimilarity_search_with_score_by_vector"
+
+
+def _search_method(store: VectorStore) -> Any:
+    return next(m for m in (getattr(store, n, None) for n in _SEARCH_METHODS) if m is not None)
+
+
+def _named_parameters(method: Any) -> set[str]:
+    """The keyword parameters ``method`` names (not ``**kwargs``: what it does with those is
+    unknown: InMemoryVectorStore ignores them, Chroma passes them on to its client)."""
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in params if p.kind in kinds} - {"self", "embedding", "k"}
+
+
+def check_search_kwargs(store: VectorStore, search_kwargs: dict[str, Any]) -> None:
+    """Refuse, at construction, a ``search_kwargs`` key that would be ignored or fail at the
+    first query: the same rule on every store.
+
+    ``k``, ``filter`` and ``score_threshold`` are pbr's (:data:`PBR_SEARCH_KWARGS`; ``k`` an
+    integer >= 1, ``score_threshold`` a finite number); any other key goes to the store's search
+    by vector and must be a parameter that method names, e.g. ``fetch_k`` for FAISS or
+    ``where_document`` for Chroma. A key the method only takes as ``**kwargs`` is refused:
+    ``InMemoryVectorStore`` drops those silently and Chroma's client raises ``TypeError``.
+
+    Raises:
+        ValueError: naming the key, the method and what to do instead.
+    """
+    if "k" in search_kwargs:
+        check_positive_int(search_kwargs["k"], "search_kwargs['k']")
+    check_score_threshold(search_kwargs.get("score_threshold"))
+    methods = [_search_method(store)]
+    native = getattr(store, _ASYNC_SEARCH, None)
+    if native is not None:
+        methods.append(native)
+    for key in sorted(set(search_kwargs) - set(PBR_SEARCH_KWARGS)):
+        lacking = [m for m in methods if key not in _named_parameters(m)]
+        if lacking:
+            name = f"{type(store).__name__}.{lacking[0].__name__}"
+            takes = sorted(_named_parameters(lacking[0]) - {"filter"})
+            raise ValueError(
+                f"search_kwargs key {key!r} is not a parameter of {name}, the search by vector "
+                f"pbr calls: it would be ignored or fail at the first query. pbr's own keys are "
+                f"{list(PBR_SEARCH_KWARGS)} (score_threshold: a minimum of metadata['score'], "
+                "on every store); this store's search also takes "
+                f"{takes or 'nothing else'}. Drop {key!r}, or for an MMR-style search wrap "
+                "the results (pbr ranks every candidate itself)"
+            )
+
+
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
     """Search by vector through whichever scored method the store has."""
     scored = getattr(store, "similarity_search_with_score_by_vector", None)
@@ -235,7 +309,7 @@ async def astore_search(
     store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
 ) -> Found:
     """Async :func:`store_search`: native when the store has it, else in a worker thread."""
-    native = getattr(store, "asimilarity_search_with_score_by_vector", None)
+    native = getattr(store, _ASYNC_SEARCH, None)
     if native is not None:
         pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
         return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]

@@ -10,6 +10,7 @@ from .events import (
     PBRFusionEvent,
     PBRPseudoUtterancesEvent,
     PBRReasoningEvent,
+    PBRResultsEvent,
 )
 from .llms import LocalGemmaLLM
 from .memory import PBRMemoryBlock
@@ -29,6 +30,7 @@ __all__ = [
     "PBRMemoryBlock",
     "PBRPseudoUtterancesEvent",
     "PBRReasoningEvent",
+    "PBRResultsEvent",
     "PBRRetriever",
     "SalienceNodePostprocessor",
 ]

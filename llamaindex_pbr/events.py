@@ -36,6 +36,7 @@ __all__ = [
     "PBRFusionEvent",
     "PBRPseudoUtterancesEvent",
     "PBRReasoningEvent",
+    "PBRResultsEvent",
     "event_for",
 ]
 
@@ -83,6 +84,15 @@ class PBRFusionEvent(PBREvent):
         return "PBRFusionEvent"
 
 
+class PBRResultsEvent(PBREvent):
+    """``pbr.results``: the results in rank order, each its ``id`` and scores (``score``,
+    ``store_score``, ``pbr_search``), with the stage timings including the search."""
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "PBRResultsEvent"
+
+
 class PBRDegradedEvent(PBREvent):
     """``pbr.degraded``: a term the fusion mode wanted is missing (``data["missing"]`` says why)."""
 
@@ -97,6 +107,7 @@ _CLASSES: dict[str, type[PBREvent]] = {
     "pbr.reasoning": PBRReasoningEvent,
     "pbr.fusion": PBRFusionEvent,
     "pbr.degraded": PBRDegradedEvent,
+    "pbr.results": PBRResultsEvent,
 }
 
 

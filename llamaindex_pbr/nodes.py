@@ -3,8 +3,9 @@
 In: a node's user is the view's (a view adds its own user's nodes only), else, when a base adds
 everyone's nodes (``from_defaults``), the node's ``metadata[user_id_key]``; the index gets copies
 (yours are not modified) tagged for the corpus, embedded as LlamaIndex embeds (text and
-metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids,
-the mode's score, both legs and the explanation in metadata hidden from the LLM and embeddings.
+metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids
+and the mode's score; with ``PBRConfig.explain`` beyond ``"none"`` also both legs and the
+explanation in metadata hidden from the LLM and embeddings.
 Ownership and validation are :class:`pbr_core.corpus.Corpus`'s.
 """
 
@@ -18,7 +19,13 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from pbr_core import HistoryItem
-from pbr_core.adapters_support import EXPLANATION_KEY, SEARCH_KEY, annotated, owner_of
+from pbr_core.adapters_support import (
+    EXPLANATION_KEY,
+    SCORE_KEY,
+    SEARCH_KEY,
+    owner_of,
+    result_metadata,
+)
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
 
@@ -31,6 +38,7 @@ __all__ = [
     "aembed_missing",
     "batch_of",
     "embed_missing",
+    "kept",
     "result_nodes",
     "tagged_copies",
 ]
@@ -115,28 +123,32 @@ def _annotated(node: BaseNode) -> BaseNode:
     return AnnotatedTextNode.model_construct(_fields_set=node.model_fields_set, **dict(node))
 
 
+def kept(results: Sequence[ScoredRecord], stored: Mapping[str, BaseNode]) -> list[ScoredRecord]:
+    """The results the host still holds (``stored``), in rank order."""
+    return [r for r in results if r.key in stored]
+
+
 def result_nodes(
     results: Sequence[ScoredRecord],
     stored: Mapping[str, BaseNode],
     mode: str,
     explanation: Mapping[str, Any],
-    explain: ExplainMode = "all",
+    explain: ExplainMode = "none",
 ) -> list[NodeWithScore]:
-    """pbr's ranking as the user's nodes; ``stored`` maps store keys to the host's nodes (a
-    result the host no longer holds was deleted since the query started: left out). Scores and
-    the explanation go in the metadata of the nodes :attr:`PBRConfig.explain` says."""
+    """pbr's ranking as the user's nodes, each with its ``score``; ``stored`` maps store keys to
+    the host's nodes (a result the host no longer holds was deleted since the query started: left
+    out, see :func:`kept`). The stored metadata gets what :attr:`PBRConfig.explain` adds
+    (:func:`~pbr_core.adapters_support.result_metadata`; the score is the node's own, not a
+    metadata key), hidden from the LLM and embeddings."""
     out: list[NodeWithScore] = []
-    for scored in results:
-        if scored.key not in stored:
-            continue
+    for scored in kept(results, stored):
         node = user_node(stored[scored.key], scored.hit.id)
-        scores, explained = annotated(len(out), explain)
-        metadata = dict(node.metadata)
-        if scores:
-            metadata[RAW_SCORE_KEY] = scored.raw_score
-            metadata[SEARCH_KEY] = {"mode": mode, **(scored.hit.legs or {})}
-        if explained:
-            metadata[EXPLANATION_KEY] = explanation
+        extra = result_metadata(len(out), scored, mode, explain, explanation)
+        extra.pop(SCORE_KEY, None)  # NodeWithScore.score
+        if not extra:  # the node as stored: nothing per query to hide or to leave out of hash
+            out.append(NodeWithScore(node=node, score=scored.hit.score))
+            continue
+        metadata = {**node.metadata, **extra}
         copied = node.model_copy(
             update={
                 "metadata": metadata,

@@ -47,6 +47,7 @@ from pbr_core.adapters_support import (
     check_user_id,
     explanation_events,
     host_store_errors,
+    results_event,
 )
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
@@ -69,7 +70,7 @@ from ._bridge import (
     split_index,
 )
 from .events import event_for
-from .nodes import aembed_missing, batch_of, embed_missing, result_nodes, tagged_copies
+from .nodes import aembed_missing, batch_of, embed_missing, kept, result_nodes, tagged_copies
 from .stores import docstore_nodes, records_of
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
@@ -510,8 +511,12 @@ class PBRRetriever(BaseRetriever):
         unread = [r.key for r in got.results if r.key not in fetched]
         if unread and host is not None:
             fetched.update(host.nodes(user_id, unread))  # type: ignore[attr-defined]
-        payload = got.payload()
-        return result_nodes(got.results, fetched, self.config.search, payload, self.config.explain)
+        explain = self.config.explain
+        payload = got.payload() if explain in ("first", "all") else {}
+        assert got.query is not None  # the request does not skip: always personalized
+        name, data = results_event(got.query.explanation, kept(got.results, fetched), got.mode)
+        dispatcher.event(event_for(name, data))
+        return result_nodes(got.results, fetched, self.config.search, payload, explain)
 
     def _request(self, query_bundle: QueryBundle) -> Request:
         """The request's user, query and parameters, validated; nothing of it is stored on

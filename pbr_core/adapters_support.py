@@ -9,12 +9,12 @@ Framework-free, like the rest of pbr_core.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from .config import ExplainMode, PBRConfig
-from .corpus import check_user_id
+from .corpus import RAW_SCORE_KEY, ScoredRecord, check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
 from .protocols import model_id_of
@@ -35,6 +35,8 @@ __all__ = [
     "missing_terms",
     "model_id",
     "owner_of",
+    "result_metadata",
+    "results_event",
 ]
 
 #: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
@@ -90,10 +92,47 @@ def memory_config(config: PBRConfig | None, has_llm: bool, owner: str) -> PBRCon
 
 def annotated(position: int, explain: ExplainMode) -> tuple[bool, bool]:
     """``(scores, explanation)``: whether the result at ``position`` (0 = the top) carries
-    pbr's scores and the request's explanation, by :attr:`PBRConfig.explain`."""
+    pbr's scores and the request's explanation, by :attr:`PBRConfig.explain`.
+
+    The default, ``"none"``, puts nothing that depends on the query into a result: one item is
+    the same object whatever query found it (what LangChain's ``MultiQueryRetriever`` merges by)
+    and a trace holds one copy of the explanation, in the request's events
+    (:func:`explanation_events`, :func:`results_event`), not ``k``."""
     if explain == "none":
         return False, False
+    if explain == "scores":
+        return True, False
     return True, explain == "all" or position == 0
+
+
+def result_scores(record: ScoredRecord, mode: str) -> dict[str, Any]:
+    """One result's query-specific scores under their metadata keys: ``score`` (what ``mode``
+    ranks by), ``store_score`` (the host's own, None when pbr ranked without a host search) and
+    ``pbr_search`` (both legs' scores and ranks)."""
+    return {
+        SCORE_KEY: record.hit.score,
+        RAW_SCORE_KEY: record.raw_score,
+        SEARCH_KEY: {"mode": mode, **(record.hit.legs or {})},
+    }
+
+
+def result_metadata(
+    position: int,
+    record: ScoredRecord,
+    mode: str,
+    explain: ExplainMode,
+    payload: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What pbr adds to the stored metadata of the result at ``position``, by
+    :attr:`PBRConfig.explain` (:func:`annotated`): its scores (:func:`result_scores`) and the
+    request's explanation ``payload`` under ``pbr``; nothing by default. The one rule for
+    every adapter; the explanation's query is cut (:meth:`Explanation.shown_query`), so a huge
+    query is never copied whole into a result."""
+    scores, explained = annotated(position, explain)
+    extra: dict[str, Any] = result_scores(record, mode) if scores else {}
+    if explained:
+        extra[EXPLANATION_KEY] = payload
+    return extra
 
 
 def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, Any]]]:
@@ -101,9 +140,12 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
 
     ``pbr.anchor`` (related and most central history items), ``pbr.pseudo_utterances``,
     ``pbr.reasoning``, ``pbr.fusion`` (terms used, weights ``w1``/``w2``, dropped terms, timings
-    in ms, and ``skipped``: the terms ``"safe"`` fusion chose to leave out) and, only when a wanted
-    term is missing because something failed, ``pbr.degraded``. Every payload carries
-    ``user_id`` and ``query`` and is JSON-ready.
+    in ms, ``skipped``: the terms ``"safe"`` fusion chose to leave out, ``trust``, the LLM calls
+    made and answered from the cache, ``degraded``) and, only when a wanted term is missing
+    because something failed, ``pbr.degraded``. Together they hold the whole explanation
+    (:func:`explanation_payload`); after the ranking, :func:`results_event` adds each result's
+    scores. Every payload carries ``user_id`` and ``query`` (cut like the explanation's) and is
+    JSON-ready.
     """
     full = explanation.to_dict()
     base = {"user_id": explanation.user_id, "query": explanation.shown_query()}
@@ -117,8 +159,20 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
                 **base,
                 **{
                     key: full[key]
-                    for key in ("fusion", "used", "w1", "w2", "dropped", "skipped", "timings_ms")
+                    for key in (
+                        "fusion",
+                        "used",
+                        "w1",
+                        "w2",
+                        "dropped",
+                        "skipped",
+                        "trust",
+                        "timings_ms",
+                        "llm_calls",
+                        "llm_cached",
+                    )
                 },
+                "degraded": bool(missing_terms(explanation)),
             },
         ),
     ]
@@ -126,6 +180,19 @@ def explanation_events(explanation: Explanation) -> list[tuple[str, dict[str, An
     if missing:
         events.append(("pbr.degraded", {**base, "missing": missing}))
     return events
+
+
+def results_event(
+    explanation: Explanation, results: Sequence[ScoredRecord], mode: str
+) -> tuple[str, dict[str, Any]]:
+    """``pbr.results``: the request's results in rank order, each its user's ``id`` and its
+    scores (:func:`result_scores`): the query-specific part of every result, reported once per
+    request however :attr:`PBRConfig.explain` annotates the results themselves. The stage times
+    include the search's (``timings_ms``)."""
+    base = {"user_id": explanation.user_id, "query": explanation.shown_query()}
+    rows = [{"id": r.hit.id, **result_scores(r, mode)} for r in results]
+    timings = {k: round(v, 3) for k, v in explanation.timings_ms.items()}
+    return "pbr.results", {**base, "mode": mode, "results": rows, "timings_ms": timings}
 
 
 # Transport failures of the HTTP clients vector-store SDKs use, recognised by class name so that

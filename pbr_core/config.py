@@ -21,7 +21,7 @@ FUSION_MODES: tuple[FusionMode, ...] = get_args(FusionMode)
 # How a user's items are ranked for the personalized query (see pbr_core.hybrid).
 SearchMode = Literal["hybrid", "dense", "lexical"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
-ExplainMode = Literal["all", "first", "none"]
+ExplainMode = Literal["none", "scores", "first", "all"]
 EXPLAIN_MODES: tuple[ExplainMode, ...] = get_args(ExplainMode)
 
 
@@ -92,13 +92,16 @@ class PBRConfig:
             words alone. The default 0.25: on PersonaBench 0.0 with the authors' gpt-4o-mini
             feedback, hybrid + PBR R@5 .3966 at 0, .5007 at 0.25, .5045 at 0.5 (dense + PBR:
             .4569); measured there only (``docs/hybrid.md``).
-        explain: which results carry the request's explanation (``metadata["pbr"]``) and
-            pbr's scores (``score``, ``store_score``, ``pbr_search``): ``"all"``; ``"first"``
-            (the top result carries the explanation, every result its scores: one copy of the
-            explanation instead of ``k`` in traces and serialised results); ``"none"`` (results
-            are the items as stored, the explanation reaches events and callbacks only: what
-            LangChain's ``MultiQueryRetriever`` / ``EnsembleRetriever`` need to merge one item
-            found by several queries). A LlamaIndex ``NodeWithScore`` keeps its ``score``.
+        explain: what of the request the adapters' results carry in their metadata. The
+            default ``"none"``: nothing that depends on the query, the items as stored (one
+            item is the same document whatever query found it, so LangChain's
+            ``MultiQueryRetriever`` / ``EnsembleRetriever`` merge it, and a trace holds one
+            explanation, not ``k``); the explanation and each result's scores reach the
+            framework's events and callbacks (``pbr.anchor`` ... ``pbr.fusion``,
+            ``pbr.results``). ``"scores"``: every result its scores (``score``,
+            ``store_score``, ``pbr_search``); ``"first"``: those, and the top result the
+            explanation (``metadata["pbr"]``); ``"all"``: every result both. A LlamaIndex
+            ``NodeWithScore`` keeps its ``score`` in every mode.
     """
 
     k1: int = 5
@@ -123,7 +126,7 @@ class PBRConfig:
     max_answer_chars: int = 20_000
     search: SearchMode = "hybrid"
     lexical_feedback_weight: float = 0.25
-    explain: ExplainMode = "all"
+    explain: ExplainMode = "none"
 
     def __post_init__(self) -> None:
         problems: list[str] = []

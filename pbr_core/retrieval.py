@@ -39,6 +39,7 @@ __all__ = [
     "Retrieval",
     "UnknownUserPolicy",
     "aretrieve",
+    "check_score_threshold",
     "rank_personalized",
     "retrieve",
 ]
@@ -79,6 +80,11 @@ class Request:
             LLM call): agent memory, where an empty memory is the normal state of a new user.
         view_filtered: the request's view has a filter only the host can evaluate, so pbr ranks
             within the host's search results instead of all of the user's items.
+        score_threshold: keep only results whose score (what ``config.search`` ranks by, the
+            one documented meaning on every store: hybrid in [0, 1], the cosine with ``q*`` in
+            dense mode, BM25 in lexical mode) is at least this; None keeps the ``k`` best.
+            LangChain's ``search_kwargs={"score_threshold": ...}``, applied by pbr, so the same
+            over every store.
     """
 
     user_id: str
@@ -93,10 +99,12 @@ class Request:
     unknown_user: UnknownUserPolicy | None = None
     skip_unknown: bool = False
     view_filtered: bool = False
+    score_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        check_score_threshold(self.score_threshold)
 
     @property
     def policy(self) -> UnknownUserPolicy:
@@ -135,6 +143,24 @@ class Retrieval:
         plus ``mode`` (how it was ranked) and the entry point's own ``extra`` keys."""
         assert self.query is not None, "nothing was personalized: no explanation"
         return {**explanation_payload(self.query.explanation), "mode": self.mode, **extra}
+
+
+def check_score_threshold(value: object) -> float | None:
+    """``value`` if it is None or a finite real number (not a bool): a score threshold."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+        raise ValueError(
+            f"score_threshold must be a finite number (a minimum of the results' score), got "
+            f"{value!r}"
+        )
+    return float(value)
+
+
+def _at_least(results: list[ScoredRecord], threshold: float | None) -> list[ScoredRecord]:
+    if threshold is None:
+        return results
+    return [r for r in results if r.hit.score >= threshold]
 
 
 def rank_personalized(
@@ -223,12 +249,12 @@ def _steps(
         hits: Sequence[SearchHit] = yield _FinalSearch(pq.vector, k)
         results = [ScoredRecord(hit=h, key=h.id, raw_score=h.score) for h in hits]
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return Retrieval(pq, results, config.search)
+        return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
     found = within
     if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
         found = yield _HostSearch(pq.vector, host_candidates(k, config.search))
     results = rank_personalized(corpus, user_id, history, pq, k, config, found, since=start)
-    return Retrieval(pq, results, config.search)
+    return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
 
 
 def _needs_host(corpus: Corpus, history: UserHistory | None, view_filtered: bool) -> bool:

@@ -27,8 +27,11 @@ from pydantic import Field, PrivateAttr
 import langchain_pbr
 import llamaindex_pbr
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import EmbeddingError
+from pbr_core import EmbeddingError, PBRConfig
 from pbr_core.corpus import Record, scoped_key
+
+#: Every result carries its scores and the explanation (the harness reads both off results).
+EXPLAINED = PBRConfig(explain="all")
 
 DIM = 32
 ADAPTERS = ("langchain", "llamaindex")
@@ -112,7 +115,7 @@ class LangChainHarness(Harness):
             )
         self.store = store
         self.r = langchain_pbr.PBRRetriever(
-            llm=self.llm, embeddings=self.emb, vectorstore=store, k=10
+            llm=self.llm, embeddings=self.emb, vectorstore=store, k=10, config=EXPLAINED
         )
 
     @property
@@ -196,7 +199,7 @@ class LlamaIndexHarness(Harness):
                 index = VectorStoreIndex([], embed_model=self.emb)
         self.index = index
         self.r = llamaindex_pbr.PBRRetriever(
-            index, llm=self.llm, embed_model=self.emb, similarity_top_k=10
+            index, llm=self.llm, embed_model=self.emb, similarity_top_k=10, config=EXPLAINED
         )
 
     @property

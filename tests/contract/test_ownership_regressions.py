@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr
 import langchain_pbr
 import llamaindex_pbr
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import PersistenceError, Personalizer
+from pbr_core import PBRConfig, PersistenceError, Personalizer
 from pbr_core.persist import current_snapshot
 
 EMB = DeterministicFakeEmbedding(size=32)
@@ -171,7 +171,9 @@ def test_wrapping_a_chroma_index_built_with_from_documents_gives_every_user_thei
         for i in range(3)
     ]
     built = VectorStoreIndex.from_documents(docs, storage_context=storage, embed_model=emb)
-    base = llamaindex_pbr.PBRRetriever(built, llm=MockLLM(max_tokens=4), embed_model=emb)
+    base = llamaindex_pbr.PBRRetriever(
+        built, llm=MockLLM(max_tokens=4), embed_model=emb, config=PBRConfig(explain="all")
+    )
     ann = base.for_user("ann", similarity_top_k=10)
     got = ann.retrieve("diary")
     assert sorted(n.node.get_content() for n in got) == [f"ann diary entry {i}" for i in range(3)]

@@ -96,6 +96,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
         "PBRMemoryBlock",
         "PBRPseudoUtterancesEvent",
         "PBRReasoningEvent",
+        "PBRResultsEvent",
         "PBRRetriever",
         "SalienceNodePostprocessor",
     ],

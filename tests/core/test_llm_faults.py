@@ -606,7 +606,11 @@ def test_a_langchain_retriever_with_a_hung_model_answers_degraded(gate: threadin
         for t in ("kale salad", "roasted beets", "morning run")
     ]
     retriever = PBRRetriever.from_documents(
-        docs, llm=HungChat(), embeddings=DeterministicFakeEmbedding(size=32), k=2, config=FAST
+        docs,
+        llm=HungChat(),
+        embeddings=DeterministicFakeEmbedding(size=32),
+        k=2,
+        config=FAST.with_(explain="all"),
     )
     # its per-request personalizers share one executor: the limit holds across requests
     assert retriever._personalizer().llm_executor is retriever._personalizer().llm_executor

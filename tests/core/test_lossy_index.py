@@ -27,6 +27,7 @@ from pydantic import PrivateAttr
 import langchain_pbr
 import llamaindex_pbr
 from llamaindex_pbr.testing import HashEmbedding
+from pbr_core import PBRConfig
 from pbr_core.corpus import scoped_key
 
 EMB = DeterministicFakeEmbedding(size=32)
@@ -60,6 +61,7 @@ def langchain_pair(**kwargs: Any) -> tuple[langchain_pbr.PBRRetriever, langchain
             llm=FakeListLLM(responses=['["tea"]', "likes tea"]),
             embeddings=EMB,
             vectorstore=store,
+            config=PBRConfig(explain="all"),  # the tests compare scores and explanations
             **kwargs,
         )
         r.add_documents(

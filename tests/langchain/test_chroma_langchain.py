@@ -80,6 +80,8 @@ def collection(server: ChromaServer, name: str) -> Any:
 
 
 def retriever_on(store: Chroma, embeddings: Any, **kwargs: Any) -> PBRRetriever:
+    # explain="all": the tests check the scores and the explanation off the documents
+    kwargs["config"] = kwargs.get("config", PBRConfig()).with_(explain="all")
     return PBRRetriever(
         llm=ParrotFakeChatModel(), embeddings=embeddings, vectorstore=store, k=K, **kwargs
     )
@@ -140,7 +142,7 @@ def test_without_a_view_filter_pbr_ranks_every_item_of_the_user_itself(
     """Hybrid (the default) over the same collection: the adapter's ranking is the core's over
     the user's verified items; no store score, as Chroma did not search."""
     r, _ = world
-    hybrid = r.model_copy(update={"config": PBRConfig(), "search_kwargs": {}})
+    hybrid = r.model_copy(update={"config": PBRConfig(explain="all"), "search_kwargs": {}})
     for user in USERS[:10]:
         docs = hybrid.invoke(QUERY, user_id=user)
         pbr = docs[0].metadata["pbr"]
@@ -350,3 +352,29 @@ def test_a_server_killed_during_a_large_add_is_healed_by_the_retry(
         fresh.add_documents(docs[start : start + 500], user_id="ann", ids=ids[start : start + 500])
     assert collection(own_chroma, name).count() == 5000
     assert len(fresh.history.get("ann")) == 5000
+
+
+def test_search_kwargs_over_chroma_are_honoured_or_refused_at_construction(
+    shared_chroma: ChromaServer,
+) -> None:
+    store = chroma_store(shared_chroma, f"lc-kwargs-{uuid.uuid4().hex[:8]}", EMB)
+    with pytest.raises(ValueError, match="'fetch_k' is not a parameter of Chroma"):
+        PBRRetriever(
+            llm=ParrotFakeChatModel(),
+            embeddings=EMB,
+            vectorstore=store,
+            search_kwargs={"fetch_k": 20},
+        )
+    r = retriever_on(store, EMB, search_kwargs={"where_document": {"$contains": "tea"}, "k": 5})
+    r.add_documents(
+        [Document(page_content=t) for t in ("green tea", "black tea", "coffee", "tea time")],
+        user_id="ann",
+    )
+    r.add_documents([Document(page_content="tea for bob")], user_id="bob")
+    got = r.invoke("tea", user_id="ann")
+    assert sorted(d.page_content for d in got) == ["black tea", "green tea", "tea time"]
+    everything = r.model_copy(update={"search_kwargs": {"k": 5}}).invoke("tea", user_id="ann")
+    cut = sorted(d.metadata["score"] for d in everything)[1]  # keeps all but the lowest
+    kept = retriever_on(store, EMB, search_kwargs={"score_threshold": cut, "k": 5})
+    scores = [d.metadata["score"] for d in kept.invoke("tea", user_id="ann")]
+    assert len(scores) == len(everything) - 1 and min(scores) >= cut

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import BaseChatModel
@@ -15,6 +16,7 @@ from pydantic import Field, ValidationError
 
 from langchain_pbr import PBRRetriever
 from langchain_pbr.stores import default_filter
+from pbr_core import GenerationError
 
 EMB = DeterministicFakeEmbedding(size=16)
 
@@ -84,6 +86,50 @@ def test_a_dict_filter_is_anded_with_the_user_for_stores_like_chroma() -> None:
         default_filter(store, "user_id", "ann", lambda doc: True)
 
 
+def test_score_threshold_keeps_only_results_scoring_at_least_it() -> None:
+    everything = filled(config={"explain": "scores"}).invoke("ann note 1", user_id="ann", k=6)
+    scores = [d.metadata["score"] for d in everything]
+    assert len(scores) == 6 and min(scores) < 0.6 <= max(scores)  # the threshold splits them
+    r = filled(config={"explain": "scores"}, search_kwargs={"score_threshold": 0.6, "k": 6})
+    got = r.invoke("ann note 1", user_id="ann")
+    assert [d.metadata["score"] for d in got] == [s for s in scores if s >= 0.6]
+    assert {d.metadata["user_id"] for d in got} == {"ann"}
+
+
+class ScoredStore(InMemoryVectorStore):
+    """A store whose search by vector names a parameter of its own (as FAISS's ``fetch_k``)."""
+
+    seen: ClassVar[list[int]] = []
+
+    def similarity_search_with_score_by_vector(  # type: ignore[override]
+        self, embedding: list[float], k: int = 4, filter: Any = None, fetch_k: int = 20
+    ) -> list[tuple[Document, float]]:
+        ScoredStore.seen.append(fetch_k)
+        return super().similarity_search_with_score_by_vector(embedding, k=k, filter=filter)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fetch_k": 50}, {"lambda_mult": 0.5}, {"score_threshold": "high"}, {"k": 0}],
+    ids=["fetch_k", "lambda_mult", "threshold-not-a-number", "k"],
+)
+def test_a_search_kwarg_the_store_cannot_honour_is_refused_at_construction(
+    kwargs: dict[str, Any],
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        make(vectorstore=InMemoryVectorStore(EMB), search_kwargs=kwargs)
+    (key,) = kwargs
+    assert repr(key) in str(err.value) or key in str(err.value)
+
+
+def test_a_search_kwarg_the_store_names_is_passed_to_it() -> None:
+    r = make(vectorstore=ScoredStore(EMB), search_kwargs={"fetch_k": 50})
+    r.add_documents([Document(page_content=f"note {i}") for i in range(3)], user_id="ann")
+    ScoredStore.seen.clear()
+    assert len(r.invoke("note", user_id="ann")) == 3
+    assert ScoredStore.seen == [50]  # the store searched with it (a store argument: host search)
+
+
 def test_search_kwargs_without_a_vector_store_are_refused() -> None:
     with pytest.raises(ValidationError, match="no vectorstore"):
         make(search_kwargs={"k": 2})
@@ -111,7 +157,9 @@ def _wrapped_models() -> dict[str, Any]:
 @pytest.mark.parametrize("kind", list(_wrapped_models()))
 def test_an_llm_wrapped_in_a_runnable_is_used_as_it_is(kind: str) -> None:
     llm = _wrapped_models()[kind]
-    r = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=InMemoryVectorStore(EMB))
+    r = PBRRetriever(
+        llm=llm, embeddings=EMB, vectorstore=InMemoryVectorStore(EMB), config={"explain": "all"}
+    )
     r.add_documents([Document(page_content=t) for t in ("runs daily", "likes tea")], user_id="a")
     docs = r.invoke("what do I do?", user_id="a")
     pbr = docs[0].metadata["pbr"]
@@ -134,7 +182,7 @@ def test_a_retriever_can_be_copied_and_pickled(how: str) -> None:
 def test_the_plain_fallback_stays_per_user_and_calls_no_llm() -> None:
     from langchain_core.runnables import RunnableLambda
 
-    r = filled()
+    r = filled(config={"explain": "all"})
 
     def broken(_: Any) -> Any:
         raise RuntimeError("LLM down")
@@ -166,6 +214,105 @@ def test_the_user_in_run_metadata_reaches_the_retriever_inside_compositions() ->
     assert got and {d.metadata["user_id"] for d in got} == {"ann"}
     with pytest.raises(ValueError, match="needs the user"):
         ccr.invoke("note")
+
+
+def failing_copy(r: PBRRetriever) -> PBRRetriever:
+    """``r`` with an LLM that always raises, in strict mode: every request fails."""
+    from langchain_core.runnables import RunnableLambda
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("LLM down")
+
+    return r.model_copy(update={"llm": RunnableLambda(broken), "strict": True})
+
+
+def owners_and_terms(docs: list[Document]) -> tuple[set[str], set[tuple[str, ...]]]:
+    return {d.metadata["user_id"] for d in docs}, {tuple(d.metadata["pbr"]["used"]) for d in docs}
+
+
+PLAIN_FOR_BEN = ({"ben"}, {("query",)})
+
+
+def test_fallbacks_and_as_plain_keep_the_per_request_user_in_both_forms() -> None:
+    from langchain_core.runnables import ConfigurableField
+
+    r = filled(config={"explain": "all"})
+    failing = failing_copy(r)
+    per_user = failing.configurable_fields(user_id=ConfigurableField(id="user_id"))
+    ben = {"configurable": {"user_id": "ben"}}
+    # the configurable form: the fallback gets the request's user, not the primary's error
+    assert owners_and_terms(per_user.with_fallbacks([r.as_plain()]).invoke("q", ben)) == (
+        PLAIN_FOR_BEN
+    )
+    assert owners_and_terms(per_user.with_fallbacks([per_user.as_plain()]).invoke("q", ben)) == (
+        PLAIN_FOR_BEN
+    )
+    # per_user.as_plain() still takes the user per request, one per input in a batch
+    plain = per_user.as_plain()
+    assert owners_and_terms(plain.invoke("q", ben)) == PLAIN_FOR_BEN
+    users = [{"configurable": {"user_id": u}} for u in ("ann", "ben")]
+    assert [owners_and_terms(d)[0] for d in plain.batch(["q", "q"], users)] == [{"ann"}, {"ben"}]
+    # the constructor form
+    fixed = failing.model_copy(update={"user_id": "ben"})
+    assert owners_and_terms(fixed.with_fallbacks([fixed.as_plain()]).invoke("q")) == PLAIN_FOR_BEN
+    with pytest.raises(GenerationError):  # strict and no fallback: the primary's error
+        per_user.invoke("q", ben)
+
+
+def test_run_metadata_gives_the_user_in_chains_and_inside_every_wrapper() -> None:
+    import asyncio
+
+    from langchain_classic.retrievers import (
+        ContextualCompressionRetriever,
+        EnsembleRetriever,
+        MultiQueryRetriever,
+    )
+    from langchain_core.documents import BaseDocumentCompressor
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnablePassthrough
+
+    class KeepTwo(BaseDocumentCompressor):
+        def compress_documents(self, documents: Any, query: str, callbacks: Any = None) -> Any:
+            return list(documents)[:2]
+
+    r = filled()
+    ben: Any = {"metadata": {"user_id": "ben"}}  # the one way, the same in every line below
+    queries = GenericFakeChatModel(messages=iter([AIMessage("ben notes\nben things")] * 2))
+    compositions: dict[str, Any] = {
+        "retriever": r,
+        "chain": RunnablePassthrough() | r,
+        "multi-query": MultiQueryRetriever.from_llm(retriever=r, llm=queries),
+        "ensemble": EnsembleRetriever(retrievers=[r, r.as_plain()]),
+        "compression": ContextualCompressionRetriever(base_compressor=KeepTwo(), base_retriever=r),
+        "fallbacks": failing_copy(r).with_fallbacks([r.as_plain()]),
+    }
+    for name, runnable in compositions.items():
+        got = runnable.invoke("note", config=ben)
+        assert got and {d.metadata["user_id"] for d in got} == {"ben"}, name
+    async_got = asyncio.run(compositions["multi-query"].ainvoke("note", config=ben))
+    assert {d.metadata["user_id"] for d in async_got} == {"ben"}
+    users = [{"metadata": {"user_id": u}} for u in ("ann", "ben")]
+    assert [{d.metadata["user_id"] for d in ds} for ds in r.batch(["n", "n"], users)] == [
+        {"ann"},
+        {"ben"},
+    ]
+    with pytest.raises(ValueError, match="needs the user") as err:
+        r.invoke("note")
+    message = str(err.value)  # the error names the one way first
+    assert message.index("{'metadata': {'user_id'") < message.index("user_id='alice')")
+
+
+def test_a_configurable_user_reaches_a_retriever_without_configurable_fields() -> None:
+    from langchain_core.runnables import RunnablePassthrough
+
+    r = filled()
+    ben: Any = {"configurable": {"user_id": "ben"}}
+    assert {d.metadata["user_id"] for d in r.invoke("note", config=ben)} == {"ben"}
+    assert {d.metadata["user_id"] for d in (RunnablePassthrough() | r).invoke("n", ben)} == {"ben"}
+    fixed = r.model_copy(update={"user_id": "ann"})  # the field wins, then configurable
+    assert {d.metadata["user_id"] for d in fixed.invoke("note", config=ben)} == {"ann"}
+    assert {d.metadata["user_id"] for d in r.invoke("note", config=ben, user_id="ann")} == {"ann"}
 
 
 class HungChat(BaseChatModel):
@@ -201,7 +348,7 @@ async def test_hung_sync_llms_under_asyncio_leave_the_default_executor_free() ->
         llm=hung,
         embeddings=EMB,
         vectorstore=InMemoryVectorStore(EMB),
-        config=PBRConfig(llm_timeout_s=0.3, pre_gate=None),
+        config=PBRConfig(llm_timeout_s=0.3, pre_gate=None, explain="all"),
     )
     r.add_documents([Document(page_content=t) for t in ("runs", "tea", "jazz")], user_id="a")
     try:
@@ -232,26 +379,95 @@ def test_explain_first_puts_one_copy_of_the_explanation_on_the_top_document() ->
     docs = filled(config={"explain": "first"}).invoke("note", user_id="ann", k=5)
     assert "pbr" in docs[0].metadata and not any("pbr" in d.metadata for d in docs[1:])
     assert all("score" in d.metadata and "pbr_search" in d.metadata for d in docs)
-    full = filled().invoke("note", user_id="ann", k=5)
+    full = filled(config={"explain": "all"}).invoke("note", user_id="ann", k=5)
     size = [len(json.dumps([d.metadata for d in ds], default=str)) for ds in (docs, full)]
     assert size[0] < size[1] / 2
 
 
-def test_multi_query_merges_one_item_found_by_several_queries_with_explain_none() -> None:
+class Events(BaseCallbackHandler):
+    """The custom events of the requests it sees: name -> data."""
+
+    def __init__(self) -> None:
+        self.got: dict[str, Any] = {}
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.got[name] = data
+
+
+def long_notes(user: str) -> list[Document]:
+    """Ten notes of ~900 characters, like the issue's (a chunked document)."""
+    return [
+        Document(page_content=f"{user} note {i}: " + "walked the dog by the river " * 32)
+        for i in range(10)
+    ]
+
+
+def test_results_are_the_stored_documents_and_the_explanation_goes_to_callbacks() -> None:
+    r = make(vectorstore=InMemoryVectorStore(EMB), k=10)
+    r.add_documents(long_notes("ann"), user_id="ann", ids=[f"n{i}" for i in range(10)])
+    events = Events()
+    docs = r.invoke("the dog?", user_id="ann", config={"callbacks": [events]})
+    assert len(docs) == 10
+    assert all(d.metadata == {"user_id": "ann"} for d in docs)  # as stored, nothing per query
+    # the whole explanation and every result's scores reach the callbacks, once per request
+    assert set(events.got) >= {"pbr.anchor", "pbr.pseudo_utterances", "pbr.fusion", "pbr.results"}
+    rows = events.got["pbr.results"]["results"]
+    assert [row["id"] for row in rows] == [d.id for d in docs]
+    assert all({"score", "store_score", "pbr_search"} <= set(row) for row in rows)
+    assert {"trust", "llm_calls", "degraded"} <= set(events.got["pbr.fusion"])
+    # and on request, on the documents
+    explained = r.model_copy(update={"config": r.config.with_(explain="all")})
+    full = explained.invoke("the dog?", user_id="ann")
+    assert all("pbr" in d.metadata and "score" in d.metadata for d in full)
+    size = [len(json.dumps([d.metadata for d in ds], default=str)) for ds in (docs, full)]
+    assert size[0] < 300 < 20_000 < size[1]
+
+
+def test_a_huge_query_is_never_copied_into_results_or_events() -> None:
+    r = filled(config={"explain": "all"})
+    events = Events()
+    query = "note " * 200_000  # 1 MB
+    docs = r.invoke(query, user_id="ann", k=5, config={"callbacks": [events]})
+    metadata = len(json.dumps([d.metadata for d in docs], default=str))
+    assert metadata < 5 * 3_000  # the explanation shows the query's first 1000 characters
+    assert all(len(data["query"]) <= 1000 for data in events.got.values())
+    plain = filled().invoke(query, user_id="ann", k=5)
+    assert len(json.dumps([d.metadata for d in plain])) < 200
+
+
+def multi_query_over(r: PBRRetriever) -> list[Document]:
     from langchain_classic.retrievers import MultiQueryRetriever
     from langchain_core.language_models import GenericFakeChatModel
     from langchain_core.messages import AIMessage
 
-    def distinct(config: dict[str, str]) -> tuple[int, int]:
-        r = filled(config=config)
-        queries = GenericFakeChatModel(messages=iter([AIMessage("ann notes\nann things\nnote")]))
-        got = MultiQueryRetriever.from_llm(retriever=r, llm=queries).invoke(
-            "note", config={"metadata": {"user_id": "ann"}}
-        )
-        assert {d.metadata["user_id"] for d in got} == {"ann"}
-        return len(got), len({d.id for d in got})
+    queries = GenericFakeChatModel(messages=iter([AIMessage("ann notes\nann things\nnote")]))
+    got = MultiQueryRetriever.from_llm(retriever=r, llm=queries).invoke(
+        "note", config={"metadata": {"user_id": "ann"}}
+    )
+    assert {d.metadata["user_id"] for d in got} == {"ann"}
+    return got
 
-    n, unique = distinct({"explain": "none"})
-    assert n == unique  # every item once: the documents are the stored ones
-    n, unique = distinct({})
-    assert n > unique  # per-query scores and explanations keep the copies apart
+
+def test_multi_query_retriever_returns_each_item_once_without_settings() -> None:
+    got = multi_query_over(filled())
+    assert len(got) == len({d.id for d in got})  # 4 per query (of 6 notes), each note once
+    # per-result annotations, asked for, keep the copies of one item apart (LangChain's merge
+    # is by Document equality): the default is what makes it work
+    annotated = multi_query_over(filled(config={"explain": "scores"}))
+    assert len(annotated) > len({d.id for d in annotated})
+
+
+def test_ensemble_retriever_merges_the_personalized_and_plain_results_into_stored_documents() -> (
+    None
+):
+    from langchain_classic.retrievers import EnsembleRetriever
+
+    r = filled()
+    ensemble = EnsembleRetriever(retrievers=[r, r.as_plain()], weights=[0.5, 0.5])
+    got = ensemble.invoke("note", config={"metadata": {"user_id": "ben"}})
+    assert len(got) == len({d.page_content for d in got}) == 4
+    assert all(
+        d.metadata["user_id"] == "ben" and set(d.metadata) == {"user_id", "kind"} for d in got
+    )
+    by_id = EnsembleRetriever(retrievers=[r, r.as_plain()], id_key="kind")  # one per kind
+    assert len(by_id.invoke("note", config={"metadata": {"user_id": "ben"}})) == 2

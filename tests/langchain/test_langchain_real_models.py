@@ -84,6 +84,7 @@ def test_real_minilm_embedder_and_in_memory_vector_store() -> None:
         embeddings=embedder,
         vectorstore=InMemoryVectorStore(embedder),  # type: ignore[arg-type]  # duck-typed
         k=2,
+        config={"explain": "all"},  # the explanation and scores on the documents, read below
     ).configurable_fields(user_id=ConfigurableField(id="user_id"))
     alice, bob = retriever.batch(
         ["what should I make for dinner?"] * 2,
@@ -116,7 +117,8 @@ async def test_host_llm_is_the_embedded_gemma_as_a_chat_model() -> None:
         corpus(),
         llm=LocalGemmaChatModel(max_new_tokens=12),  # two short generations: CPU time
         embeddings=DeterministicFakeEmbedding(size=64),
-        config={"num_utterances": 3, "fusion": "paper"},  # hash vectors: safe would drop all
+        # hash vectors: safe would drop all; explain="all": the explanation is read below
+        config={"num_utterances": 3, "fusion": "paper", "explain": "all"},
         k=3,
     )
     docs = await retriever.ainvoke(

@@ -156,7 +156,9 @@ def make(store: bool = False, **kwargs: Any) -> PBRRetriever:
         "k": 3,
         # the paper's fusion: these tests check every term's plumbing; hash vectors are nearly
         # orthogonal to the query, so the default "safe" fusion would (rightly) drop them all
-        "config": PBRConfig(fusion="paper"),
+        # explain="all": these tests read the explanation off the documents (the default puts
+        # it in the request's events only)
+        "config": PBRConfig(fusion="paper", explain="all"),
         **kwargs,
     }
     if store:
@@ -176,9 +178,11 @@ def assert_own(docs: list[Document], user: str) -> None:
     assert docs, f"no documents for {user}"
     for doc in docs:
         assert doc.page_content in OWN[user], f"{user} got {doc.page_content!r}"
-        related = [item["text"] for item in doc.metadata["pbr"]["related"]]
-        assert set(related) <= OWN[user]
-        assert doc.metadata["pbr"]["user_id"] == user
+        assert doc.metadata["user_id"] == user
+        if "pbr" in doc.metadata:  # explain="all": the explanation is the user's too
+            related = [item["text"] for item in doc.metadata["pbr"]["related"]]
+            assert set(related) <= OWN[user]
+            assert doc.metadata["pbr"]["user_id"] == user
 
 
 BOTH_PATHS = pytest.mark.parametrize("store", [False, True], ids=["history-index", "vectorstore"])
@@ -238,7 +242,8 @@ def test_missing_user_names_both_ways() -> None:
     with pytest.raises(ValueError) as err:
         r.invoke("dinner?")
     assert "invoke(query, user_id=" in str(err.value)
-    assert "configurable_fields(user_id=ConfigurableField" in str(err.value)
+    assert "{'configurable': {'user_id'" in str(err.value)
+    assert "{'metadata': {'user_id'" in str(err.value)
     with pytest.raises(ValueError, match="user_id="):
         per_user(r).invoke("dinner?")
 
@@ -291,7 +296,7 @@ def test_documents_carry_score_and_explanation(store: bool) -> None:
 
 def test_plain_fusion_makes_no_llm_call() -> None:
     rec = Recorder()
-    docs = make(config={"fusion": "plain"}).invoke(
+    docs = make(config={"fusion": "plain", "explain": "all"}).invoke(
         "dinner", user_id="alice", config={"callbacks": [rec]}
     )
     assert rec.llm_parents == []
@@ -312,7 +317,13 @@ def test_llm_runs_and_events_are_children_of_the_retriever_run() -> None:
     (run_id,) = rec.retriever_runs
     assert rec.llm_parents == [run_id, run_id]
     names = [name for name, _, _ in rec.events]
-    assert names == ["pbr.anchor", "pbr.pseudo_utterances", "pbr.reasoning", "pbr.fusion"]
+    assert names == [
+        "pbr.anchor",
+        "pbr.pseudo_utterances",
+        "pbr.reasoning",
+        "pbr.fusion",
+        "pbr.results",
+    ]
     assert {rid for _, _, rid in rec.events} == {run_id}
     meta = rec.retriever_metadata[0]
     assert meta["ls_retriever_name"] == "pbr"
@@ -347,7 +358,13 @@ async def test_astream_events_shows_the_personalization() -> None:
     assert len(llm_starts) == 2
     assert all(retriever_run in e["parent_ids"] for e in llm_starts)
     custom = {e["name"]: e["data"] for e in events if e["event"] == "on_custom_event"}
-    assert set(custom) == {"pbr.anchor", "pbr.pseudo_utterances", "pbr.reasoning", "pbr.fusion"}
+    assert set(custom) == {
+        "pbr.anchor",
+        "pbr.pseudo_utterances",
+        "pbr.reasoning",
+        "pbr.fusion",
+        "pbr.results",
+    }
     assert custom["pbr.pseudo_utterances"]["pseudo_utterances"] == json.loads(ANSWER)["candidates"]
     assert custom["pbr.reasoning"]["reasoning"]
     assert custom["pbr.fusion"]["w1"] is not None

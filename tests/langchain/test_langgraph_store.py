@@ -234,7 +234,9 @@ async def test_an_async_put_expires_views_off_the_event_loop_and_only_its_own_pr
 ) -> None:
     import threading
 
-    store = filled(PBRStore(InMemoryStore(), BagOfWords(), max_staleness_s=3600))
+    store = filled(
+        PBRStore(InMemoryStore(), BagOfWords(), max_staleness_s=3600, cross_user_search=True)
+    )
     for prefix in (("memories", "alice"), ("memories", "bob"), ("memories",)):
         await store.asearch(prefix, query="cello")
     expired: list[tuple[str, bool]] = []
@@ -305,6 +307,31 @@ def test_a_namespace_without_its_user_raises(namespace: tuple[str, ...], user_in
         store.batch([SearchOp(namespace, None, 10, 0, "cello")])
     with pytest.raises(ValueError, match="user"):
         asyncio.run(store.abatch([SearchOp(namespace, None, 10, 0, "cello")]))
+
+
+def test_a_search_above_the_user_level_raises_unless_cross_user_search_is_asked() -> None:
+    store = filled(PBRStore(InMemoryStore(), BagOfWords()))
+    with pytest.raises(ValueError, match="would mix users") as err:
+        store.search(("memories",), query="peanuts")
+    assert "('memories', 'alice')" in str(err.value) and "cross_user_search=True" in str(err.value)
+    with pytest.raises(ValueError, match="would mix users"):
+        asyncio.run(store.abatch([SearchOp(("memories",), None, 10, 0, "peanuts")]))
+    assert store.last_explanation(("memories",)) is None  # nothing was ranked
+    assert keys(store.search(("memories", "bob"), query="peanuts")) == ["m2", "m1"]
+    shared = filled(PBRStore(InMemoryStore(), BagOfWords(), cross_user_search=True))
+    found = shared.search(("memories",), query="peanuts", limit=10)
+    assert {i.namespace for i in found} == {("memories", "alice"), ("memories", "bob")}
+
+
+def test_a_users_sub_namespace_needs_a_user_index_counted_from_the_start() -> None:
+    store = PBRStore(InMemoryStore(), BagOfWords())
+    store.put(("memories", "alice"), "a", {"content": "alice likes tea"})
+    store.put(("memories", "alice", "work"), "w", {"content": "alice drinks tea at work"})
+    with pytest.raises(ValueError, match="user_index=1"):  # 'work' could be another user
+        store.search(("memories", "alice"), query="tea")
+    assert keys(store.search(("memories", "alice", "work"), query="tea")) == ["w"]
+    by_start = PBRStore(store.inner, BagOfWords(), user_index=1)
+    assert set(keys(by_start.search(("memories", "alice"), query="tea"))) == {"a", "w"}
 
 
 def test_user_index_picks_the_user_element() -> None:

@@ -82,7 +82,7 @@ def retriever_on(index: VectorStoreIndex, embed_model: Any) -> PBRRetriever:
         llm=MockLLM(),
         embed_model=embed_model,
         similarity_top_k=K,
-        config=PBRConfig(search="dense"),
+        config=PBRConfig(search="dense", explain="all"),  # the tests read the explanation
     )
 
 

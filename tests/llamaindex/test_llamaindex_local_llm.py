@@ -11,6 +11,7 @@ from llama_index.core.schema import TextNode
 
 from llamaindex_pbr import EXPLANATION_KEY, LocalGemmaLLM, PBRRetriever
 from llamaindex_pbr.testing import HashEmbedding
+from pbr_core import PBRConfig
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,7 +66,11 @@ def test_query_engine_with_the_embedded_llm(gemma: LocalGemmaLLM) -> None:
         for i, text in enumerate(texts)
     ]
     retriever = PBRRetriever.from_defaults(
-        nodes=nodes, llm=gemma, embed_model=HashEmbedding(dim=64), user_id="u1"
+        nodes=nodes,
+        llm=gemma,
+        embed_model=HashEmbedding(dim=64),
+        user_id="u1",
+        config=PBRConfig(explain="all"),  # the source node carries the explanation read below
     )
     engine = RetrieverQueryEngine.from_args(retriever, llm=gemma)
     response = engine.query("what should I eat before my run?")

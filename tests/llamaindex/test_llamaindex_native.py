@@ -13,6 +13,7 @@ from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
 
 from llamaindex_pbr import PBRRetriever
 from llamaindex_pbr.testing import HashEmbedding
+from pbr_core import PBRConfig
 
 EMB = HashEmbedding(dim=32)
 
@@ -24,6 +25,9 @@ def docs() -> list[Document]:
         for u in ("ann", "ben")
         for i, t in enumerate(("food", "sport"))
     ]
+
+
+EXPLAINED = PBRConfig(explain="all")
 
 
 def base_over(index: VectorStoreIndex | None = None) -> PBRRetriever:
@@ -138,7 +142,9 @@ def test_an_ingestion_pipeline_into_the_store_is_every_users_history(shared_chro
     pipeline.run(
         documents=[d.model_copy(update={"id_": f"{d.id_}-{i}"}) for i, d in enumerate(docs())]
     )
-    base = base_over(VectorStoreIndex.from_vector_store(store, embed_model=EMB))
+    index = VectorStoreIndex.from_vector_store(store, embed_model=EMB)
+    # explain="all": the related history, read off the nodes below, is the user's own
+    base = PBRRetriever(index, llm=MockLLM(max_tokens=4), embed_model=EMB, config=EXPLAINED)
     for user in ("ann", "ben"):
         got = base.retrieve("diary page", user_id=user)
         assert {n.node.get_content() for n in got} == {f"{user} diary page {i}" for i in (0, 1)}

@@ -90,7 +90,8 @@ def _owner(nws: NodeWithScore) -> str:
 
 #: The paper's fusion: these tests check every term's plumbing; hash vectors are nearly orthogonal
 #: to the query, so the default "safe" fusion would (rightly) drop them all.
-PAPER = PBRConfig(fusion="paper")
+# explain="all": these tests read the explanation off the nodes (by default: events only)
+PAPER = PBRConfig(fusion="paper", explain="all")
 
 
 @pytest.fixture
@@ -633,7 +634,7 @@ class BlockingLLM(MockLLM):
 async def test_a_blocking_llm_neither_freezes_the_event_loop_nor_outlives_the_timeout(
     embed_model: HashEmbedding,
 ) -> None:
-    config = PBRConfig(fusion="paper", llm_timeout_s=0.3)
+    config = PBRConfig(fusion="paper", llm_timeout_s=0.3, explain="all")
     retriever = PBRRetriever.from_defaults(
         nodes=_nodes(), llm=BlockingLLM(), embed_model=embed_model, user_id="u1", config=config
     )
@@ -698,9 +699,12 @@ async def test_spans_and_events_nest_under_the_retrieval(
         "pbr.pseudo_utterances",
         "pbr.reasoning",
         "pbr.fusion",
+        "pbr.results",
     ]
-    assert {e.span_id for e in pbr} == {personalize.id_}
-    fusion = pbr[-1].data
+    assert {e.span_id for e in pbr[:-1]} == {personalize.id_}
+    assert pbr[-1].span_id == _span(spans, outer).id_  # after the ranking, in the retrieval
+    assert [r["id"] for r in pbr[-1].data["results"]] == [n.node.node_id for n in end.nodes]
+    fusion = pbr[-2].data
     assert fusion["user_id"] == "u1" and fusion["w1"] is not None and fusion["w2"] is not None
     assert pbr[0].data["anchor_items"] and pbr[1].data["pseudo_utterances"]
 
@@ -962,6 +966,40 @@ def test_explain_says_which_nodes_carry_the_explanation(
     carries = ["pbr" in n.node.metadata for n in got]
     assert carries == ([True, False, False, False] if explain == "first" else [False] * 4)
     assert all(("pbr_search" in n.node.metadata) == (explain == "first") for n in got)
+
+
+def test_by_default_nodes_are_the_stored_ones_with_their_score_and_the_explanation_in_events(
+    embed_model: HashEmbedding, instrumented: tuple[SimpleSpanHandler, EventCollector]
+) -> None:
+    _, events = instrumented
+    r = PBRRetriever.from_defaults(
+        nodes=_nodes(), llm=MockLLM(), embed_model=embed_model, user_id="u1", similarity_top_k=4
+    )
+    got = r.retrieve(QUERY)
+    stored = {n.node_id: n.metadata for n in _nodes()}
+    assert len(got) == 4 and all(n.score is not None for n in got)
+    assert all(n.node.metadata == stored[n.node.node_id] for n in got)  # nothing per query
+    pbr = {e.name: e.data for e in events.events if isinstance(e, PBREvent)}
+    assert {"pbr.anchor", "pbr.pseudo_utterances", "pbr.fusion", "pbr.results"} <= set(pbr)
+    rows = pbr["pbr.results"]["results"]
+    assert [row["id"] for row in rows] == [n.node.node_id for n in got]
+    assert [row["score"] for row in rows] == [n.score for n in got]
+    assert all("pbr_search" in row for row in rows)
+
+
+@pytest.mark.parametrize("explain", ["scores", "all"])
+def test_scores_and_all_annotate_every_node(embed_model: HashEmbedding, explain: str) -> None:
+    r = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        user_id="u1",
+        similarity_top_k=4,
+        config=PBRConfig(explain=explain),  # type: ignore[arg-type]
+    )
+    got = r.retrieve(QUERY)
+    assert all("pbr_search" in n.node.metadata for n in got)
+    assert all(("pbr" in n.node.metadata) == (explain == "all") for n in got)
 
 
 def test_an_item_added_through_the_personalizer_is_indexed_and_retrieved(
