@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -64,7 +65,7 @@ class ScriptedGenerator:
 # -- markers: which kind of test each one is, from what it uses (pyproject.toml lists them) -------
 _SERVER_FIXTURES = {
     "chroma": {"shared_chroma", "_module_chroma", "own_chroma"},
-    "postgres": {"postgres_url", "postgres", "pgvector_url"},
+    "postgres": {"postgres_url", "postgres", "pgvector_url", "pgvector_engine"},
 }
 _INTEGRATION = {"slow", "chroma", "postgres", "notebook"}
 
@@ -184,3 +185,27 @@ def postgres(postgres_url: str) -> Iterator[Any]:
         store.setup()
         clear_postgres(postgres_url)
         yield store
+
+
+@pytest.fixture
+def pgvector_engine(pgvector_url: str) -> Iterator[tuple[Any, Any]]:
+    """A fresh database of the session's pgvector server, as a SQLAlchemy engine and async
+    engine (psycopg; LlamaIndex's ``PGVectorStore`` takes both), dropped afterwards. LangChain's
+    collections share one key column, so tests reusing user and item ids keep apart by
+    database, not by collection."""
+    import psycopg
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"pbr_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    plain = pgvector_url.replace("/postgres?", f"/{name}?")
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")
+    url = plain.replace("postgresql://", "postgresql+psycopg://")
+    engine, async_engine = create_engine(url), create_async_engine(url)
+    yield engine, async_engine
+    engine.dispose()
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

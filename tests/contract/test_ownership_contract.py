@@ -320,28 +320,6 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     yield cls(backend, server)
 
 
-@pytest.fixture
-def pgvector_engine(pgvector_url: str) -> Iterator[tuple[Any, Any]]:
-    """A fresh database of the session's server, as a SQLAlchemy engine and async engine
-    (psycopg; LlamaIndex's store takes both): LangChain's collections share one key column, so
-    tests reusing user and item ids keep apart by database, not by collection."""
-    import psycopg
-    from sqlalchemy import create_engine
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    name = f"contract_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pgvector_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = pgvector_url.replace("postgresql://", "postgresql+psycopg://").replace(
-        "/postgres?", f"/{name}?"
-    )
-    engine, async_engine = create_engine(url), create_async_engine(url)
-    yield engine, async_engine
-    engine.dispose()
-    with psycopg.connect(pgvector_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
-
-
 def _stored(h: Harness) -> bool:
     """True where a host store holds the records (the contract's host-truth clauses apply)."""
     return not (h.adapter == "langchain" and h.backend == "own")

@@ -1,0 +1,83 @@
+"""``langchain_postgres.PGVector`` under pbr, on a real PostgreSQL + pgvector (the contract suite
+runs the ownership rules; here what is PGVector's own): one key column shared by every
+collection of the table, and a view filter that makes PostgreSQL search.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models.fake import FakeListLLM
+from langchain_postgres import PGVector
+from sqlalchemy import text
+
+from langchain_pbr import PBRRetriever
+from pbr_core import PBRConfig
+
+EMB = DeterministicFakeEmbedding(size=16)
+
+
+def _store(engine: Any, collection: str | None = None) -> PGVector:
+    name = collection or f"lc-{uuid.uuid4().hex[:8]}"
+    return PGVector(embeddings=EMB, connection=engine, collection_name=name)
+
+
+def _retriever(store: PGVector, **kw: Any) -> PBRRetriever:
+    return PBRRetriever(
+        llm=FakeListLLM(responses=["a note"]), embeddings=EMB, vectorstore=store, k=10, **kw
+    )
+
+
+def _rows(engine: Any) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM langchain_pg_embedding")).scalar_one())
+
+
+def test_pgvector_is_verified_against_its_rows(pgvector_engine: Any) -> None:
+    r = _retriever(_store(pgvector_engine[0]))
+    assert r.corpus.verified  # lists, returns vectors: the store is the truth
+
+
+def test_the_same_user_and_id_in_a_second_collection_is_refused_and_nothing_is_written(
+    pgvector_engine: Any,
+) -> None:
+    """langchain_pg_embedding has one primary key for all collections, and PGVector's upsert
+    does not move a row between collections: the second collection's add would silently update
+    the first one's row. pbr refuses it with what to do instead."""
+    engine = pgvector_engine[0]
+    notes, mail = _retriever(_store(engine, "notes")), _retriever(_store(engine, "mail"))
+    notes.add_documents([Document(page_content="alice pin is 4321")], user_id="alice", ids=["x"])
+    with pytest.raises(ValueError, match=r"another collection_id.*user_key"):
+        mail.add_documents(
+            [Document(page_content="alice new mail"), Document(page_content="alice old")],
+            user_id="alice",
+            ids=["y", "x"],
+        )
+    assert _rows(engine) == 1  # nothing of the refused batch landed
+    assert [d.page_content for d in notes.invoke("pin", user_id="alice")] == ["alice pin is 4321"]
+    assert mail.invoke("pin", user_id="alice") == []
+
+
+def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
+    """A ``filter`` in search_kwargs is evaluated by PostgreSQL (pbr ranks within its results):
+    ANDed with the owner, never replacing it; the results carry PGVector's distance."""
+    store = _store(pgvector_engine[0])
+    plain = _retriever(store)
+    for user in ("alice", "bob"):
+        docs = [
+            Document(page_content=f"{user} drinks tea", metadata={"topic": "tea"}),
+            Document(page_content=f"{user} runs", metadata={"topic": "sport"}),
+        ]
+        plain.add_documents(docs, user_id=user, ids=["t", "s"])
+    viewed = _retriever(
+        store,
+        search_kwargs={"filter": {"topic": "tea"}},
+        config=PBRConfig(search="dense", explain="all"),
+    )
+    docs = viewed.invoke("tea", user_id="alice")
+    assert [(d.id, d.page_content) for d in docs] == [("t", "alice drinks tea")]
+    assert docs[0].metadata["store_score"] is not None  # PostgreSQL searched
