@@ -9,6 +9,8 @@ nothing downloaded at run time. ``$PBR_POSTGRES_BIN`` overrides them (a folder h
 A fresh data folder, a free loopback port, trust authentication, stopped by ``pg_ctl stop``.
 PostgreSQL refuses to run as root, so under root the server runs as the unprivileged ``nobody``
 (``runuser``). Where no binaries are found the tests that need them are skipped with that reason.
+The benchmarks start theirs with a copy of this code (``benchmarks/pbr_bench/postgres_server.py``,
+kept the same by ``tests/bench/test_bench_separation.py``).
 """
 
 from __future__ import annotations
