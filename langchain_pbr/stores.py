@@ -351,7 +351,7 @@ def check_search_kwargs(store: VectorStore, search_kwargs: dict[str, Any]) -> No
         check_positive_int(search_kwargs["k"], "search_kwargs['k']")
     check_score_threshold(search_kwargs.get("score_threshold"))
     methods = [_search_method(store)]
-    native = getattr(store, _ASYNC_SEARCH, None)
+    native = _native_async(store)
     if native is not None:
         methods.append(native)
     for key in sorted(set(search_kwargs) - set(PBR_SEARCH_KWARGS)):
@@ -367,6 +367,14 @@ def check_search_kwargs(store: VectorStore, search_kwargs: dict[str, Any]) -> No
                 f"{takes or 'nothing else'}. Drop {key!r}, or for an MMR-style search wrap "
                 "the results (pbr ranks every candidate itself)"
             )
+
+
+def _native_async(store: VectorStore) -> Any:
+    """The store's native async scored search, or None: also None for a ``PGVector`` built in
+    sync mode, whose async methods exist but fail ("must be called with async_mode")."""
+    if _is_pgvector(store):
+        return None
+    return getattr(store, _ASYNC_SEARCH, None)
 
 
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
@@ -386,7 +394,7 @@ async def astore_search(
     store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
 ) -> Found:
     """Async :func:`store_search`: native when the store has it, else in a worker thread."""
-    native = getattr(store, _ASYNC_SEARCH, None)
+    native = _native_async(store)
     if native is not None:
         pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
         return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]

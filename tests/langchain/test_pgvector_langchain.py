@@ -81,3 +81,20 @@ def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engin
     docs = viewed.invoke("tea", user_id="alice")
     assert [(d.id, d.page_content) for d in docs] == [("t", "alice drinks tea")]
     assert docs[0].metadata["store_score"] is not None  # PostgreSQL searched
+
+
+async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
+    pgvector_engine: Any,
+) -> None:
+    """A sync-mode PGVector has ``asimilarity_search_with_score_by_vector`` but refuses it
+    ("must be called with async_mode"): pbr runs the sync search in a worker thread."""
+    store = _store(pgvector_engine[0])
+    plain = _retriever(store)
+    docs = [
+        Document(page_content="alice drinks tea", metadata={"topic": "tea"}),
+        Document(page_content="alice runs", metadata={"topic": "sport"}),
+    ]
+    plain.add_documents(docs, user_id="alice", ids=["t", "s"])
+    viewed = _retriever(store, search_kwargs={"filter": {"topic": "tea"}})
+    found = await viewed.ainvoke("tea", user_id="alice")
+    assert [d.id for d in found] == ["t"]
