@@ -223,7 +223,7 @@ class PgRecords:
         warning, and verification lists every read."""
         t, key = self.table, self.user_key
         suffix = t.suffix(key)
-        if self._installed(suffix):  # the usual case: no DDL, no lock on the table
+        if self._installed():  # the usual case: no DDL, no lock on the table
             self.tokens = True
             return
         owner = t.owner_expr(key)
@@ -268,18 +268,14 @@ class PgRecords:
             return
         self.tokens = True
 
-    def _installed(self, suffix: str) -> bool:
+    def _installed(self) -> bool:
         try:
             rows = self.sql(
                 [
                     (
                         "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) "
                         "AND tgname IN (:rev, :trunc)",
-                        {
-                            "tbl": self.table.regclass,
-                            "rev": f"pbr_rev_{suffix}",
-                            "trunc": f"pbr_trunc_{suffix}",
-                        },
+                        {"tbl": self.table.regclass, **self._trigger_names()},
                     )
                 ]
             )
@@ -346,19 +342,35 @@ class PgRecords:
 
     def change_token(self, user_id: str) -> str | None:
         """A value that changes whenever any row of ``user_id`` in this table changes (one
-        primary-key read); None where it cannot be told (no trigger, or a per-user table)."""
+        primary-key read); None where it cannot be told: no trigger (a read-only role), a
+        per-user table, or a trigger that is gone or disabled since (a table dropped and
+        created again, ``ALTER TABLE ... DISABLE TRIGGER``), checked in the same statement."""
         if not self.tokens or self.owner is not None:
             return None
         rows = self.sql(
             [
                 (
-                    "SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
-                    "AND user_key = :key AND owner = :user",
-                    {"tbl": self.table.regclass, "key": self.user_key, "user": user_id},
+                    "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
+                    "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
+                    "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
+                    "AND tgenabled <> 'D')",
+                    {
+                        "tbl": self.table.regclass,
+                        "key": self.user_key,
+                        "user": user_id,
+                        **self._trigger_names(),
+                    },
                 )
             ]
         )
-        return str(rows[0][0]) if rows else "none"
+        rev, armed = rows[0]
+        if armed != 2:
+            return None
+        return "none" if rev is None else str(rev)
+
+    def _trigger_names(self) -> dict[str, str]:
+        suffix = self.table.suffix(self.user_key)
+        return {"rev": f"pbr_rev_{suffix}", "trunc": f"pbr_trunc_{suffix}"}
 
     # -- reading -------------------------------------------------------------------------------
     def rows(self, user_id: str, keys: Sequence[str] | None) -> list[tuple[str, str, dict]]:

@@ -202,3 +202,19 @@ def test_a_nul_character_is_refused_before_anything_is_written(
         )
     count = corpus.host.sql([("SELECT count(*) FROM notes", {})])  # type: ignore[union-attr]
     assert count == [(0,)]
+
+
+def test_a_disabled_trigger_makes_every_read_list_again(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """Writes made while the trigger is off do not move the revision: pbr must notice the
+    trigger is off (in the same read) and list, not trust an unmoved token."""
+    corpus, listed = _corpus(_records(pgvector_engine[0]), hash_embedder)
+    _add(corpus, "alice", {"x": "alice one", "y": "alice two"})
+    corpus.history("alice")
+    sql = corpus.host.sql  # type: ignore[union-attr]
+    sql([("ALTER TABLE notes DISABLE TRIGGER USER", {})])
+    sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {})])
+    listed.clear()
+    assert [it.id for it in corpus.history("alice").items] == ["y"]  # type: ignore[union-attr]
+    assert listed == ["alice"]
