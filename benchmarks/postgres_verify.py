@@ -12,7 +12,10 @@ pgvector) with LangChain's ``PGVector``:
 - ``search``: PGVector's own search by vector, ``k=10``, filtered to the user (exact: PGVector
   creates no vector index), which the check guards;
 - ``changed``: one row of the user updated by SQL before each check (the re-list and re-read of
-  the changed row).
+  the changed row);
+- ``add`` / ``add_no_trigger``: adding ``--items`` items of a new user through pbr (one
+  ``add_embeddings`` upsert), with pbr's revision trigger and with it disabled: what the trigger
+  costs writers (median of 5 alternated rounds; a row, not a query).
 
 ``--users`` users of ``--items`` items each, 384-dimensional random unit vectors (MiniLM's
 size), given directly: no model runs. Median milliseconds over ``--repeats`` queries, each user
@@ -107,6 +110,26 @@ def measure(url: str, n_users: int, n_items: int, repeats: int) -> dict[str, flo
         corpus.history(user)
 
     out["changed"] = _median_ms(changed, users, max(repeats // 4, 10))
+
+    def add_batch(tag: str) -> float:
+        """Seconds to add ``n_items`` new items of a new user: one host upsert."""
+        items = [HistoryItem(id=f"n{j}", text=f"{tag} note {j}") for j in range(n_items)]
+        vectors = rng.normal(size=(n_items, DIM))
+        start = time.perf_counter()
+        corpus.add_many({tag: items}, vectors={tag: vectors})
+        return (time.perf_counter() - start) * 1000
+
+    rounds = 5  # alternated, so drift on a shared machine hits both alike
+    with_trigger, without = [], []
+    for i in range(rounds):
+        with_trigger.append(add_batch(f"writer-{i}"))
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE langchain_pg_embedding DISABLE TRIGGER USER"))
+        without.append(add_batch(f"plain-{i}"))
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE langchain_pg_embedding ENABLE TRIGGER USER"))
+    out["add"] = statistics.median(with_trigger)
+    out["add_no_trigger"] = statistics.median(without)
     engine.dispose()
     return out
 
