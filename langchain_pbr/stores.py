@@ -8,6 +8,9 @@ Which stores pbr can verify against (list a user's records, return their vectors
   owner index and returns vectors; a trigger-kept revision makes the per-query check one
   primary-key read (:mod:`pbr_core.postgres`, which holds every rule; here only the table's
   column names and the write through ``add_embeddings``).
+* ``langchain_postgres.PGVectorStore`` (v2) whose metadata is all in its JSON column: the same,
+  over its own table and async engine. With ``metadata_columns`` it cannot list (pbr does not
+  read metadata back from columns).
 * any other ``VectorStore``: cannot list; pbr's own history is the record of each user's items,
   written after the store write succeeded (see :mod:`pbr_core.corpus`). Deletes must then go
   through the retriever: a delete made through the store itself is not seen by pbr.
@@ -30,7 +33,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
-from pbr_core.postgres import PgRecords, PgTable, engine_sql
+from pbr_core.postgres import PgRecords, PgTable, async_engine_sql, engine_sql
 from pbr_core.retrieval import check_score_threshold
 
 __all__ = [
@@ -224,6 +227,44 @@ class _PGVector(_Base):
         return self.pg.change_token(user_id)
 
 
+class _PGVectorStore(_PGVector):
+    """``langchain_postgres.PGVectorStore`` (the v2 store: a table of its own, an async engine
+    run by ``PGEngine``) whose metadata is all in its JSON column (no ``metadata_columns``):
+    rows of ``id_column``, ``content_column``, ``metadata_json_column``, ``embedding_column``,
+    written by the store's own ``add_embeddings`` (an upsert by id)."""
+
+    def __init__(self, store: VectorStore, user_key: str) -> None:
+        _Base.__init__(self, store, user_key)
+        inner = _v2_inner(store)
+        assert inner is not None
+        self.pg = PgRecords(
+            PgTable(
+                schema=inner.schema_name,
+                name=inner.table_name,
+                key=inner.id_column,
+                text=inner.content_column,
+                metadata=inner.metadata_json_column,
+                vector=inner.embedding_column,
+            ),
+            async_engine_sql(inner.engine, store._engine._run_as_sync),  # type: ignore[attr-defined]
+            user_key,
+            self._write,
+        )
+
+
+def _v2_inner(store: VectorStore) -> Any:
+    """The ``AsyncPGVectorStore`` inside a v2 ``PGVectorStore`` whose metadata is all JSON, or
+    None (another store; or metadata columns, which pbr does not read back)."""
+    module = sys.modules.get("langchain_postgres.v2.vectorstores")
+    cls = getattr(module, "PGVectorStore", None) if module is not None else None
+    if cls is None or not isinstance(store, cls):
+        return None
+    inner = getattr(store, "_PGVectorStore__vs", None)
+    if inner is None or inner.metadata_columns or not inner.metadata_json_column:
+        return None
+    return inner
+
+
 def _is_pgvector(store: VectorStore) -> bool:
     """A sync-mode ``langchain_postgres.PGVector`` (imported only if installed)."""
     module = sys.modules.get("langchain_postgres")  # a PGVector means it was imported
@@ -250,6 +291,8 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
         return _Chroma(store, user_key)
     if _is_pgvector(store):
         return _PGVector(store, user_key)
+    if _v2_inner(store) is not None:
+        return _PGVectorStore(store, user_key)
     return _Opaque(store, user_key)
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "PgRecords",
     "PgTable",
     "Sql",
+    "async_engine_sql",
     "engine_sql",
     "parse_vector",
     "quote_ident",
@@ -444,3 +445,29 @@ def engine_sql(engine: Any) -> Sql:
         return rows
 
     return run
+
+
+def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
+    """:data:`Sql` over a SQLAlchemy ``AsyncEngine``, each call one transaction, driven to
+    completion by ``run(coroutine)`` (LangChain's ``PGEngine._run_as_sync``, which runs it on the
+    engine's own event loop). Statements without parameters go to the driver connection as they
+    are (plpgsql bodies hold ``%`` and ``:``)."""
+    from sqlalchemy import text
+
+    async def go(statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
+        async with engine.begin() as conn:
+            for statement, params in statements:
+                if params:
+                    result = await conn.execute(text(statement), dict(params))
+                    rows = [tuple(r) for r in result] if result.returns_rows else []
+                else:
+                    raw = await conn.get_raw_connection()
+                    await raw.driver_connection.execute(statement)
+                    rows = []
+        return rows
+
+    def call(statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[Any, ...]]:
+        return list(run(go(list(statements))))
+
+    return call

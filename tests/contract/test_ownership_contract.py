@@ -116,6 +116,8 @@ class LangChainHarness(Harness):
             )
         elif store is None and backend == "pgvector":
             store = _pgvector(self.emb, chroma, f"contract-{uuid.uuid4().hex[:8]}")
+        elif store is None and backend == "pgvector-v2":
+            store = _pgvector_v2(self.emb, chroma, f"contract_{uuid.uuid4().hex[:8]}", create=True)
         self.store = store
         self.r = langchain_pbr.PBRRetriever(
             llm=self.llm, embeddings=self.emb, vectorstore=store, k=10, config=EXPLAINED
@@ -162,6 +164,8 @@ class LangChainHarness(Harness):
             return _count(
                 self._chroma, "langchain_pg_embedding WHERE collection_id = :c", c=collection
             )
+        if self.backend == "pgvector-v2":
+            return _count(self._chroma, self.store._PGVectorStore__vs.table_name)
         return sum(len(self.r.history.get(u)) for u in self.r.history.users())
 
     def delete_through_store(self, user: str, item_id: str) -> None:
@@ -185,6 +189,9 @@ class LangChainHarness(Harness):
             )
         if self.backend == "pgvector":
             store = _pgvector(self.emb, self._chroma, self.store.collection_name)
+        if self.backend == "pgvector-v2":
+            table = self.store._PGVectorStore__vs.table_name
+            store = _pgvector_v2(self.emb, self._chroma, table, create=False)
         return LangChainHarness(self.backend, self._chroma, store)
 
 
@@ -279,6 +286,18 @@ def _pgvector(emb: Any, engine: Any, collection: str) -> Any:
     return PGVector(embeddings=emb, connection=engine[0], collection_name=collection)
 
 
+def _pgvector_v2(emb: Any, engines: Any, table: str, *, create: bool) -> Any:
+    """LangChain's v2 ``PGVectorStore`` on the test server: a table of its own (text ids, so
+    that records written before pbr may use any id; metadata all in its JSON column)."""
+    from langchain_postgres import Column, PGEngine, PGVectorStore
+
+    url = engines[0].url.render_as_string(hide_password=False)
+    engine = PGEngine.from_connection_string(url)
+    if create:
+        engine.init_vectorstore_table(table, DIM, id_column=Column("langchain_id", "TEXT"))
+    return PGVectorStore.create_sync(engine=engine, embedding_service=emb, table_name=table)
+
+
 def _pgvector_li(engines: Any, table: str) -> Any:
     """LlamaIndex's ``PGVectorStore`` on the test server (cosine distance, JSON metadata: its
     defaults)."""
@@ -308,13 +327,16 @@ def _key_of(corpus: Any, user: str, item_id: str) -> str:
     )
 
 
-@pytest.fixture(params=[(a, b) for a in ADAPTERS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(a, b) for a in ADAPTERS for b in BACKENDS] + [("langchain", "pgvector-v2")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     adapter, backend = request.param
     server: Any = None
     if backend == "chroma":
         server = request.getfixturevalue("shared_chroma")
-    elif backend == "pgvector":
+    elif backend.startswith("pgvector"):
         server = request.getfixturevalue("pgvector_engine")
     cls = LangChainHarness if adapter == "langchain" else LlamaIndexHarness
     yield cls(backend, server)

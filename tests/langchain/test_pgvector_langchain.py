@@ -98,3 +98,45 @@ async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
     viewed = _retriever(store, search_kwargs={"filter": {"topic": "tea"}})
     found = await viewed.ainvoke("tea", user_id="alice")
     assert [d.id for d in found] == ["t"]
+
+
+def _v2_store(engines: Any, **table: Any) -> Any:
+    """LangChain's v2 ``PGVectorStore`` on a table of its own."""
+    from langchain_postgres import PGEngine, PGVectorStore
+
+    engine = PGEngine.from_connection_string(engines[0].url.render_as_string(hide_password=False))
+    name = f"v2_{uuid.uuid4().hex[:8]}"
+    engine.init_vectorstore_table(name, 16, **table)
+    columns = [c.name for c in table.get("metadata_columns", [])]
+    return PGVectorStore.create_sync(
+        engine=engine, embedding_service=EMB, table_name=name, metadata_columns=columns
+    )
+
+
+async def test_a_v2_pgvectorstore_is_verified_and_searched_within_the_user(
+    pgvector_engine: Any,
+) -> None:
+    """The v2 store, metadata in its JSON column: listed (verified), and a view filter searched
+    by PostgreSQL keeps to the user, sync and async (its native async search)."""
+    store = _v2_store(pgvector_engine)
+    plain = _retriever(store)
+    assert plain.corpus.verified
+    for user in ("alice", "bob"):
+        docs = [
+            Document(page_content=f"{user} drinks tea", metadata={"topic": "tea"}),
+            Document(page_content=f"{user} runs", metadata={"topic": "sport"}),
+        ]
+        plain.add_documents(docs, user_id=user, ids=["t", "s"])
+    viewed = _retriever(store, search_kwargs={"filter": {"topic": "tea"}})
+    assert [d.page_content for d in viewed.invoke("tea", user_id="bob")] == ["bob drinks tea"]
+    found = await viewed.ainvoke("tea", user_id="alice")
+    assert [d.page_content for d in found] == ["alice drinks tea"]
+
+
+def test_a_v2_pgvectorstore_with_metadata_columns_is_not_listed(pgvector_engine: Any) -> None:
+    """Metadata split over columns is not read back by pbr: such a store is one pbr cannot list
+    (its history is the record), not one it would read half of."""
+    from langchain_postgres import Column
+
+    store = _v2_store(pgvector_engine, metadata_columns=[Column("user_id", "TEXT")])
+    assert not _retriever(store).corpus.verified
