@@ -68,3 +68,34 @@ def test_replacing_a_node_leaves_one_row_with_the_new_text(pgvector_engine: Any)
         rows = conn.execute(text(f"SELECT text FROM {store.schema_name}.data_notes")).all()
     assert [r[0] for r in rows] == ["ann new note"]
     assert [n.node.get_content() for n in ann.retrieve("note")] == ["ann new note"]
+
+
+def test_a_per_user_partition_of_postgres_tables_is_verified(pgvector_engine: Any) -> None:
+    """One ``PGVectorStore`` table per user (``vector_store_factory``): every row of a table is
+    its user's; a row deleted through the store is gone at the next query."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    engine, async_engine = pgvector_engine
+    stores: dict[str, Any] = {}
+
+    def factory(user: str) -> Any:
+        stores[user] = PGVectorStore(
+            engine=engine, async_engine=async_engine, table_name=f"part_{user}", embed_dim=32
+        )
+        return stores[user]
+
+    base = PBRRetriever.from_defaults(
+        nodes=[], llm=MockLLM(max_tokens=4), embed_model=EMB, vector_store_factory=factory
+    )
+    for user in ("ann", "ben"):
+        base.for_user(user).add_nodes(
+            [TextNode(text=f"{user} note {i}", id_=f"n{i}") for i in range(3)]
+        )
+    ann = base.for_user("ann", similarity_top_k=5)
+    assert sorted(n.node.get_content() for n in ann.retrieve("note")) == [
+        f"ann note {i}" for i in range(3)
+    ]
+    key = base.personalizer.corpus.key_of("ann", "n0")
+    stores["ann"].delete_nodes([key])
+    assert sorted(n.node.node_id for n in ann.retrieve("note")) == ["n1", "n2"]
+    assert len(base.for_user("ben", similarity_top_k=5).retrieve("note")) == 3
