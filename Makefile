@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pbr-installed
-EXTRAS := local,langchain,llamaindex,chroma,test
+EXTRAS := local,langchain,llamaindex,chroma,postgres,test
 LINT_PATHS := pbr_core langchain_pbr llamaindex_pbr tests benchmarks examples
 
 .PHONY: demo test lint pytest install

@@ -4,6 +4,13 @@ Which stores pbr can verify against (list a user's records, return their vectors
 
 * ``InMemoryVectorStore``: lists and returns vectors (read from its ``store`` dict).
 * ``langchain_chroma.Chroma``: lists (``get(where=...)``) and returns vectors.
+* ``langchain_postgres.PGVector`` (sync mode): lists the collection's rows of a user through an
+  owner index and returns vectors; a trigger-kept revision makes the per-query check one
+  primary-key read (:mod:`pbr_core.postgres`, which holds every rule; here only the table's
+  column names and the write through ``add_embeddings``).
+* ``langchain_postgres.PGVectorStore`` (v2) whose metadata is all in its JSON column: the same,
+  over its own table and async engine. With ``metadata_columns`` it cannot list (pbr does not
+  read metadata back from columns).
 * any other ``VectorStore``: cannot list; pbr's own history is the record of each user's items,
   written after the store write succeeded (see :mod:`pbr_core.corpus`). Deletes must then go
   through the retriever: a delete made through the store itself is not seen by pbr.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +33,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
+from pbr_core.postgres import PgRecords, PgTable, async_engine_sql, engine_sql
 from pbr_core.retrieval import check_score_threshold
 
 __all__ = [
@@ -156,6 +165,113 @@ class _Chroma(_Base):
         return out
 
 
+class _PGVector(_Base):
+    """``langchain_postgres.PGVector``: its ``langchain_pg_embedding`` rows of one collection
+    (``id``, ``document``, ``cmetadata`` JSONB, ``embedding``), read and deleted by
+    :class:`~pbr_core.postgres.PgRecords`, written by the store's own ``add_embeddings`` (an
+    upsert by id, with pbr's vectors)."""
+
+    can_list = True
+
+    def __init__(self, store: VectorStore, user_key: str) -> None:
+        super().__init__(store, user_key)
+        pg: Any = store
+        with pg._make_sync_session() as session:
+            collection = pg.get_collection(session)
+        if collection is None:
+            raise ValueError(
+                f"PGVector collection {pg.collection_name!r} does not exist; create the store "
+                "with create_collection (the default) before wrapping it"
+            )
+        table = pg.EmbeddingStore.__table__
+        self.pg = PgRecords(
+            PgTable(
+                schema=table.schema or "public",
+                name=table.name,
+                key="id",
+                text="document",
+                metadata="cmetadata",
+                vector="embedding",
+                scope_column="collection_id",
+                scope=collection.uuid,
+            ),
+            engine_sql(pg._engine),
+            user_key,
+            self._write,
+        )
+
+    def _write(self, records: Sequence[Record]) -> None:
+        self.store.add_embeddings(  # type: ignore[attr-defined]
+            texts=[r.text for r in records],
+            embeddings=[[float(x) for x in np.asarray(r.vector)] for r in records],
+            metadatas=[dict(r.metadata) for r in records],
+            ids=[r.key for r in records],
+        )
+
+    def validate(self, records: Sequence[Record]) -> None:
+        self.pg.validate(records)
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        self.pg.upsert(records)
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        self.pg.delete(user_id, keys)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        return self.pg.list_user(user_id)
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return self.pg.fetch(user_id, keys)
+
+    def change_token(self, user_id: str) -> str | None:
+        return self.pg.change_token(user_id)
+
+
+class _PGVectorStore(_PGVector):
+    """``langchain_postgres.PGVectorStore`` (the v2 store: a table of its own, an async engine
+    run by ``PGEngine``) whose metadata is all in its JSON column (no ``metadata_columns``):
+    rows of ``id_column``, ``content_column``, ``metadata_json_column``, ``embedding_column``,
+    written by the store's own ``add_embeddings`` (an upsert by id)."""
+
+    def __init__(self, store: VectorStore, user_key: str) -> None:
+        _Base.__init__(self, store, user_key)
+        inner = _v2_inner(store)
+        assert inner is not None
+        self.pg = PgRecords(
+            PgTable(
+                schema=inner.schema_name,
+                name=inner.table_name,
+                key=inner.id_column,
+                text=inner.content_column,
+                metadata=inner.metadata_json_column,
+                vector=inner.embedding_column,
+            ),
+            async_engine_sql(inner.engine, store._engine._run_as_sync),  # type: ignore[attr-defined]
+            user_key,
+            self._write,
+        )
+
+
+def _v2_inner(store: VectorStore) -> Any:
+    """The ``AsyncPGVectorStore`` inside a v2 ``PGVectorStore`` whose metadata is all JSON, or
+    None (another store; or metadata columns, which pbr does not read back)."""
+    module = sys.modules.get("langchain_postgres.v2.vectorstores")
+    cls = getattr(module, "PGVectorStore", None) if module is not None else None
+    if cls is None or not isinstance(store, cls):
+        return None
+    inner = getattr(store, "_PGVectorStore__vs", None)
+    if inner is None or inner.metadata_columns or not inner.metadata_json_column:
+        return None
+    return inner
+
+
+def _is_pgvector(store: VectorStore) -> bool:
+    """A sync-mode ``langchain_postgres.PGVector`` (imported only if installed)."""
+    module = sys.modules.get("langchain_postgres")  # a PGVector means it was imported
+    PGVector = getattr(module, "PGVector", None) if module is not None else None
+    return PGVector is not None and isinstance(store, PGVector) and not store.async_mode
+
+
 class _Opaque(_Base):
     """Any other ``VectorStore``: written through ``add_documents`` (it embeds), never listed."""
 
@@ -173,6 +289,10 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
         return _InMemory(store, user_key)
     if collection_of(store) is not None:
         return _Chroma(store, user_key)
+    if _is_pgvector(store):
+        return _PGVector(store, user_key)
+    if _v2_inner(store) is not None:
+        return _PGVectorStore(store, user_key)
     return _Opaque(store, user_key)
 
 
@@ -274,7 +394,7 @@ def check_search_kwargs(store: VectorStore, search_kwargs: dict[str, Any]) -> No
         check_positive_int(search_kwargs["k"], "search_kwargs['k']")
     check_score_threshold(search_kwargs.get("score_threshold"))
     methods = [_search_method(store)]
-    native = getattr(store, _ASYNC_SEARCH, None)
+    native = _native_async(store)
     if native is not None:
         methods.append(native)
     for key in sorted(set(search_kwargs) - set(PBR_SEARCH_KWARGS)):
@@ -290,6 +410,14 @@ def check_search_kwargs(store: VectorStore, search_kwargs: dict[str, Any]) -> No
                 f"{takes or 'nothing else'}. Drop {key!r}, or for an MMR-style search wrap "
                 "the results (pbr ranks every candidate itself)"
             )
+
+
+def _native_async(store: VectorStore) -> Any:
+    """The store's native async scored search, or None: also None for a ``PGVector`` built in
+    sync mode, whose async methods exist but fail ("must be called with async_mode")."""
+    if _is_pgvector(store):
+        return None
+    return getattr(store, _ASYNC_SEARCH, None)
 
 
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:
@@ -309,7 +437,7 @@ async def astore_search(
     store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]
 ) -> Found:
     """Async :func:`store_search`: native when the store has it, else in a worker thread."""
-    native = getattr(store, _ASYNC_SEARCH, None)
+    native = _native_async(store)
     if native is not None:
         pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
         return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]

@@ -5,6 +5,10 @@ Which vector stores pbr can verify against (list a user's nodes, return their ve
 * ``SimpleVectorStore`` (the default in-memory store): vectors and metadata from the store, text
   from the index's docstore.
 * ``ChromaVectorStore``: nodes from the collection (``get(where=...)``), vectors included.
+* ``PGVectorStore`` (``llama-index-vector-stores-postgres``): the user's rows of its
+  ``data_<table>`` through an owner index, vectors included, checked per query by one
+  primary-key read of a trigger-kept revision (:mod:`pbr_core.postgres` holds every rule; here
+  only the column names and the write of LlamaIndex's rows).
 * any other store: cannot list; pbr's own history is the record of each user's nodes, written
   after the index write succeeded. Deletes must go through the retriever.
 
@@ -13,6 +17,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -25,6 +30,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
+from pbr_core.postgres import PgRecords, PgTable, engine_sql
 
 from ._bridge import with_keys
 
@@ -46,14 +52,56 @@ def _is_chroma(store: object) -> bool:
     return collection_of(store) is not None
 
 
+def _is_postgres(store: object) -> bool:
+    """A ``PGVectorStore`` (its module imported: a store of it exists)."""
+    module = sys.modules.get("llama_index.vector_stores.postgres")
+    cls = getattr(module, "PGVectorStore", None) if module is not None else None
+    return cls is not None and isinstance(store, cls)
+
+
 def listable(index: VectorStoreIndex) -> bool:
     """Whether pbr can list the index's nodes per user (and so verify against it)."""
     store = index.vector_store
-    return isinstance(store, SimpleVectorStore) or _is_chroma(store)
+    return isinstance(store, SimpleVectorStore) or _is_chroma(store) or _is_postgres(store)
 
 
-def _chroma_node(key: str, metadata: Mapping[str, Any] | None, text: str) -> BaseNode:
-    """A Chroma row as the node LlamaIndex stored (relationships restored from its
+def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
+    """:class:`PgRecords` of a ``PGVectorStore``'s table: ``node_id`` (not unique: the newest
+    ``id`` wins), ``text``, ``metadata_`` (LlamaIndex's node dict: read back as the node's
+    metadata), ``embedding``. The store creates its table on first use; so does this."""
+    store._initialize()
+    table = store._table_class.__table__
+
+    def write(records: Sequence[Record]) -> None:
+        # LlamaIndex's add only inserts (node_id is no key): the old rows of these keys are
+        # deleted in the same transaction, so a replacement is atomic and nothing duplicates.
+        nodes = [stored_node(r, user_key) for r in records]
+        column = table.c.node_id
+        with store._session() as session, session.begin():
+            session.execute(table.delete().where(column.in_([n.node_id for n in nodes])))
+            for node in nodes:
+                session.add(store._node_to_table_row(node))
+
+    return PgRecords(
+        PgTable(
+            schema=table.schema or "public",
+            name=table.name,
+            key="node_id",
+            text="text",
+            metadata="metadata_",
+            vector="embedding",
+            newest="id",
+        ),
+        engine_sql(store._engine),
+        user_key,
+        write,
+        read_metadata=lambda key, meta, text: dict(_row_node(key, meta, text).metadata),
+        owner=owner,
+    )
+
+
+def _row_node(key: str, metadata: Mapping[str, Any] | None, text: str) -> BaseNode:
+    """A Chroma or PostgreSQL row as the node LlamaIndex stored (relationships restored from its
     ``_node_content``), under the row's id; a row written by something other than LlamaIndex
     becomes a text node with its metadata, LlamaIndex's own keys removed."""
     meta = dict(metadata or {})
@@ -97,6 +145,8 @@ class IndexRecords:
         self.index = index
         self.user_key = user_key
         self.owner = owner  # a partition's index: untagged nodes are the owner's
+        store = index.vector_store
+        self.pg = _pg_records(store, user_key, owner) if _is_postgres(store) else None
 
     @property
     def can_list(self) -> bool:
@@ -105,8 +155,17 @@ class IndexRecords:
     def validate(self, records: Sequence[Record]) -> None:
         if _is_chroma(self.index.vector_store):
             check_flat_metadata(records, noun="node")
+        if self.pg is not None:
+            self.pg.validate(records)
+
+    def change_token(self, user_id: str) -> str | None:
+        """See :meth:`pbr_core.postgres.PgRecords.change_token` (None for other stores)."""
+        return self.pg.change_token(user_id) if self.pg is not None else None
 
     def upsert(self, records: Sequence[Record]) -> None:
+        if self.pg is not None:
+            self.pg.upsert(records)
+            return
         nodes = [stored_node(r, self.user_key) for r in records]
         store = self.index.vector_store
         if _is_chroma(store):
@@ -126,7 +185,9 @@ class IndexRecords:
 
     def delete(self, user_id: str, keys: Sequence[str]) -> None:
         store = self.index.vector_store
-        if _is_chroma(store):
+        if self.pg is not None:
+            self.pg.delete(user_id, keys)
+        elif _is_chroma(store):
             store._collection.delete(ids=list(keys))  # type: ignore[attr-defined]
         else:
             self.index.delete_nodes(list(keys), delete_from_docstore=True)
@@ -139,6 +200,8 @@ class IndexRecords:
 
     def _read(self, user_id: str, keys: list[str] | None, *, vectors: bool) -> list[Record]:
         store = self.index.vector_store
+        if self.pg is not None:
+            return self.pg.fetch(user_id, keys) if keys is not None else self.pg.list_user(user_id)
         if _is_chroma(store):
             return self._read_chroma(store, user_id, keys, vectors)
         if isinstance(store, SimpleVectorStore):
@@ -159,7 +222,7 @@ class IndexRecords:
         out = []
         for i, key in enumerate(got["ids"]):
             text = got["documents"][i] or ""
-            node_meta = dict(_chroma_node(key, got["metadatas"][i], text).metadata)
+            node_meta = dict(_row_node(key, got["metadatas"][i], text).metadata)
             vector = embeddings[i] if embeddings is not None else None
             record = self._record(key, text, node_meta, vector)
             if record is not None and record.user_id == user_id:
@@ -202,10 +265,12 @@ class IndexRecords:
             return {}  # Chroma refuses a get() of no ids
         store = self.index.vector_store
         found: list[BaseNode] = []
-        if _is_chroma(store):
+        if self.pg is not None:
+            found = [_row_node(k, meta, text) for k, text, meta in self.pg.rows(user_id, keys)]
+        elif _is_chroma(store):
             got = store._collection.get(ids=list(keys), include=["documents", "metadatas"])  # type: ignore[attr-defined]
             for key, meta, text in zip(got["ids"], got["metadatas"], got["documents"]):
-                found.append(_chroma_node(key, meta, text or ""))
+                found.append(_row_node(key, meta, text or ""))
         else:
             found = [n for n in self.index.docstore.get_nodes(list(keys), raise_error=False) if n]
         return {n.node_id: n for n in found if n.metadata.get(self.user_key, self.owner) == user_id}
@@ -214,7 +279,9 @@ class IndexRecords:
         """The user's node ids (their own) -> the id of the document each node came from."""
         store = self.index.vector_store
         rows: Iterable[tuple[str, Mapping[str, Any]]]
-        if _is_chroma(store):
+        if self.pg is not None:
+            rows = [(k, meta) for k, _, meta in self.pg.rows(user_id, None)]
+        elif _is_chroma(store):
             where = None if self.owner is not None else {self.user_key: user_id}
             got = store._collection.get(where=where, include=["metadatas"])  # type: ignore[attr-defined]
             rows = zip(got["ids"], (dict(m or {}) for m in got["metadatas"]))
@@ -245,6 +312,7 @@ class PartitionRecords:
         self.new_index = new_index
         self.user_key = user_key
         self._lock = threading.Lock()
+        self._parts: dict[str, tuple[VectorStoreIndex, IndexRecords]] = {}
 
     def index_for(self, user_id: str, *, create: bool = False) -> VectorStoreIndex | None:
         """The user's index; with ``create``, built by ``new_index`` when missing."""
@@ -267,7 +335,12 @@ class PartitionRecords:
 
     def _part(self, user_id: str, create: bool = False) -> IndexRecords | None:
         index = self.index_for(user_id, create=create)
-        return None if index is None else IndexRecords(index, self.user_key, owner=user_id)
+        if index is None:
+            return None
+        cached = self._parts.get(user_id)
+        if cached is None or cached[0] is not index:  # built once per index (a PG setup)
+            cached = self._parts[user_id] = (index, IndexRecords(index, self.user_key, user_id))
+        return cached[1]
 
     def validate(self, records: Sequence[Record]) -> None:
         for user_id in {r.user_id for r in records}:

@@ -217,6 +217,10 @@ class HostRecords(Protocol):
         keys skipped."""
         ...
 
+    # Optional: ``change_token(user_id) -> str | None``, a value that changes whenever any of
+    # the user's records changes (None: cannot tell). With it, a read lists the user only when
+    # the token moved (pbr_core.postgres reads it through a trigger-kept revision row).
+
 
 def revision(record: Record) -> str:
     """A record's revision: a hash of its text, metadata and timestamp (not its vector).
@@ -251,6 +255,7 @@ class _Known:
     key_of: dict[str, str] = field(default_factory=dict)
     shadowed: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # unsaveable key -> revision warned
+    token: str | None = None  # the host's change token when this view was listed
 
 
 class Corpus:
@@ -727,8 +732,20 @@ class Corpus:
     def _refresh(self, user_id: str) -> UserHistory | None:
         """Bring the cache of ``user_id`` in line with the host's listing (lock held)."""
         assert self.host is not None
-        listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
         known = self._known.setdefault(user_id, _Known())
+        # A host with a change token (pbr_core.postgres) says cheaply whether anything of the
+        # user changed since the last listing; read before listing, so a change made meanwhile
+        # leaves a token that differs next time.
+        token_of = getattr(self.host, "change_token", None)
+        token = token_of(user_id) if token_of is not None else None
+        if (
+            token is not None
+            and token == known.token
+            and (user_id in self.cache) == bool(known.revisions)
+        ):
+            return self.cache._current(user_id)
+        known.token = None  # set again only once this listing is applied
+        listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
         current: dict[str, Record] = {}
         twice: dict[str, list[Record]] = {}
         for record in listed:
@@ -748,6 +765,7 @@ class Corpus:
         # loaded save knows no revisions yet, so a user the host no longer lists must still go
         # through the stale-removal below, not be served from the save.
         if revisions == known.revisions and (user_id in self.cache) == bool(revisions):
+            known.token = token
             return self.cache._current(user_id)
         history = self.cache._current(user_id)
         changed = [
@@ -769,6 +787,7 @@ class Corpus:
             self.cache.upsert(user_id, items, vectors, self._windows(user_id, items))
         known.revisions = revisions
         known.key_of = {item_id: r.key for item_id, r in current.items()}
+        known.token = token
         self._drop_if_empty(user_id)
         return self.cache._current(user_id)
 

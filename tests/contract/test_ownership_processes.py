@@ -1,4 +1,5 @@
-"""Stateless workers: two OS processes of one app, sharing one real Chroma server.
+"""Stateless workers: two OS processes of one app, sharing one real Chroma server (or one
+PostgreSQL database with pgvector).
 
 Each process is its own retriever (``ownership_worker.py`` beside this file), serving requests
 concurrently.
@@ -37,9 +38,9 @@ WORKER = Path(__file__).with_name("ownership_worker.py")
 class Worker:
     """A worker process and the futures of its requests in flight."""
 
-    def __init__(self, adapter: str, port: int, collection: str) -> None:
+    def __init__(self, adapter: str, target: int | str, collection: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), adapter, str(port), collection],
+            [sys.executable, str(WORKER), adapter, str(target), collection],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -103,6 +104,17 @@ def workers(request: pytest.FixtureRequest, own_chroma: ChromaServer) -> Iterato
     pair = [Worker(adapter, own_chroma.port, collection) for _ in range(2)]
     held = own_chroma.client().get_collection(collection).configuration["hnsw"]
     assert held["sync_threshold"] == hnsw.get("sync_threshold", 1000), held  # workers kept it
+    yield pair
+    for worker in pair:
+        worker.close()
+
+
+@pytest.fixture
+def pg_workers(request: pytest.FixtureRequest, pgvector_engine: Any) -> Iterator[list[Worker]]:
+    """Two workers over one fresh PostgreSQL database (LangChain's PGVector collection or
+    LlamaIndex's PGVectorStore table)."""
+    url = pgvector_engine[0].url.render_as_string(hide_password=False)
+    pair = [Worker(f"{request.param}-pg", url, "workers") for _ in range(2)]
     yield pair
     for worker in pair:
         worker.close()
@@ -201,6 +213,15 @@ def drive(workers: list[Worker], *, retry: bool = False, during: Any = None) -> 
 @pytest.mark.parametrize("workers", ["langchain", "llamaindex"], indirect=True)
 def test_two_processes_on_one_server_behave_like_one(workers: list[Worker]) -> None:
     clients = drive(workers)
+    failures = [f for c in clients for f in c.failures]
+    assert failures == []
+    assert sum(len(e) for c in clients for e in c.expected.values()) > 0
+
+
+@pytest.mark.parametrize("pg_workers", ["langchain", "llamaindex"], indirect=True)
+def test_two_processes_on_one_postgres_database_behave_like_one(pg_workers: list[Worker]) -> None:
+    """Each query's check is the revision read; a write by the other process moves it."""
+    clients = drive(pg_workers)
     failures = [f for c in clients for f in c.failures]
     assert failures == []
     assert sum(len(e) for c in clients for e in c.expected.values()) > 0

@@ -100,12 +100,21 @@ def test_or_and_not_view_filters_work_on_the_default_store_and_keep_to_the_user(
     assert want and {n.node.get_content() for n in got} == want  # SimpleVectorStore cannot nest
 
 
-@pytest.fixture(params=["simple", "chroma"])
+@pytest.fixture(params=["simple", "chroma", "pgvector"])
 def listed(request: Any) -> PBRRetriever:
-    """An empty base over a store pbr lists: a SimpleVectorStore, or a collection of its own on
-    the shared ``chroma run`` server."""
+    """An empty base over a store pbr lists: a SimpleVectorStore, a collection of its own on
+    the shared ``chroma run`` server, or a ``PGVectorStore`` in a fresh PostgreSQL database."""
     if request.param == "simple":
         return base_over()
+    if request.param == "pgvector":
+        from llama_index.vector_stores.postgres import PGVectorStore
+
+        engine, async_engine = request.getfixturevalue("pgvector_engine")
+        store = PGVectorStore(
+            engine=engine, async_engine=async_engine, table_name="listed", embed_dim=EMB.dim
+        )
+        storage = StorageContext.from_defaults(vector_store=store)
+        return base_over(VectorStoreIndex([], storage_context=storage, embed_model=EMB))
     from llama_index.vector_stores.chroma import ChromaVectorStore
 
     server = request.getfixturevalue("shared_chroma")

@@ -1,0 +1,220 @@
+"""pbr_core.postgres on a real PostgreSQL + pgvector: the owner index, the change token kept by
+the trigger whoever writes, verification that skips the listing only while nothing changed, and
+the fallback for a role that may not create the trigger.
+
+A plain table (``id``, ``doc``, ``meta`` JSONB, ``emb`` vector) stands for a framework's; the
+adapters' own tables are run by the ownership contract suite.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pbr_core import HistoryItem
+from pbr_core.corpus import Corpus, Record
+from pbr_core.postgres import PgRecords, PgTable, engine_sql
+
+DIM = 16  # the hash_embedder fixture's
+
+
+def _table(engine: Any, name: str = "notes") -> tuple[PgTable, Any]:
+    sql = engine_sql(engine)
+    sql(
+        [
+            (
+                f"CREATE TABLE {name} (id text PRIMARY KEY, doc text, meta jsonb, "
+                f"emb vector({DIM}))",
+                {},
+            )
+        ]
+    )
+    return PgTable("public", name, "id", "doc", "meta", "emb"), sql
+
+
+def _writer(table: PgTable, sql: Any) -> Any:
+    def write(records: Sequence[Record]) -> None:
+        sql(
+            [
+                (
+                    f"INSERT INTO {table.qualified} VALUES (:id, :doc, CAST(:meta AS jsonb), "
+                    "CAST(:emb AS vector)) ON CONFLICT (id) DO UPDATE SET doc = EXCLUDED.doc, "
+                    "meta = EXCLUDED.meta, emb = EXCLUDED.emb",
+                    {
+                        "id": r.key,
+                        "doc": r.text,
+                        "meta": json.dumps(dict(r.metadata)),
+                        "emb": json.dumps([float(x) for x in np.asarray(r.vector)]),
+                    },
+                )
+                for r in records
+            ]
+        )
+
+    return write
+
+
+def _records(engine: Any, name: str = "notes") -> PgRecords:
+    table, sql = _table(engine, name)
+    return PgRecords(table, sql, "user_id", _writer(table, sql))
+
+
+def _corpus(host: PgRecords, embedder: Any) -> tuple[Corpus, list[str]]:
+    """A corpus over ``host`` whose ``list_user`` calls are counted (user ids appended)."""
+    listed: list[str] = []
+    real = host.list_user
+
+    def counting(user_id: str) -> list[Record]:
+        listed.append(user_id)
+        return real(user_id)
+
+    host.list_user = counting  # type: ignore[method-assign]
+    return Corpus(host, embedder=embedder), listed
+
+
+def _add(corpus: Corpus, user: str, texts: dict[str, str]) -> None:
+    corpus.add(user, [HistoryItem(id=i, text=t) for i, t in texts.items()])
+
+
+def test_the_change_token_moves_on_every_write_whoever_makes_it(pgvector_engine: Any) -> None:
+    host = _records(pgvector_engine[0])
+    sql = host.sql
+    assert host.tokens and host.change_token("alice") == "none"
+    seen = [host.change_token("alice")]
+    vec = json.dumps([1.0] + [0.0] * (DIM - 1))
+    writes = [
+        "INSERT INTO notes VALUES ('a', 'x', '{\"user_id\": \"alice\"}', :v)",
+        "UPDATE notes SET doc = 'y' WHERE id = 'a'",
+        "INSERT INTO notes VALUES ('b', 'z', '{\"user_id\": \"alice\"}', :v)",
+        "DELETE FROM notes WHERE id = 'a'",
+        "TRUNCATE notes",
+    ]
+    for statement in writes:
+        sql([(statement, {"v": vec})])
+        seen.append(host.change_token("alice"))
+    assert len(set(seen)) == len(seen), seen  # every write gave a new token, none came back
+    before = host.change_token("alice")
+    sql([("INSERT INTO notes VALUES ('c', 'bob', '{\"user_id\": \"bob\"}', :v)", {"v": vec})])
+    assert host.change_token("alice") == before  # another user's write leaves alice's alone
+    assert host.change_token("bob") not in (None, "none")
+
+
+def test_an_unchanged_user_is_verified_without_listing_and_a_change_is_seen(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    corpus, listed = _corpus(_records(pgvector_engine[0]), hash_embedder)
+    _add(corpus, "alice", {"x": "alice pin is 4321", "y": "alice likes tea"})
+    assert corpus.history("alice") is not None  # lists once: the token moved with the add
+    listed.clear()
+    for _ in range(3):
+        history = corpus.history("alice")
+        assert history is not None and len(history) == 2
+    assert listed == []  # three checks, no listing
+    # A delete made by plain SQL, not through pbr: the next read sees it.
+    corpus.host.sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {})])  # type: ignore[union-attr]
+    history = corpus.history("alice")
+    assert listed == ["alice"]
+    assert history is not None and [it.id for it in history.items] == ["y"]
+
+
+def test_a_second_corpus_sees_the_first_ones_writes_through_the_token(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    first, _ = _corpus(_records(engine), hash_embedder)
+    table = PgTable("public", "notes", "id", "doc", "meta", "emb")
+    sql = engine_sql(engine)
+    second = Corpus(PgRecords(table, sql, "user_id", _writer(table, sql)), embedder=hash_embedder)
+    _add(first, "alice", {"x": "alice one"})
+    assert [it.id for it in second.history("alice").items] == ["x"]  # type: ignore[union-attr]
+    _add(first, "alice", {"y": "alice two"})
+    first.delete("alice", ["x"])
+    assert [it.id for it in second.history("alice").items] == ["y"]  # type: ignore[union-attr]
+
+
+def test_listing_a_user_runs_on_the_owner_index(pgvector_engine: Any) -> None:
+    host = _records(pgvector_engine[0])
+    vec = json.dumps([1.0] + [0.0] * (DIM - 1))
+    host.sql(
+        [
+            (
+                "INSERT INTO notes SELECT 'k' || i, 'text', jsonb_build_object('user_id', "
+                "'u' || (i % 100)), CAST(:v AS vector) FROM generate_series(1, 5000) i",
+                {"v": vec},
+            ),
+            ("ANALYZE notes", {}),
+        ]
+    )
+    plan = host.sql(
+        [("EXPLAIN SELECT id FROM notes WHERE (meta ->> 'user_id') = 'u7'", {"v": vec})]
+    )
+    assert "pbr_owner_" in "\n".join(str(r[0]) for r in plan)
+    assert len(host.list_user("u7")) == 50
+
+
+def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sqlalchemy import create_engine
+
+    owner_engine = pgvector_engine[0]
+    table, sql = _table(owner_engine)
+    sql(
+        [
+            ("DROP ROLE IF EXISTS pbr_app", {}),
+            ("CREATE ROLE pbr_app LOGIN", {}),
+            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_app", {}),
+        ]
+    )
+    url = owner_engine.url.set(username="pbr_app")
+    app = create_engine(url)
+    try:
+        app_sql = engine_sql(app)
+        with caplog.at_level(logging.WARNING, logger="pbr.postgres"):
+            host = PgRecords(table, app_sql, "user_id", _writer(table, app_sql))
+        assert not host.tokens and "every query lists" in caplog.text
+        assert host.change_token("alice") is None
+        corpus, listed = _corpus(host, hash_embedder)
+        _add(corpus, "alice", {"x": "alice one", "y": "alice two"})
+        sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {})])
+        assert [it.id for it in corpus.history("alice").items] == ["y"]  # type: ignore[union-attr]
+        assert listed == ["alice"]
+    finally:
+        app.dispose()
+        sql([("DROP OWNED BY pbr_app", {}), ("DROP ROLE pbr_app", {})])
+
+
+def test_a_nul_character_is_refused_before_anything_is_written(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    corpus, _ = _corpus(_records(pgvector_engine[0]), hash_embedder)
+    with pytest.raises(ValueError, match="NUL"):
+        corpus.add_many(
+            {
+                "alice": [HistoryItem(id="a", text="fine")],
+                "bob": [HistoryItem(id="b", text="bad\x00text")],
+            }
+        )
+    count = corpus.host.sql([("SELECT count(*) FROM notes", {})])  # type: ignore[union-attr]
+    assert count == [(0,)]
+
+
+def test_a_disabled_trigger_makes_every_read_list_again(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """Writes made while the trigger is off do not move the revision: pbr must notice the
+    trigger is off (in the same read) and list, not trust an unmoved token."""
+    corpus, listed = _corpus(_records(pgvector_engine[0]), hash_embedder)
+    _add(corpus, "alice", {"x": "alice one", "y": "alice two"})
+    corpus.history("alice")
+    sql = corpus.host.sql  # type: ignore[union-attr]
+    sql([("ALTER TABLE notes DISABLE TRIGGER USER", {})])
+    sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {})])
+    listed.clear()
+    assert [it.id for it in corpus.history("alice").items] == ["y"]  # type: ignore[union-attr]
+    assert listed == ["alice"]

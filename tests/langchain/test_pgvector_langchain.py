@@ -1,0 +1,142 @@
+"""``langchain_postgres.PGVector`` under pbr, on a real PostgreSQL + pgvector (the contract suite
+runs the ownership rules; here what is PGVector's own): one key column shared by every
+collection of the table, and a view filter that makes PostgreSQL search.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.language_models.fake import FakeListLLM
+from langchain_postgres import PGVector
+from sqlalchemy import text
+
+from langchain_pbr import PBRRetriever
+from pbr_core import PBRConfig
+
+EMB = DeterministicFakeEmbedding(size=16)
+
+
+def _store(engine: Any, collection: str | None = None) -> PGVector:
+    name = collection or f"lc-{uuid.uuid4().hex[:8]}"
+    return PGVector(embeddings=EMB, connection=engine, collection_name=name)
+
+
+def _retriever(store: PGVector, **kw: Any) -> PBRRetriever:
+    return PBRRetriever(
+        llm=FakeListLLM(responses=["a note"]), embeddings=EMB, vectorstore=store, k=10, **kw
+    )
+
+
+def _rows(engine: Any) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM langchain_pg_embedding")).scalar_one())
+
+
+def test_pgvector_is_verified_against_its_rows(pgvector_engine: Any) -> None:
+    r = _retriever(_store(pgvector_engine[0]))
+    assert r.corpus.verified  # lists, returns vectors: the store is the truth
+
+
+def test_the_same_user_and_id_in_a_second_collection_is_refused_and_nothing_is_written(
+    pgvector_engine: Any,
+) -> None:
+    """langchain_pg_embedding has one primary key for all collections, and PGVector's upsert
+    does not move a row between collections: the second collection's add would silently update
+    the first one's row. pbr refuses it with what to do instead."""
+    engine = pgvector_engine[0]
+    notes, mail = _retriever(_store(engine, "notes")), _retriever(_store(engine, "mail"))
+    notes.add_documents([Document(page_content="alice pin is 4321")], user_id="alice", ids=["x"])
+    with pytest.raises(ValueError, match=r"another collection_id.*user_key"):
+        mail.add_documents(
+            [Document(page_content="alice new mail"), Document(page_content="alice old")],
+            user_id="alice",
+            ids=["y", "x"],
+        )
+    assert _rows(engine) == 1  # nothing of the refused batch landed
+    assert [d.page_content for d in notes.invoke("pin", user_id="alice")] == ["alice pin is 4321"]
+    assert mail.invoke("pin", user_id="alice") == []
+
+
+def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
+    """A ``filter`` in search_kwargs is evaluated by PostgreSQL (pbr ranks within its results):
+    ANDed with the owner, never replacing it; the results carry PGVector's distance."""
+    store = _store(pgvector_engine[0])
+    plain = _retriever(store)
+    for user in ("alice", "bob"):
+        docs = [
+            Document(page_content=f"{user} drinks tea", metadata={"topic": "tea"}),
+            Document(page_content=f"{user} runs", metadata={"topic": "sport"}),
+        ]
+        plain.add_documents(docs, user_id=user, ids=["t", "s"])
+    viewed = _retriever(
+        store,
+        search_kwargs={"filter": {"topic": "tea"}},
+        config=PBRConfig(search="dense", explain="all"),
+    )
+    docs = viewed.invoke("tea", user_id="alice")
+    assert [(d.id, d.page_content) for d in docs] == [("t", "alice drinks tea")]
+    assert docs[0].metadata["store_score"] is not None  # PostgreSQL searched
+
+
+async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
+    pgvector_engine: Any,
+) -> None:
+    """A sync-mode PGVector has ``asimilarity_search_with_score_by_vector`` but refuses it
+    ("must be called with async_mode"): pbr runs the sync search in a worker thread."""
+    store = _store(pgvector_engine[0])
+    plain = _retriever(store)
+    docs = [
+        Document(page_content="alice drinks tea", metadata={"topic": "tea"}),
+        Document(page_content="alice runs", metadata={"topic": "sport"}),
+    ]
+    plain.add_documents(docs, user_id="alice", ids=["t", "s"])
+    viewed = _retriever(store, search_kwargs={"filter": {"topic": "tea"}})
+    found = await viewed.ainvoke("tea", user_id="alice")
+    assert [d.id for d in found] == ["t"]
+
+
+def _v2_store(engines: Any, **table: Any) -> Any:
+    """LangChain's v2 ``PGVectorStore`` on a table of its own."""
+    from langchain_postgres import PGEngine, PGVectorStore
+
+    engine = PGEngine.from_connection_string(engines[0].url.render_as_string(hide_password=False))
+    name = f"v2_{uuid.uuid4().hex[:8]}"
+    engine.init_vectorstore_table(name, 16, **table)
+    columns = [c.name for c in table.get("metadata_columns", [])]
+    return PGVectorStore.create_sync(
+        engine=engine, embedding_service=EMB, table_name=name, metadata_columns=columns
+    )
+
+
+async def test_a_v2_pgvectorstore_is_verified_and_searched_within_the_user(
+    pgvector_engine: Any,
+) -> None:
+    """The v2 store, metadata in its JSON column: listed (verified), and a view filter searched
+    by PostgreSQL keeps to the user, sync and async (its native async search)."""
+    store = _v2_store(pgvector_engine)
+    plain = _retriever(store)
+    assert plain.corpus.verified
+    for user in ("alice", "bob"):
+        docs = [
+            Document(page_content=f"{user} drinks tea", metadata={"topic": "tea"}),
+            Document(page_content=f"{user} runs", metadata={"topic": "sport"}),
+        ]
+        plain.add_documents(docs, user_id=user, ids=["t", "s"])
+    viewed = _retriever(store, search_kwargs={"filter": {"topic": "tea"}})
+    assert [d.page_content for d in viewed.invoke("tea", user_id="bob")] == ["bob drinks tea"]
+    found = await viewed.ainvoke("tea", user_id="alice")
+    assert [d.page_content for d in found] == ["alice drinks tea"]
+
+
+def test_a_v2_pgvectorstore_with_metadata_columns_is_not_listed(pgvector_engine: Any) -> None:
+    """Metadata split over columns is not read back by pbr: such a store is one pbr cannot list
+    (its history is the record), not one it would read half of."""
+    from langchain_postgres import Column
+
+    store = _v2_store(pgvector_engine, metadata_columns=[Column("user_id", "TEXT")])
+    assert not _retriever(store).corpus.verified

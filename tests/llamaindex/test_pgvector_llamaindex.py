@@ -1,0 +1,101 @@
+"""LlamaIndex's ``PGVectorStore`` under pbr, on a real PostgreSQL + pgvector (the contract suite
+runs the ownership rules; here what is the store's own): a view filter that makes PostgreSQL
+search, sync and async, within the user's rows, and a replaced node that leaves one row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core.llms import MockLLM
+from llama_index.core.schema import TextNode
+from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+from sqlalchemy import text
+
+from llamaindex_pbr import PBRRetriever
+from llamaindex_pbr.testing import HashEmbedding
+
+EMB = HashEmbedding(dim=32)
+
+
+def _base(engines: Any, table: str = "notes") -> tuple[PBRRetriever, Any]:
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    engine, async_engine = engines
+    store = PGVectorStore(engine=engine, async_engine=async_engine, table_name=table, embed_dim=32)
+    index = VectorStoreIndex(
+        [], storage_context=StorageContext.from_defaults(vector_store=store), embed_model=EMB
+    )
+    return PBRRetriever(index, llm=MockLLM(max_tokens=4), embed_model=EMB), store
+
+
+def _fill(base: PBRRetriever) -> None:
+    for user in ("ann", "ben"):
+        base.for_user(user).add_nodes(
+            [
+                TextNode(text=f"{user} drinks tea", id_="t", metadata={"topic": "tea"}),
+                TextNode(text=f"{user} runs", id_="s", metadata={"topic": "sport"}),
+            ]
+        )
+
+
+TEA = MetadataFilters(filters=[MetadataFilter(key="topic", value="tea")])
+
+
+def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
+    base, _ = _base(pgvector_engine)
+    _fill(base)
+    got = base.for_user("ann", filters=TEA, similarity_top_k=5).retrieve("tea")
+    assert [(n.node.node_id, n.node.get_content()) for n in got] == [("t", "ann drinks tea")]
+
+
+async def test_an_async_view_filter_search_keeps_to_the_user(pgvector_engine: Any) -> None:
+    base, _ = _base(pgvector_engine)
+    _fill(base)
+    got = await base.for_user("ben", filters=TEA, similarity_top_k=5).aretrieve("tea")
+    assert [(n.node.node_id, n.node.get_content()) for n in got] == [("t", "ben drinks tea")]
+
+
+def test_replacing_a_node_leaves_one_row_with_the_new_text(pgvector_engine: Any) -> None:
+    """``PGVectorStore.add`` only inserts (its ``node_id`` is no key): pbr deletes the old row in
+    the same transaction, so a replacement is not a duplicate."""
+    base, store = _base(pgvector_engine)
+    ann = base.for_user("ann", similarity_top_k=5)
+    ann.add_nodes([TextNode(text="ann old note", id_="n")])
+    ann.add_nodes([TextNode(text="ann new note", id_="n")])
+    with pgvector_engine[0].connect() as conn:
+        rows = conn.execute(text(f"SELECT text FROM {store.schema_name}.data_notes")).all()
+    assert [r[0] for r in rows] == ["ann new note"]
+    assert [n.node.get_content() for n in ann.retrieve("note")] == ["ann new note"]
+
+
+def test_a_per_user_partition_of_postgres_tables_is_verified(pgvector_engine: Any) -> None:
+    """One ``PGVectorStore`` table per user (``vector_store_factory``): every row of a table is
+    its user's; a row deleted through the store is gone at the next query."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    engine, async_engine = pgvector_engine
+    stores: dict[str, Any] = {}
+
+    def factory(user: str) -> Any:
+        stores[user] = PGVectorStore(
+            engine=engine, async_engine=async_engine, table_name=f"part_{user}", embed_dim=32
+        )
+        return stores[user]
+
+    base = PBRRetriever.from_defaults(
+        nodes=[], llm=MockLLM(max_tokens=4), embed_model=EMB, vector_store_factory=factory
+    )
+    for user in ("ann", "ben"):
+        base.for_user(user).add_nodes(
+            [TextNode(text=f"{user} note {i}", id_=f"n{i}") for i in range(3)]
+        )
+    ann = base.for_user("ann", similarity_top_k=5)
+    assert sorted(n.node.get_content() for n in ann.retrieve("note")) == [
+        f"ann note {i}" for i in range(3)
+    ]
+    key = base.personalizer.corpus.key_of("ann", "n0")
+    stores["ann"].delete_nodes([key])
+    assert sorted(n.node.node_id for n in ann.retrieve("note")) == ["n1", "n2"]
+    assert len(base.for_user("ben", similarity_top_k=5).retrieve("note")) == 3
