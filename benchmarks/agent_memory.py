@@ -54,13 +54,29 @@ store's first search of a user is reported apart (pbr builds that user's vectors
 then, from the cache: ``PBRStore`` embeds nothing at put time) and left out of the steady-state
 search numbers, for every store alike.
 
+The memory block's query (issue #39 point 7), ``--windows``: which of an agent's latest messages
+should make ``PBRMemoryBlock``'s query. ``Memory`` hands a block the whole short-term chat; the
+block's ``retrieval_context_window`` N joins the latest N messages' text. The chat an agent holds
+when it is asked question i of a user is simulated as that user's earlier questions in data order,
+each followed by its reference answer as the assistant's message (as a perfect agent would have
+answered; an unanswered question is followed by no answer), then question i: so N = 1 is the
+question alone, N = 3 adds the previous question and its answer, N = 5 (``VectorMemoryBlock``'s
+default, pbr's before #39) two exchanges. One ``PBRMemoryBlock`` per window (no LLM: hybrid,
+``similarity_top_k=5``) over one shared store per user, the turns put once. The choice rule,
+fixed before any result was read: on the tuning split, the window with the highest mean R@5
+(tie: N@5, then the smaller window); the test split and all questions are reported with
+per-question wins / losses and a two-sided sign test (R@5 and N@5) of each window against N = 5.
+
 Run (from the repository root; a few minutes on two cores)::
 
     python benchmarks/agent_memory.py                 # all 10 conversations, 1536 questions
     python benchmarks/agent_memory.py --users conv-26,conv-30 --no-llamaindex
+    python benchmarks/agent_memory.py --windows 1,2,3,5   # the query-window comparison only
 
 Writes ``benchmarks/results/agent_memory/``: ``summary.csv``/``.json`` (R@5, N@5 per part, store
-and split; the paired tests and the dense check in the JSON) and ``latency.json``.
+and split; the paired tests and the dense check in the JSON) and ``latency.json``; with
+``--windows``, ``window.csv``/``.json`` (R@5, N@5 per window and split, the paired tests, the
+choice) instead.
 """
 
 from __future__ import annotations
@@ -309,6 +325,172 @@ async def run_llamaindex(ds: Dataset, users: Sequence[str], emb: BaseEmbedding) 
     return Run(names, rankings, timings, notes={"unparsed_parts": unparsed})
 
 
+# -- the memory block's query window ------------------------------------------------------------
+#: The window of ``PBRMemoryBlock`` before #39 (``VectorMemoryBlock``'s default): the baseline.
+BASELINE_WINDOW = 5
+
+
+def window_name(n: int) -> str:
+    return f"window {n}"
+
+
+def chat_at(asked: Sequence[Query], i: int, longest: int) -> list[ChatMessage]:
+    """The latest ``longest`` messages of the simulated chat when ``asked[i]`` is asked: the
+    earlier questions, each followed by its reference answer (if any), then ``asked[i]``."""
+    chat: list[ChatMessage] = []
+    for q in asked[max(0, i - longest) : i]:
+        chat.append(ChatMessage(role="user", content=q.text))
+        if q.answer:
+            chat.append(ChatMessage(role="assistant", content=q.answer))
+    chat.append(ChatMessage(role="user", content=asked[i].text))
+    return chat[-longest:]
+
+
+async def run_windows(
+    ds: Dataset, users: Sequence[str], emb: BaseEmbedding, windows: Sequence[int]
+) -> Run:
+    names = [window_name(n) for n in windows]
+    rankings: dict[str, dict[str, list[str]]] = {n: {} for n in names}
+    timings = {n: Timings() for n in names}
+    by_user = questions_by_user(ds, users)
+    unparsed = 0
+    for user in users:
+        first = PBRMemoryBlock(user_id=user, embed_model=emb, similarity_top_k=CUT)
+        docs = ds.corpora[user].docs
+        for doc in docs:
+            await first.aput([ChatMessage(role="user", content=doc.text)])
+        blocks = {
+            window_name(n): PBRMemoryBlock(
+                user_id=user,
+                embed_model=emb,
+                similarity_top_k=CUT,
+                retrieval_context_window=n,
+                store=first.store,
+            )
+            for n in windows
+        }
+        ids = TurnIds(docs)
+        asked = by_user[user]
+        for i, q in enumerate(asked):
+            chat = chat_at(asked, i, max(windows))
+            for name in names:
+                text, dt = await atimed(blocks[name].aget(chat))
+                timings[name].search.append(dt)
+                rankings[name][q.id] = ids.ranking(str(text))
+        unparsed += ids.unparsed
+        print(f"  windows {user}: {len(docs)} turns, {len(asked)} questions")
+    return Run(names, rankings, timings, notes={"unparsed_parts": unparsed})
+
+
+def window_paired(run: Run, queries: Sequence[Query]) -> list[dict[str, Any]]:
+    """Each window against :data:`BASELINE_WINDOW`, per split, on R@5 and on N@5."""
+    base = per_question(queries, run.rankings[window_name(BASELINE_WINDOW)])
+    out = []
+    for name in run.stores:
+        if name == window_name(BASELINE_WINDOW):
+            continue
+        scores = per_question(queries, run.rankings[name])
+        for split in SPLITS:
+            qs = [q for q in queries if in_split(q, split)]
+            if not qs:
+                continue
+            for m, metric in enumerate(("R@5", "N@5")):
+                deltas = [scores[q.id][m] - base[q.id][m] for q in qs]
+                wins, losses, mean_delta, p = sign_summary(deltas)
+                out.append(
+                    {
+                        "window": name,
+                        "baseline": window_name(BASELINE_WINDOW),
+                        "split": split,
+                        "metric": metric,
+                        "n": len(qs),
+                        "wins": wins,
+                        "losses": losses,
+                        "ties": len(qs) - wins - losses,
+                        "mean_delta": mean_delta,
+                        "p_sign": p,
+                    }
+                )
+    return out
+
+
+def choose_window(rows: Sequence[dict[str, Any]]) -> str | None:
+    """The rule named before the results: best tuning-split R@5, then N@5, then smaller N (None:
+    no tuning user was run)."""
+    tune = [r for r in rows if r["split"] == "tune"]
+    if not tune:
+        return None
+    best = max(tune, key=lambda r: (r["R@5"], r["N@5"], -int(r["store"].split()[-1])))
+    return str(best["store"])
+
+
+def main_windows(args: argparse.Namespace, ds: Dataset, users: list[str]) -> None:
+    started = time.perf_counter()
+    windows = sorted({int(w) for w in args.windows.split(",")} | {BASELINE_WINDOW})
+    queries = [q for q in ds.scored_queries if q.user_id in users]
+    counter = CountingEncoder()
+    cache = EmbeddingCache(MODEL, counter)
+    by_user = questions_by_user(ds, users)
+    texts = {  # every window's query (as the block joins and pbr strips it), embedded in one go
+        " ".join(str(m.content) for m in chat_at(asked, i, max(windows))[-n:]).strip()
+        for asked in by_user.values()
+        for i in range(len(asked))
+        for n in windows
+    }
+    for u in users:
+        cache.encode(ds.corpora[u].texts)
+    cache.encode(sorted(texts))
+    run = asyncio.run(run_windows(ds, users, CachedEmbedding(cache), windows))
+    rows = score_rows("window", run, queries)
+    paired = window_paired(run, queries)
+    chosen = choose_window(rows)
+    print(f"\n{'window':<10} {'split':<5} {'n':>5} {'R@5':>7} {'N@5':>7}")
+    for r in rows:
+        print(f"{r['store']:<10} {r['split']:<5} {r['n']:>5} {r['R@5']:>7.4f} {r['N@5']:>7.4f}")
+    print(
+        f"\n{'vs ' + window_name(BASELINE_WINDOW):<22} {'split':<5} {'metric':<6} {'W':>4} "
+        f"{'L':>4} {'T':>5} {'mean d':>8} {'p':>8}"
+    )
+    for p in paired:
+        print(
+            f"{p['window']:<22} {p['split']:<5} {p['metric']:<6} {p['wins']:>4} {p['losses']:>4} "
+            f"{p['ties']:>5} {p['mean_delta']:>+8.4f} {p['p_sign']:>8.2g}"
+        )
+    print(f"\nchosen on the tuning split: {chosen}")
+    meta = {
+        "dataset": DATASET,
+        "users": users,
+        "questions": len(queries),
+        "windows": windows,
+        "baseline": window_name(BASELINE_WINDOW),
+        "chat": "earlier questions in data order, each followed by its reference answer",
+        "split_rule": "tune = int(sha1(user).hexdigest(), 16) % 3 == 0; test = the rest",
+        "choice_rule": "tuning split: highest mean R@5, then N@5, then the smaller window",
+        "tune_users": [u for u in users if is_tuning_user(u)],
+        "embedder": f"{MODEL} (EmbeddingCache; newly embedded: {counter.encoded})",
+        "llama_index_core": llama_index.core.__version__,
+        "python": platform.python_version(),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "window.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["store", "split", "n", "R@5", "N@5"])
+        w.writeheader()
+        for r in rows:
+            w.writerow(
+                {
+                    "store": r["store"],
+                    "split": r["split"],
+                    "n": r["n"],
+                    "R@5": f"{r['R@5']:.4f}",
+                    "N@5": f"{r['N@5']:.4f}",
+                }
+            )
+    summary = {"meta": meta, "rows": rows, "paired": paired, "chosen": chosen, **run.notes}
+    (args.out / "window.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nwrote {args.out} in {meta['seconds']} s")
+
+
 # -- scoring -------------------------------------------------------------------------------------
 def per_question(
     queries: Sequence[Query], ranking: dict[str, list[str]]
@@ -474,6 +656,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--users", help="comma-separated conversation ids (default: all)")
     ap.add_argument("--no-llamaindex", action="store_true", help="skip the LlamaIndex part")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--windows",
+        help="compare PBRMemoryBlock's query windows instead, e.g. 1,2,3,5 (5 always included)",
+    )
     args = ap.parse_args(argv)
 
     started = time.perf_counter()
@@ -485,6 +671,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if unknown:
             raise SystemExit(f"unknown users: {unknown}")
         users = [u for u in users if u in wanted]
+    if args.windows:
+        main_windows(args, ds, users)
+        return
     queries = [q for q in ds.scored_queries if q.user_id in users]
 
     counter = CountingEncoder()

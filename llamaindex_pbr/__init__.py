@@ -14,6 +14,7 @@ from .events import (
 )
 from .llms import LocalGemmaLLM
 from .memory import PBRMemoryBlock
+from .nodes import tag_nodes
 from .retrievers import DEFAULT_SIMILARITY_TOP_K, DEFAULT_USER_ID_KEY, PBRRetriever
 from .salience import SalienceNodePostprocessor
 
@@ -33,4 +34,5 @@ __all__ = [
     "PBRResultsEvent",
     "PBRRetriever",
     "SalienceNodePostprocessor",
+    "tag_nodes",
 ]

@@ -6,6 +6,8 @@ everyone's nodes (``from_defaults``), the node's ``metadata[user_id_key]``; the 
 metadata, ``MetadataMode.EMBED``). Out: pbr's ranked records as the user's nodes, their own ids
 and the mode's score; with ``PBRConfig.explain`` beyond ``"none"`` also both legs and the
 explanation in metadata hidden from the LLM and embeddings.
+:func:`tag_nodes` is the public way to tag nodes for a user before you build your own
+``VectorStoreIndex``: the user key is hidden from the embedder and the LLM as pbr hides it.
 Ownership and validation are :class:`pbr_core.corpus.Corpus`'s.
 """
 
@@ -27,12 +29,13 @@ from pbr_core.adapters_support import (
     result_metadata,
 )
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord
+from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord, check_user_id
 
 from ._bridge import with_keys
 from .stores import user_node
 
 __all__ = [
+    "DEFAULT_USER_ID_KEY",
     "HIDDEN_KEYS",
     "Batch",
     "aembed_missing",
@@ -40,14 +43,62 @@ __all__ = [
     "embed_missing",
     "kept",
     "result_nodes",
+    "tag_nodes",
     "tagged_copies",
 ]
+
+#: The node metadata key that says whose node it is.
+DEFAULT_USER_ID_KEY = "user_id"
 
 #: pbr's per-result metadata: never embedded, never shown to the LLM.
 HIDDEN_KEYS = (EXPLANATION_KEY, RAW_SCORE_KEY, SEARCH_KEY)
 
 #: What :meth:`pbr_core.corpus.Corpus.add_many` takes: items, vectors and nodes per user.
 Batch = tuple[dict[str, list[HistoryItem]], dict[str, list[list[float]]], dict[str, list[BaseNode]]]
+
+
+def _user_key_hidden(node: BaseNode, user_key: str, update: Mapping[str, Any]) -> BaseNode:
+    """A copy of ``node`` with ``update`` and ``user_key`` hidden from embeddings and the LLM."""
+    return node.model_copy(
+        update={
+            **update,
+            "excluded_embed_metadata_keys": with_keys(node.excluded_embed_metadata_keys, user_key),
+            "excluded_llm_metadata_keys": with_keys(node.excluded_llm_metadata_keys, user_key),
+        }
+    )
+
+
+def tag_nodes(
+    nodes: Sequence[BaseNode], user_id: str, *, user_id_key: str = DEFAULT_USER_ID_KEY
+) -> list[BaseNode]:
+    """Copies of ``nodes`` tagged as ``user_id``'s for pbr, the way pbr tags them itself.
+
+    ``TextNode(metadata={"user_id": "alice"})`` alone makes LlamaIndex embed ``user_id: alice``
+    into the node's vector (and show it to the LLM): a ``VectorStoreIndex`` built from such
+    nodes ranks differently from ``PBRRetriever.from_defaults(nodes=...)``, which leaves the key
+    out. The copies set ``metadata[user_id_key]`` and list the key in
+    ``excluded_embed_metadata_keys`` and ``excluded_llm_metadata_keys``; yours are not modified.
+
+    Args:
+        nodes: the user's nodes (any ``BaseNode``); a node already tagged for another user is
+            refused (``ValueError``), never re-tagged.
+        user_id: their user (a non-empty string).
+        user_id_key: the metadata key of the user (``PBRRetriever``'s ``user_id_key``).
+    """
+    user = check_user_id(user_id)
+    out: list[BaseNode] = []
+    for node in nodes:
+        if not isinstance(node, BaseNode):
+            raise TypeError(f"tag_nodes takes LlamaIndex nodes, got {type(node).__name__}")
+        owner = node.metadata.get(user_id_key, user)
+        if owner != user:
+            raise ValueError(
+                f"node {node.node_id!r} is tagged {user_id_key}={owner!r}, not {user!r}: "
+                "tag each user's nodes with their own user"
+            )
+        metadata = {**node.metadata, user_id_key: user}
+        out.append(_user_key_hidden(node, user_id_key, {"metadata": metadata}))
+    return out
 
 
 def tagged_copies(
@@ -62,8 +113,7 @@ def tagged_copies(
         else:
             fix = f"set node.metadata[{user_key!r}] or add through retriever.for_user('u1')"
             user = owner_of(node.metadata, view_user, user_key, f"node {node.node_id!r}", fix)
-        excluded = with_keys(node.excluded_embed_metadata_keys, user_key)
-        copies.append(node.model_copy(update={"excluded_embed_metadata_keys": excluded}))
+        copies.append(_user_key_hidden(node, user_key, {}))
         users.append(user)
     return copies, users
 

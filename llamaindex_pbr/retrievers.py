@@ -70,7 +70,15 @@ from ._bridge import (
     split_index,
 )
 from .events import event_for
-from .nodes import aembed_missing, batch_of, embed_missing, kept, result_nodes, tagged_copies
+from .nodes import (
+    DEFAULT_USER_ID_KEY,
+    aembed_missing,
+    batch_of,
+    embed_missing,
+    kept,
+    result_nodes,
+    tagged_copies,
+)
 from .stores import docstore_nodes, records_of
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
@@ -78,12 +86,12 @@ __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 dispatcher = instrument.get_dispatcher(__name__)
 
 DEFAULT_SIMILARITY_TOP_K = 4
-#: The node metadata key that says whose node it is.
-DEFAULT_USER_ID_KEY = "user_id"
 
 _PROMPT_KEYS = ("utterances_prompt", "reasoning_prompt")
 # Set per view through the retriever's own arguments, never through retriever_kwargs.
 _RESERVED_KWARGS = ("similarity_top_k", "filters", "node_ids")
+# Applied unevenly by LlamaIndex's stores (SimpleVectorStore ignores it): refused, not ignored.
+_UNEVEN_KWARGS = ("doc_ids",)
 
 VectorStoreFactory = Callable[[str], BasePydanticVectorStore]
 
@@ -217,7 +225,9 @@ class PBRRetriever(BaseRetriever):
         strict: raise instead of degrading when the LLM fails, its answer is unusable, or the
             user has no history.
         retriever_kwargs: extra arguments of ``index.as_retriever`` (e.g.
-            ``vector_store_query_mode``).
+            ``vector_store_query_mode``); ``similarity_top_k``, ``filters`` and ``node_ids`` are
+            the retriever's own, ``doc_ids`` is refused (the stores apply it unevenly: filter by
+            metadata instead).
         callback_manager: legacy callbacks; default ``Settings.callback_manager``.
         verbose: print a one-line summary of each personalization.
     """
@@ -257,6 +267,14 @@ class PBRRetriever(BaseRetriever):
             raise ValueError(
                 f"retriever_kwargs may not set {reserved}: pass similarity_top_k / filters to "
                 "PBRRetriever itself (node_ids would bypass the per-user filter)"
+            )
+        uneven = sorted(k for k in kwargs if k in _UNEVEN_KWARGS)
+        if uneven:
+            raise ValueError(
+                f"retriever_kwargs may not set {uneven}: LlamaIndex's vector stores apply it "
+                "unevenly (SimpleVectorStore ignores it), so results would silently include "
+                "other documents; put the document in the nodes' metadata and pass filters="
+                "MetadataFilters(...) instead (a view's filters= for one request)"
             )
         callback_manager = callback_manager or Settings.callback_manager
         first = single if single is not None else next(iter((per_user or {}).values()), None)

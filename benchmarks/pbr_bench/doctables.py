@@ -691,6 +691,35 @@ def pre_gate_margin(results: Path) -> list[str]:
     return lines
 
 
+# -- docs/agent-memory.md (python benchmarks/agent_memory.py --windows 1,2,3) ---------------------
+@table("agent-memory-window")
+def agent_memory_window(results: Path) -> list[str]:
+    """PBRMemoryBlock's query window: R@5 / N@5 per split and each window against the old 5."""
+    data = json.loads((results / "agent_memory" / "window.json").read_text(encoding="utf-8"))
+    rows, paired, chosen = data["rows"], data["paired"], data["chosen"]
+    baseline = data["meta"]["baseline"]
+    lines = [
+        f"| window | R@5 tune | R@5 test | N@5 test | R@5 all | vs {baseline[7:]} (all, R@5): "
+        "wins / losses (p) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for window in data["meta"]["windows"]:
+        name = f"window {window}"
+        cell = {split: pick(rows, store=name, split=split) for split in ("tune", "test", "all")}
+        label = f"**{window}** (default, chosen)" if name == chosen else str(window)
+        if name == baseline:
+            label += " (before #39)"
+            record = "—"
+        else:
+            r = pick(paired, window=name, split="all", metric="R@5")
+            record = f"{r['wins']} / {r['losses']} (p {p_value(r['p_sign'])})"
+        lines.append(
+            f"| {label} | {dec(cell['tune']['R@5'])} | {dec(cell['test']['R@5'])} | "
+            f"{dec(cell['test']['N@5'])} | {dec(cell['all']['R@5'])} | {record} |"
+        )
+    return lines
+
+
 # -- rendering ------------------------------------------------------------------------------------
 
 

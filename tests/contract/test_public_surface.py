@@ -99,6 +99,7 @@ EXPECTED_ALL: dict[str, list[str]] = {
         "PBRResultsEvent",
         "PBRRetriever",
         "SalienceNodePostprocessor",
+        "tag_nodes",
     ],
 }
 

@@ -580,6 +580,23 @@ def test_an_unfilled_placeholder_namespace_is_an_error_never_a_shared_one() -> N
     assert namespaces == {("memories", "alice"), ("memories", "bob")}  # nothing shared written
 
 
+def test_langmems_missing_user_error_escapes_except_exception() -> None:
+    """#39 point 10, documented in docs/agent-memory.md: ``except Exception`` misses it."""
+    langmem = pytest.importorskip("langmem")
+    from langmem.errors import ConfigurationError
+
+    store = filled(PBRStore(InMemoryStore(), BagOfWords()))
+    tool = langmem.create_search_memory_tool(
+        namespace=("memories", "{langgraph_user_id}"), store=store
+    )
+    assert not issubclass(ConfigurationError, Exception)
+    with pytest.raises(ConfigurationError):
+        try:
+            tool.invoke({"query": "cello"}, config={"configurable": {}})
+        except Exception:  # what an app would write; it does not catch LangMem's error
+            pytest.fail("LangMem's missing-user error became an Exception: update the docs")
+
+
 def test_a_label_that_only_has_braces_is_a_namespace_not_a_placeholder() -> None:
     store = PBRStore(InMemoryStore(), BagOfWords())
     ns = ("memories", '{"id": 1}')  # e.g. a JSON-encoded user key

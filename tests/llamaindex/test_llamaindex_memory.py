@@ -317,3 +317,22 @@ def test_a_block_built_without_a_store_exposes_the_one_it_writes_to(tmp_path: An
     resumed = PBRMemoryBlock.from_persist_dir(tmp_path / "mem", user_id="bob", embed_model=emb)
     out = memory_text(memory_for(resumed, "s2").get(input="what is my bike lock code"))
     assert "kilimanjaro nine" in out
+
+
+def test_the_latest_message_is_the_query_so_a_topic_switch_finds_its_fact() -> None:
+    """#39 point 7: with the latest 5 messages as the query, the recent talk about trains and a
+    novel drowned "what is my dog called?" and "My dog is called Rex" was not recalled."""
+    block = block_for("alice")
+    stored = ["My dog is called Rex", *FILLER]
+    asyncio.run(block.aput([ChatMessage(role="user", content=t) for t in stored]))
+    recent = [
+        ChatMessage(role="user", content="Was the train late again today?"),
+        ChatMessage(role="assistant", content="Yes, the train was late again today."),
+        ChatMessage(role="user", content="Am I still reading that novel about the sea?"),
+        ChatMessage(role="assistant", content="You are reading a novel about the sea."),
+        ChatMessage(role="user", content="what is my dog called?"),
+    ]
+    recalled = asyncio.run(block.aget(recent))
+    assert "My dog is called Rex" in recalled
+    explanation = block.last_explanation()
+    assert explanation is not None and explanation["query"] == "what is my dog called?"

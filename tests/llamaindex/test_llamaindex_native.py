@@ -223,3 +223,68 @@ def test_a_chat_engine_needs_a_view_and_the_error_says_how() -> None:
     assert reply.source_nodes and {n.node.metadata["user_id"] for n in reply.source_nodes} == {
         "ann"
     }
+
+
+def _diary() -> dict[str, list[str]]:
+    return {
+        "ann": ["ann runs ten km", "ann bakes bread", "ann eats a banana before a run"],
+        "ben": ["ben shoots film", "ben runs a marathon"],
+    }
+
+
+def test_an_index_built_from_tag_nodes_ranks_like_from_defaults_nodes() -> None:
+    """#39 point 8: nodes tagged as the quickstart tags them, in your own VectorStoreIndex, are
+    embedded without ``user_id: ann`` and rank as ``from_defaults(nodes=...)`` ranks them."""
+    from llama_index.core.schema import MetadataMode, TextNode
+
+    from llamaindex_pbr import tag_nodes
+
+    texts = _diary()
+    raw = [TextNode(text=t, metadata={"user_id": u}) for u, ts in texts.items() for t in ts]
+    tagged = [n for u, ts in texts.items() for n in tag_nodes([TextNode(text=t) for t in ts], u)]
+    assert all(n.metadata["user_id"] in texts for n in tagged)
+    for node in tagged:  # the user key is in neither the embedder's nor the LLM's text
+        assert "user_id" not in node.get_content(metadata_mode=MetadataMode.EMBED)
+        assert "user_id" not in node.get_content(metadata_mode=MetadataMode.LLM)
+
+    index = VectorStoreIndex(tagged, embed_model=EMB)
+    ours = PBRRetriever.from_defaults(index=index, llm=MockLLM(max_tokens=4), embed_model=EMB)
+    theirs = PBRRetriever.from_defaults(nodes=raw, llm=MockLLM(max_tokens=4), embed_model=EMB)
+    for user in texts:
+        for query in ("who runs before a banana", "film and bread"):
+            got = [
+                (n.node.get_content(), round(n.score or 0, 6))
+                for n in ours.for_user(user).retrieve(query)
+            ]
+            want = [
+                (n.node.get_content(), round(n.score or 0, 6))
+                for n in theirs.for_user(user).retrieve(query)
+            ]
+            assert got and got == want
+
+
+def test_tag_nodes_refuses_a_node_of_another_user_and_leaves_yours_alone() -> None:
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_pbr import tag_nodes
+
+    mine = TextNode(text="x")
+    (copy,) = tag_nodes([mine], "ann")
+    assert mine.metadata == {} and mine.excluded_embed_metadata_keys == []
+    assert copy.metadata == {"user_id": "ann"}
+    with pytest.raises(ValueError, match="tagged user_id='ben'"):
+        tag_nodes([TextNode(text="y", metadata={"user_id": "ben"})], "ann")
+    with pytest.raises(ValueError):
+        tag_nodes([mine], "")
+
+
+def test_retriever_kwargs_doc_ids_is_refused_at_construction_not_ignored() -> None:
+    """#39 point 10: ``doc_ids`` reached SimpleVectorStore, which ignores it, so every document
+    came back; it is refused up front with what to do instead."""
+    with pytest.raises(ValueError, match=r"doc_ids.*filters="):
+        PBRRetriever.from_defaults(
+            documents=docs(),
+            llm=MockLLM(max_tokens=4),
+            embed_model=EMB,
+            retriever_kwargs={"doc_ids": ["diary"]},
+        )

@@ -949,6 +949,32 @@ def test_llama_debug_handler_traces_the_llm_calls_under_retrieve(
     assert llm_ids <= set(below), (tree, llm_ids)
 
 
+@pytest.mark.parametrize("own_manager", [True, False])
+def test_legacy_handlers_see_the_llm_calls_only_through_the_llms_own_callback_manager(
+    own_manager: bool,
+) -> None:
+    """#39 point 10, documented in docs/llamaindex.md: LlamaIndex logs a model's calls to the
+    model's own ``callback_manager``; the retriever's manager alone gets its RETRIEVE event and
+    not the calls of an LLM built without one."""
+    from llama_index.core.callbacks import LlamaDebugHandler
+
+    debug = LlamaDebugHandler()
+    manager = CallbackManager([debug])
+    llm = ScriptedLLM(callback_manager=manager) if own_manager else ScriptedLLM()
+    retriever = PBRRetriever.from_defaults(
+        nodes=_nodes(),
+        llm=llm,
+        embed_model=HashEmbedding(dim=64),
+        user_id="u1",
+        callback_manager=manager,
+    )
+    debug.flush_event_logs()
+    retriever.retrieve(QUERY)
+    assert len(debug.get_event_pairs(CBEventType.RETRIEVE)) == 1
+    assert len(debug.get_event_pairs(CBEventType.LLM)) == (2 if own_manager else 0)
+    assert llm._calls  # the LLM was called either way
+
+
 @pytest.mark.parametrize("explain", ["first", "none"])
 def test_explain_says_which_nodes_carry_the_explanation(
     embed_model: HashEmbedding, explain: str
