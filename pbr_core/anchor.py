@@ -73,6 +73,14 @@ class AnchorResult:
     rows_merged: int = 0
     warm_start: bool = False
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this anchor holds: its arrays and the graph's (CSR data, indices, pointers)."""
+        held = self.vector.nbytes + self.pagerank.nbytes
+        held += self.graph.data.nbytes + self.graph.indices.nbytes + self.graph.indptr.nbytes
+        ranking = self.__dict__.get("_ranking")  # a cached_property once computed
+        return held + (ranking.nbytes if ranking is not None else 0)
+
     @cached_property
     def _ranking(self) -> np.ndarray:
         # Sorted once per anchor (ties: lower index first), not once per query.

@@ -262,11 +262,21 @@ class Personalizer:
         another model; ``lazy=True`` reads each user's files on first use)."""
         return cls(corpus=Corpus.load(path, embedder, lazy=lazy), **kwargs)
 
+    def _history(self, user_id: str) -> UserHistory:
+        """The user's snapshot in the store; one the store evicted under its budget is read
+        back through the corpus (from the host store that lists it)."""
+        history = self.store._current(user_id)
+        if history is None and self.corpus.verified:
+            history = self.corpus.history(user_id)
+        if history is None:
+            raise UnknownUserError(user_id)
+        return history
+
     # -- the method ----------------------------------------------------------------------------
     def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
         """The user's most central history items by PageRank (the P-Anchor), most central first."""
         cfg = config or self.config
-        history = self.store.get(user_id)
+        history = self._history(user_id)
         result = history.anchor(cfg)
         if result is None:
             return []
@@ -475,7 +485,7 @@ class Personalizer:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty string")
         cfg = config or self.config
-        history = self.store.get(user_id)
+        history = self._history(user_id)
         explanation = Explanation(user_id=user_id, query=query.strip(), fusion=cfg.fusion)
         return _Request(
             user_id=user_id,
