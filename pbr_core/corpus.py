@@ -297,6 +297,8 @@ class Corpus:
         self.user_key = user_key
         self._default_embedder = False
         self._known: dict[str, _Known] = {}
+        # Users the cache evicted and no read has brought back: a write re-reads them first.
+        self._evicted: set[str] = set()
         self._window_of: tuple[object, Window | None] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -312,6 +314,7 @@ class Corpus:
         if "host" in state:  # pickled before host became a property
             state["_host"] = state.pop("host")
         self.__dict__.update(state)
+        self.__dict__.setdefault("_evicted", set())
         self._window_of = None
         self._locks = {}
         self._locks_guard = threading.Lock()
@@ -371,6 +374,7 @@ class Corpus:
         try:
             self._known.pop(user_id, None)
             self._verified_at.pop(user_id, None)
+            self._evicted.add(user_id)
         finally:
             lock.release()
         return True
@@ -770,6 +774,8 @@ class Corpus:
                     own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
         for user_id, items, unit, _ in plan:
             with self._user_lock(user_id):
+                if user_id in self._evicted and self.verified:
+                    self._refresh(user_id)  # the rest of the user first: never a partial view
                 self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
                 if self.host is not None:
                     known = self._known.setdefault(user_id, _Known())
@@ -797,6 +803,7 @@ class Corpus:
         """Bring the cache of ``user_id`` in line with the host's listing (lock held)."""
         assert self.host is not None
         listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
+        self._evicted.discard(user_id)
         known = self._known.setdefault(user_id, _Known())
         current: dict[str, Record] = {}
         twice: dict[str, list[Record]] = {}

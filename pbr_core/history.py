@@ -163,6 +163,11 @@ class HistoryStore:
         return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_owners")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_sizes" not in state:  # pickled before the cache budget: count its users now
+            fresh = HistoryStore(state.get("dim"), state.get("embedding_model_id"))
+            state = {**fresh.__dict__, **state}
+            resident = [u for u, h in state["_users"].items() if isinstance(h, UserHistory)]
+            state["_sizes"] = OrderedDict.fromkeys(resident, 0)
         self.__dict__.update(state)
         self._lock = threading.RLock()
         self._owners = []  # an owner registers itself again (Corpus.__setstate__)

@@ -252,13 +252,13 @@ class LexicalIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the index holds (counted once, it is immutable): the vocabulary's strings and
-        dict (``sys.getsizeof``), the term frequencies (CSC data, indices, pointers), the
-        lengths and the per-item norms."""
+        """Bytes the index holds (counted once, it is immutable): the vocabulary's dict and
+        strings (an ASCII string's size per term: a non-ASCII term is counted short), the term
+        frequencies (CSC data, indices, pointers), the lengths and the per-item norms."""
         held: int | None = self.__dict__.get("_nbytes")
         if held is None:
-            tf = self._tf
-            held = sys.getsizeof(self._vocab) + sum(sys.getsizeof(t) for t in self._vocab)
+            tf, vocab = self._tf, self._vocab
+            held = sys.getsizeof(vocab) + len(vocab) * sys.getsizeof("") + sum(map(len, vocab))
             held += tf.data.nbytes + tf.indices.nbytes + tf.indptr.nbytes
             held += self._dl.nbytes + self._norm.nbytes
             self.__dict__["_nbytes"] = held

@@ -112,6 +112,7 @@ class UserHistory:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_items_nbytes", None)  # pickled before the cache budget
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

@@ -187,6 +187,17 @@ def test_a_write_to_an_evicted_user_keeps_its_other_items() -> None:
     )
 
 
+def test_a_write_to_an_evicted_user_reads_the_rest_back_first() -> None:
+    corpus = listing_corpus(0)
+    corpus.add_texts("a", texts_of(1), ids=[f"a{i}" for i in range(12)])
+    corpus.add_texts("b", texts_of(2))
+    corpus.add_texts("a", ["a brand new note on tokio"], ids=["new"])
+    # what the store holds right after the write, before any read: never a partial user
+    assert sorted(i.id for i in corpus.cache.get("a").items) == sorted(
+        [f"a{i}" for i in range(12)] + ["new"]
+    )
+
+
 def test_a_user_being_read_or_written_elsewhere_is_not_evicted() -> None:
     corpus = listing_corpus(0)
     corpus.add_texts("a", texts_of(1))
