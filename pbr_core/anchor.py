@@ -73,13 +73,13 @@ class AnchorResult:
     rows_merged: int = 0
     warm_start: bool = False
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        """Bytes this anchor holds: its arrays and the graph's (CSR data, indices, pointers)."""
-        held = self.vector.nbytes + self.pagerank.nbytes
-        held += self.graph.data.nbytes + self.graph.indices.nbytes + self.graph.indptr.nbytes
-        ranking = self.__dict__.get("_ranking")  # a cached_property once computed
-        return held + (ranking.nbytes if ranking is not None else 0)
+        """Bytes this anchor holds: its arrays, the graph's (CSR data, indices, pointers) and
+        the ranking it sorts on first use (counted from the start: it is immutable)."""
+        graph = self.graph
+        held = self.vector.nbytes + 2 * self.pagerank.nbytes  # π and its int64 ranking
+        return held + graph.data.nbytes + graph.indices.nbytes + graph.indptr.nbytes
 
     @cached_property
     def _ranking(self) -> np.ndarray:

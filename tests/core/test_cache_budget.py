@@ -271,3 +271,17 @@ def test_a_pickled_corpus_evicts_again() -> None:
     corpus.add_texts("a", texts_of(1))
     corpus.add_texts("b", texts_of(2))
     assert corpus.cache.users() == ["b"]
+
+
+def test_a_users_bytes_count_the_caches_its_queries_build() -> None:
+    store = HistoryStore()
+    Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("a", texts_of(1, 40))
+    history = store.get("a")
+    cold = history.nbytes()
+    assert cold == store.cached_bytes > history.vectors.nbytes
+    anchor = history.anchor(PBRConfig())
+    assert anchor is not None
+    assert history.nbytes() == cold + anchor.nbytes
+    index = history.lexical()
+    assert history.nbytes() == cold + anchor.nbytes + index.nbytes
+    assert store.cached_bytes == history.nbytes()
