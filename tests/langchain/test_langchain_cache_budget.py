@@ -4,6 +4,8 @@ evicted users are read back from the store, and every ranking equals an unbudget
 from __future__ import annotations
 
 import json
+import uuid
+from typing import Any
 
 import pytest
 from langchain_core.documents import Document
@@ -89,3 +91,56 @@ def test_langgraph_store_rankings_with_a_budget_equal_an_unbudgeted_ones() -> No
             ]
     assert small.corpus.cache.evictions >= 2 * len(USERS) - 1
     assert len(small.corpus.cache) == 1
+
+
+class CountingEmbedding(DeterministicFakeEmbedding):
+    """DeterministicFakeEmbedding that counts the documents it embeds."""
+
+    documents_embedded: int = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.documents_embedded += len(texts)
+        return super().embed_documents(texts)
+
+
+def test_over_a_chroma_server_evicted_users_are_read_back_with_chromas_vectors(
+    shared_chroma: Any,
+) -> None:
+    pytest.importorskip("langchain_chroma")
+    from langchain_chroma import Chroma
+
+    emb = CountingEmbedding(size=64)
+    store = Chroma(
+        client=shared_chroma.client(),
+        collection_name=f"budget-{uuid.uuid4().hex[:8]}",
+        embedding_function=emb,
+        collection_configuration={"hnsw": {"space": "cosine"}},
+    )
+
+    def make(history: HistoryStore, embeddings: CountingEmbedding) -> PBRRetriever:
+        return PBRRetriever(
+            llm=FakeListChatModel(responses=[ANSWER]),
+            embeddings=embeddings,
+            vectorstore=store,
+            history=history,
+            k=4,
+            config=CONFIG,
+        )
+
+    counted = [CountingEmbedding(size=64), CountingEmbedding(size=64)]
+    small = make(HistoryStore(max_cache_bytes=0), counted[0])
+    for user in USERS:
+        docs = [d for d in documents() if d.metadata["user_id"] == user]
+        small.add_documents(docs, user_id=user)
+    big = make(HistoryStore(max_cache_bytes=10**12), counted[1])
+    for user in USERS:  # the unbudgeted worker reads every user in once
+        ranked(big, "warm up", user)
+    before = [e.documents_embedded for e in counted]
+    for query in ("what should I cook tonight?", "a hobby for the weekend"):
+        for user in USERS:
+            assert ranked(small, query, user) == ranked(big, query, user)
+    # Both embed the same feedback texts; the budgeted one re-reads its users with Chroma's
+    # vectors, embedding none of their items again.
+    after = [e.documents_embedded for e in counted]
+    assert after[0] - before[0] == after[1] - before[1] > 0
+    assert small.history.evictions >= 2 * len(USERS) - 1
