@@ -417,12 +417,19 @@ class Corpus:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *, lazy: bool = False
+        cls,
+        path: str | os.PathLike[str],
+        embedder: Embedder | None = None,
+        *,
+        lazy: bool = False,
+        max_cache_bytes: int | None = None,
     ) -> Corpus:
         """A corpus whose record is the store saved at ``path`` (:meth:`HistoryStore.save`);
         refuses an embedder of another model than the saved vectors' (None: the default MiniLM,
-        checked by its id). ``lazy=True`` reads each user's files on first use."""
-        store = HistoryStore.load(path, lazy=lazy)
+        checked by its id). ``lazy=True`` reads each user's files on first use; with it,
+        ``max_cache_bytes`` bounds the users in memory (those unchanged since the save go back
+        to their files); without it, an explicit budget is refused (see :meth:`check_budget`)."""
+        store = HistoryStore.load(path, lazy=lazy, max_cache_bytes=max_cache_bytes)
         check_model(store.embedding_model_id, embedder, str(path))
         if embedder is not None:
             check_dimension(embedder, store.dim, str(path))

@@ -256,11 +256,19 @@ class Personalizer:
 
     @classmethod
     def load(
-        cls, path: str, embedder: Embedder | None = None, *, lazy: bool = False, **kwargs: Any
+        cls,
+        path: str,
+        embedder: Embedder | None = None,
+        *,
+        lazy: bool = False,
+        max_cache_bytes: int | None = None,
+        **kwargs: Any,
     ) -> Personalizer:
         """A personalizer over a saved store (:meth:`Corpus.load`: refuses an embedder of
-        another model; ``lazy=True`` reads each user's files on first use)."""
-        return cls(corpus=Corpus.load(path, embedder, lazy=lazy), **kwargs)
+        another model; ``lazy=True`` reads each user's files on first use, and then
+        ``max_cache_bytes`` bounds the users held in memory)."""
+        corpus = Corpus.load(path, embedder, lazy=lazy, max_cache_bytes=max_cache_bytes)
+        return cls(corpus=corpus, **kwargs)
 
     def _history(self, user_id: str) -> UserHistory:
         """The user's snapshot in the store; one the store evicted under its budget is read

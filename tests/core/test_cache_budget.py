@@ -285,3 +285,24 @@ def test_a_users_bytes_count_the_caches_its_queries_build() -> None:
     index = history.lexical()
     assert history.nbytes() == cold + anchor.nbytes + index.nbytes
     assert store.cached_bytes == history.nbytes()
+
+
+def test_a_personalizer_loaded_lazily_takes_a_budget_and_an_eager_one_refuses_it(
+    tmp_path: object,
+) -> None:
+    corpus = Corpus(None, embedder=HashEmbedder())
+    for user in range(3):
+        corpus.add_texts(f"u{user}", texts_of(user))
+    corpus.cache.save(tmp_path)  # type: ignore[arg-type]
+    lazy = Personalizer.load(
+        str(tmp_path),
+        HashEmbedder(),
+        lazy=True,
+        max_cache_bytes=0,
+        generator=ScriptedGenerator(UTTER, REASON),
+    )
+    for user in range(3):
+        assert len(lazy.search(f"u{user}", "rust memory", k=2).hits) == 2
+    assert lazy.store.evictions == 2 and lazy.store.users() == ["u0", "u1", "u2"]
+    with pytest.raises(ValueError, match="lazily"):
+        Personalizer.load(str(tmp_path), HashEmbedder(), max_cache_bytes=0)
