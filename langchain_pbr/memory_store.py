@@ -34,7 +34,7 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from pbr_core import Embedder, GenerationCache, PBRConfig, Personalizer
+from pbr_core import Embedder, GenerationCache, HistoryStore, PBRConfig, Personalizer
 from pbr_core.adapters_support import memory_config
 from pbr_core.corpus import Corpus, Record, check_user_id
 from pbr_core.retrieval import Candidates, Request, retrieve
@@ -256,6 +256,9 @@ class PBRStore(BaseStore):
             until the store returns fewer: offset pages can skip items, see
             :meth:`NamespaceRecords.items`).
         max_staleness_s: see :class:`~pbr_core.corpus.Corpus` (0: every query lists ``inner``).
+        max_cache_bytes: the budget (bytes) of pbr's per-user cache
+            (:class:`~pbr_core.HistoryStore`); None = its default. ``inner`` lists its items,
+            so an evicted user is read back from it on its next search.
         cross_user_search: True lets a query search of a prefix above the user level rank every
             user's items under it (one shared scope, e.g. an admin tool); False (default) refuses
             it, naming the namespaces it would mix.
@@ -290,6 +293,7 @@ class PBRStore(BaseStore):
         page_size: int = DEFAULT_PAGE_SIZE,
         max_staleness_s: float = 0.0,
         cross_user_search: bool = False,
+        max_cache_bytes: int | None = None,
     ) -> None:
         if not isinstance(inner, BaseStore):
             raise TypeError(f"inner must be a LangGraph BaseStore, got {type(inner).__name__}")
@@ -319,7 +323,12 @@ class PBRStore(BaseStore):
             user_index=user_index,
             cross_user_search=cross_user_search,
         )
-        self.corpus = Corpus(self.records, embedder=embeddings, max_staleness_s=max_staleness_s)
+        self.corpus = Corpus(
+            self.records,
+            embedder=embeddings,
+            cache=HistoryStore(max_cache_bytes=max_cache_bytes),
+            max_staleness_s=max_staleness_s,
+        )
         style = prompt_style_of(llm, prompt_style) if llm is not None else "chat"
         self._style: Literal["chat", "completion"] = style
         self.personalizer = Personalizer(

@@ -288,7 +288,10 @@ class PBRRetriever(BaseRetriever):
         embedder = LlamaIndexEmbedder(embed_model)
         store = history if history is not None else HistoryStore()
         check_model(store.embedding_model_id, embedder, "the history")
-        corpus = Corpus(None, embedder=embedder, cache=store, user_key=user_id_key)
+        host = records_of(
+            single, per_user, user_id_key, vector_store_factory, embed_model, callback_manager
+        )
+        corpus = Corpus(host, embedder=embedder, cache=store, user_key=user_id_key)
         self._shared = _Shared(
             corpus=corpus,
             personalizer=Personalizer(
@@ -316,9 +319,6 @@ class PBRRetriever(BaseRetriever):
         self._strict: bool | None = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
         corpus = self._shared.corpus
-        corpus.host = records_of(
-            single, per_user, user_id_key, vector_store_factory, embed_model, callback_manager
-        )
         if history is None and not corpus.verified:  # read the docstore once
             sources = list((per_user or {}).items()) if single is None else [(None, single)]
             found, owners = docstore_nodes(sources, user_id_key)

@@ -74,6 +74,14 @@ class AnchorResult:
     warm_start: bool = False
 
     @cached_property
+    def nbytes(self) -> int:
+        """Bytes this anchor holds: its arrays, the graph's (CSR data, indices, pointers) and
+        the ranking it sorts on first use (counted from the start: it is immutable)."""
+        graph = self.graph
+        held = self.vector.nbytes + 2 * self.pagerank.nbytes  # π and its int64 ranking
+        return held + graph.data.nbytes + graph.indices.nbytes + graph.indptr.nbytes
+
+    @cached_property
     def _ranking(self) -> np.ndarray:
         # Sorted once per anchor (ties: lower index first), not once per query.
         return np.argsort(-self.pagerank, kind="stable")

@@ -27,6 +27,10 @@ The rules (the ones a multi-tenant vector database keeps):
   needs no re-adding.
 * **Without a host store** (or with one that cannot list) pbr's own :class:`HistoryStore` is the
   record: it is written through the same validation, after the host write succeeded.
+* **A bounded cache.** Over a host that lists, the corpus lets its :class:`HistoryStore` evict
+  users under its byte budget (``max_cache_bytes``, :meth:`Corpus.release`): an evicted user's
+  bookkeeping is forgotten with it, so its next read re-reads it in full from the host. Where
+  pbr's history is the record, an explicit budget is refused (it would lose data).
 """
 
 from __future__ import annotations
@@ -267,7 +271,9 @@ class Corpus:
         embedder: embeds items the caller gives no vectors for, and items a host store holds
             without returning vectors; None = the embedded all-MiniLM-L6-v2, loaded on first use.
         cache: pbr's per-user histories (vectors, anchors). With a host that can list it is a
-            cache verified on every read; otherwise it is the record.
+            cache verified on every read, bounded by its ``max_cache_bytes``; otherwise it is
+            the record, and an explicit ``max_cache_bytes`` is refused (``ValueError``) unless
+            it was loaded lazily (its users unchanged since the save go back to their files).
         user_key: the metadata key naming an item's owner, in items and in the host store.
         max_staleness_s: how old (seconds) a verified view of a user may be before the next
             read lists the host again. 0 (default): every read is checked, so another worker's
@@ -291,30 +297,97 @@ class Corpus:
             raise ValueError(f"max_staleness_s must be finite and >= 0, got {max_staleness_s!r}")
         self.max_staleness_s = float(max_staleness_s)
         self._verified_at: dict[str, float] = {}
-        self.host = host
         self.embedder = embedder
         self.cache = cache if cache is not None else HistoryStore()
         self.user_key = user_key
         self._default_embedder = False
         self._known: dict[str, _Known] = {}
+        # Users the cache evicted and no read has brought back: a write re-reads them first.
+        self._evicted: set[str] = set()
         self._window_of: tuple[object, Window | None] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self.host = host  # checks the cache's budget against it
+        self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
         skip = ("_locks", "_locks_guard", "_window_of")  # locks; a tokenizer closure
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        if "host" in state:  # pickled before host became a property
+            state["_host"] = state.pop("host")
         self.__dict__.update(state)
+        self.__dict__.setdefault("_evicted", set())
         self._window_of = None
         self._locks = {}
         self._locks_guard = threading.Lock()
+        self.cache.attach(self)
+
+    @property
+    def host(self) -> HostRecords | None:
+        """The host store's records (None: pbr's own history is the record)."""
+        return self._host
+
+    @host.setter
+    def host(self, host: HostRecords | None) -> None:
+        self._host = host
+        self.check_budget()
+
+    def check_budget(self) -> None:
+        """Refuse an explicit ``max_cache_bytes`` of the cache where it would have to lose
+        data: pbr's history is the only record (no host store, or one that cannot list) and the
+        cache was not loaded lazily (whose unchanged users can go back to their files).
+
+        Raises:
+            ValueError: saying why and what to do instead.
+        """
+        cache = self.cache
+        if not cache.budget_explicit or self.verified or cache.lazy:
+            return
+        where = (
+            "there is no host store"
+            if self._host is None
+            else f"the host store ({type(self._host).__name__}) cannot list its records"
+        )
+        raise ValueError(
+            f"HistoryStore(max_cache_bytes={cache.max_cache_bytes}) would have to drop users "
+            f"that cannot be read back: {where}, so pbr's history is the only record of each "
+            "user's items. Leave max_cache_bytes unset (the default budget evicts only users "
+            "that can be read back), use a host store that lists its records (e.g. LangChain's "
+            "InMemoryVectorStore or Chroma), or load the history lazily "
+            "(HistoryStore.load(path, lazy=True, max_cache_bytes=...)): users unchanged since "
+            "the save go back to their files"
+        )
+
+    def can_read_back(self, user_id: str) -> bool:
+        """Whether the cache may evict ``user_id`` (:class:`~pbr_core.history.ReadBack`): the
+        host lists the user's records, so the next :meth:`history` reads them back."""
+        return self.verified
+
+    def release(self, user_id: str) -> bool:
+        """Let the cache evict ``user_id`` (:class:`~pbr_core.history.ReadBack`) where no read
+        or write of the user is under way: what the corpus knows of the user's records is
+        forgotten with it, so the next :meth:`history` re-reads the user in full (vectors from
+        the host where it returns them, else re-embedded; windows of long items re-embedded)."""
+        if not self.verified:
+            return False
+        lock = self._user_lock(user_id)
+        if not lock.acquire(blocking=False):  # being refreshed or written: keep it
+            return False
+        try:
+            self._known.pop(user_id, None)
+            self._verified_at.pop(user_id, None)
+            self._evicted.add(user_id)
+        finally:
+            lock.release()
+        return True
 
     @property
     def verified(self) -> bool:
         """True when reads are checked against the host store (it can list its records)."""
-        return self.host is not None and bool(getattr(self.host, "can_list", False))
+        return self._host is not None and bool(getattr(self._host, "can_list", False))
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, user_id: str, items: Sequence[HistoryItem], *, vectors: Any = None) -> list[str]:
@@ -349,12 +422,19 @@ class Corpus:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], embedder: Embedder | None = None, *, lazy: bool = False
+        cls,
+        path: str | os.PathLike[str],
+        embedder: Embedder | None = None,
+        *,
+        lazy: bool = False,
+        max_cache_bytes: int | None = None,
     ) -> Corpus:
         """A corpus whose record is the store saved at ``path`` (:meth:`HistoryStore.save`);
         refuses an embedder of another model than the saved vectors' (None: the default MiniLM,
-        checked by its id). ``lazy=True`` reads each user's files on first use."""
-        store = HistoryStore.load(path, lazy=lazy)
+        checked by its id). ``lazy=True`` reads each user's files on first use; with it,
+        ``max_cache_bytes`` bounds the users in memory (those unchanged since the save go back
+        to their files); without it, an explicit budget is refused (see :meth:`check_budget`)."""
+        store = HistoryStore.load(path, lazy=lazy, max_cache_bytes=max_cache_bytes)
         check_model(store.embedding_model_id, embedder, str(path))
         if embedder is not None:
             check_dimension(embedder, store.dim, str(path))
@@ -706,6 +786,8 @@ class Corpus:
                     own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
         for user_id, items, unit, _ in plan:
             with self._user_lock(user_id):
+                if user_id in self._evicted and self.verified:
+                    self._refresh(user_id)  # the rest of the user first: never a partial view
                 self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
                 if self.host is not None:
                     known = self._known.setdefault(user_id, _Known())
@@ -732,6 +814,7 @@ class Corpus:
     def _refresh(self, user_id: str) -> UserHistory | None:
         """Bring the cache of ``user_id`` in line with the host's listing (lock held)."""
         assert self.host is not None
+        self._evicted.discard(user_id)
         known = self._known.setdefault(user_id, _Known())
         # A host with a change token (pbr_core.postgres) says cheaply whether anything of the
         # user changed since the last listing; read before listing, so a change made meanwhile

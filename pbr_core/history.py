@@ -7,6 +7,12 @@ leaves nothing half-written. It also decides what a save holds and when a lazily
 read; the files themselves are :mod:`pbr_core.history_format`'s, and the atomic replacement of a
 save folder is :mod:`pbr_core.persist`'s.
 
+**A byte budget.** Over a host store that lists a user's records
+(:class:`~pbr_core.corpus.Corpus`), or for a lazily loaded user unchanged since its save, the
+store is only a cache: the least recently used such users are evicted whole when the resident
+users hold more than ``max_cache_bytes`` (:attr:`HistoryStore.cached_bytes`), and read back on
+their next use. A user that can be read back from nowhere is never evicted.
+
 The names that lived here before the history was split by concern (``HistoryItem``,
 ``UserHistory``, ``top_k``, ``check_batch``, ``check_ids``, ``check_serialisable``) are
 re-exported, so ``from pbr_core.history import ...`` keeps working.
@@ -16,9 +22,11 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,9 +49,11 @@ from .snapshot import UserHistory, top_k
 from .vectors import as_unit_rows
 
 __all__ = [
+    "DEFAULT_MAX_CACHE_BYTES",
     "SAME_VECTOR_ATOL",
     "HistoryItem",
     "HistoryStore",
+    "ReadBack",
     "UserHistory",
     "check_batch",
     "check_ids",
@@ -56,6 +66,45 @@ __all__ = [
 #: neither changes the history's vectors nor costs anchor work.
 SAME_VECTOR_ATOL = 1e-6
 
+#: The budget of a :class:`HistoryStore` given no ``max_cache_bytes`` (bytes): 1 GiB, about 400
+#: warm users of 1,000 items at 384-d (2.1-2.8 MB each). It bounds only users that can be read
+#: back, so a store that is the only record of its users is never cut by it.
+DEFAULT_MAX_CACHE_BYTES = 1 << 30
+
+#: How many of the most recently read users are measured again when another user is read: a
+#: request builds its user's anchor and BM25 index after the read that measured the user.
+_REMEASURED = 8
+
+
+class ReadBack(Protocol):
+    """Who can read a store's user back from elsewhere: a :class:`~pbr_core.corpus.Corpus`
+    over a host store that lists its records. :meth:`HistoryStore.attach` registers one; the
+    store asks it before evicting a user (the store imports no corpus)."""
+
+    def can_read_back(self, user_id: str) -> bool:
+        """Whether ``user_id`` can be read back in full from elsewhere (False: never evicted
+        until it is read again)."""
+        ...
+
+    def release(self, user_id: str) -> bool:
+        """Forget what the owner knows of ``user_id`` (so its next read re-reads the user in
+        full) and return True; False where the user is being read or written now (it is tried
+        again after the other users)."""
+        ...
+
+
+def _check_budget(max_cache_bytes: object) -> int | None:
+    if max_cache_bytes is None:
+        return None
+    if isinstance(max_cache_bytes, bool) or not isinstance(max_cache_bytes, int):
+        raise ValueError(
+            f"max_cache_bytes must be a number of bytes (an int >= 0) or None for the default "
+            f"({DEFAULT_MAX_CACHE_BYTES}), got {max_cache_bytes!r}"
+        )
+    if max_cache_bytes < 0:
+        raise ValueError(f"max_cache_bytes must be >= 0 bytes, got {max_cache_bytes}")
+    return max_cache_bytes
+
 
 class HistoryStore:
     """All users' histories, in memory, with validation, persistence and a shared dimension.
@@ -64,23 +113,84 @@ class HistoryStore:
         dim: vector dimension; fixed by the first insert when not given.
         embedding_model_id: recorded on save and checked on load, so vectors of one model are
             never searched with another's queries.
+        max_cache_bytes: the budget (bytes) of the users held in memory
+            (:attr:`cached_bytes`). When it is exceeded, the least recently used users that
+            can be read back are evicted whole: a user of a lazy load unchanged since its save
+            goes back to its saved files, a user of a :class:`~pbr_core.corpus.Corpus` over a
+            host store that lists is dropped and re-read from the host on its next use. The
+            user being read stays even if it alone exceeds the budget. None (default):
+            :data:`DEFAULT_MAX_CACHE_BYTES`, applied to users that can be read back only. An
+            explicit budget is refused by a corpus whose users cannot be read back (no host
+            store, or one that cannot list, and no lazy load): there it would have to lose
+            data. See docs/deployment.md.
     """
 
-    def __init__(self, dim: int | None = None, embedding_model_id: str | None = None) -> None:
+    def __init__(
+        self,
+        dim: int | None = None,
+        embedding_model_id: str | None = None,
+        *,
+        max_cache_bytes: int | None = None,
+    ) -> None:
+        budget = _check_budget(max_cache_bytes)
         self.dim = dim
         self.embedding_model_id = embedding_model_id
+        #: The budget in bytes, and whether it was given (an explicit one is refused where
+        #: users cannot be read back; the default applies only to users that can be).
+        self.max_cache_bytes = DEFAULT_MAX_CACHE_BYTES if budget is None else budget
+        self.budget_explicit = budget is not None
+        #: Loaded with lazy=True: a user unchanged since its save may go back to its files.
+        self.lazy = False
+        #: Users evicted so far (a count, for monitoring).
+        self.evictions = 0
         # A user of a folder loaded with lazy=True is a Saved entry until first used.
         self._users: dict[str, UserHistory | Saved] = {}
         self._lock = threading.RLock()
+        # Resident users (a UserHistory in _users) and their last measured bytes: those that may
+        # be evicted, least recently used first, and those that could not be when last tried
+        # (tried again when next read, or after a save).
+        self._sizes: OrderedDict[str, int] = OrderedDict()
+        self._held: dict[str, int] = {}
+        self._total = 0
+        self._recent: deque[str] = deque(maxlen=_REMEASURED)
+        # User -> (the saved entry it was read from or last saved as, the snapshot then).
+        self._origin: dict[str, tuple[Saved, UserHistory]] = {}
+        self._owners: list[weakref.ref[ReadBack]] = []
 
     # -- reading -------------------------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_owners")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_sizes" not in state:  # pickled before the cache budget: count its users now
+            fresh = HistoryStore(state.get("dim"), state.get("embedding_model_id"))
+            state = {**fresh.__dict__, **state}
+            resident = [u for u, h in state["_users"].items() if isinstance(h, UserHistory)]
+            state["_sizes"] = OrderedDict.fromkeys(resident, 0)
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._owners = []  # an owner registers itself again (Corpus.__setstate__)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the resident users hold, measured now (every resident user's
+        :meth:`~pbr_core.snapshot.UserHistory.nbytes`: items estimated, arrays exact: vectors,
+        windows, anchors, BM25 index). Users not yet read from a lazy load count 0."""
+        with self._lock:
+            for user_id in [*self._sizes, *self._held]:
+                self._measure(user_id)
+            return self._total
+
+    def attach(self, owner: ReadBack) -> None:
+        """Let ``owner`` (a corpus over a host store that lists) release users for eviction.
+
+        Held by a weak reference: the store does not keep its owner alive. Where several owners
+        share the store, a user is evicted only if every one of them releases it.
+        """
+        with self._lock:
+            self._owners = [r for r in self._owners if r() not in (None, owner)]
+            self._owners.append(weakref.ref(owner))
 
     def __contains__(self, user_id: object) -> bool:
         return user_id in self._users
@@ -99,16 +209,88 @@ class HistoryStore:
         return history
 
     def _current(self, user_id: str) -> UserHistory | None:
-        """The user's snapshot (read from disk first if loaded lazily), None if unknown."""
-        history = self._users.get(user_id)
-        if not isinstance(history, Saved):
-            return history
+        """The user's snapshot (read from disk first if loaded lazily), None if unknown; a read
+        makes the user the most recently used one."""
+        if user_id not in self._users:
+            return None
         with self._lock:
             history = self._users.get(user_id)
             if isinstance(history, Saved):
-                history = read_user(history.folder, history.entry, self.dim)
+                saved = history
+                history = read_user(saved.folder, saved.entry, self.dim)
                 self._users[user_id] = history  # same dict position: users() keeps its order
+                self._origin[user_id] = (saved, history)
+            if history is not None:
+                self._touch(user_id)
             return history
+
+    # -- the budget ----------------------------------------------------------------------------
+    def _touch(self, user_id: str) -> None:
+        """Make ``user_id`` (resident) the most recently used, measure it, and evict others
+        while the budget is exceeded (lock held)."""
+        if self._recent and self._recent[-1] != user_id:
+            # Another user's turn: the users read before may have built caches since.
+            for other in self._recent:
+                if other != user_id:
+                    self._measure(other)
+        if user_id in self._held:
+            self._sizes[user_id] = self._held.pop(user_id)
+        elif user_id not in self._sizes:
+            self._sizes[user_id] = 0
+        self._sizes.move_to_end(user_id)
+        self._measure(user_id)
+        if not self._recent or self._recent[-1] != user_id:
+            if user_id in self._recent:
+                self._recent.remove(user_id)
+            self._recent.append(user_id)
+        self._evict(keep=user_id)
+
+    def _measure(self, user_id: str) -> None:
+        """Update the recorded bytes of a resident user (lock held)."""
+        history = self._users.get(user_id)
+        table = self._sizes if user_id in self._sizes else self._held
+        if not isinstance(history, UserHistory) or user_id not in table:
+            return
+        held = history.nbytes()
+        self._total += held - table[user_id]
+        table[user_id] = held
+
+    def _evict(self, keep: str | None) -> None:
+        """Evict least recently used users that can be read back until the resident ones fit
+        the budget; ``keep`` (the user being read) is never evicted (lock held)."""
+        for _ in range(len(self._sizes)):  # each candidate is looked at once
+            if self._total <= self.max_cache_bytes:
+                return
+            victim = next((u for u in self._sizes if u != keep), None)
+            if victim is None:
+                return
+            self._release(victim)
+
+    def _release(self, user_id: str) -> None:
+        """Evict one resident user if it can be read back; else set it aside: until it is
+        read again if it cannot be read back, after the others if it is busy."""
+        history = self._users[user_id]
+        origin = self._origin.get(user_id)
+        if origin is not None and origin[1] is history:
+            self._users[user_id] = origin[0]  # unchanged since the save: read again from it
+        else:
+            owners = [owner for ref in self._owners if (owner := ref()) is not None]
+            if not owners or not all(owner.can_read_back(user_id) for owner in owners):
+                self._held[user_id] = self._sizes.pop(user_id)
+                return
+            if not all(owner.release(user_id) for owner in owners):
+                self._sizes.move_to_end(user_id)
+                return
+            del self._users[user_id]
+        self._forget(user_id)
+        self.evictions += 1
+
+    def _forget(self, user_id: str) -> None:
+        """Stop counting ``user_id`` (evicted or dropped; lock held)."""
+        self._total -= self._sizes.pop(user_id, 0) + self._held.pop(user_id, 0)
+        self._origin.pop(user_id, None)
+        if user_id in self._recent:
+            self._recent.remove(user_id)
 
     def known_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> list[np.ndarray | None]:
         """Stored vectors of items whose id *and* text are already stored (no re-embedding)."""
@@ -232,6 +414,7 @@ class HistoryStore:
             if user_id not in self._users:
                 raise UnknownUserError(user_id)
             del self._users[user_id]
+            self._forget(user_id)
 
     def _replace(
         self,
@@ -259,6 +442,7 @@ class HistoryStore:
             snapshot._inherit_anchors(old, old_positions)
             snapshot._inherit_lexical(old, old_positions)
         self._users[user_id] = snapshot
+        self._touch(user_id)
         return snapshot
 
     # -- persistence ---------------------------------------------------------------------------
@@ -279,6 +463,8 @@ class HistoryStore:
             }
         # (user, what it was loaded as, its entry in the new save)
         copied: list[tuple[str, Saved, dict[str, Any]]] = []
+        # (user, the snapshot written, its entry in the new save)
+        written: list[tuple[str, UserHistory, dict[str, Any]]] = []
         unchanged = f"nothing was replaced: {target} still holds the previous save"
 
         def write(folder: Path) -> None:
@@ -292,6 +478,7 @@ class HistoryStore:
                         copied.append((user_id, snap, entries[-1]))
                     else:
                         entries.append(write_user(snap, users))
+                        written.append((user_id, snap, entries[-1]))
                 except (OSError, ValueError, TypeError, RecursionError) as exc:
                     raise PersistenceError(
                         f"could not save user {user_id!r}: {exc}; {unchanged}. Fix this user's "
@@ -314,6 +501,14 @@ class HistoryStore:
                 for user_id, saved, entry in copied:
                     if self._users.get(user_id) is saved:
                         self._users[user_id] = Saved(snapshot, entry)
+                if self.lazy:  # users unchanged since this save may go back to it
+                    for user_id, snap, entry in written:
+                        if self._users.get(user_id) is snap:
+                            self._origin[user_id] = (Saved(snapshot, entry), snap)
+                            if user_id in self._held:
+                                self._sizes[user_id] = self._held.pop(user_id)
+                                self._sizes.move_to_end(user_id, last=False)
+                    self._evict(keep=None)
             return target
 
         return commit
@@ -347,7 +542,13 @@ class HistoryStore:
         return self.save_within(path)()
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, lazy: bool = False) -> HistoryStore:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        lazy: bool = False,
+        max_cache_bytes: int | None = None,
+    ) -> HistoryStore:
         """Read a folder written by :meth:`save`; raise PersistenceError if missing or damaged.
 
         Reads the snapshot that the folder's ``CURRENT`` names, or, for a folder saved by an
@@ -363,7 +564,9 @@ class HistoryStore:
                 user, not all of them. A damaged user file raises :class:`PersistenceError` when
                 that user is first used, and the snapshot must stay in place until then: a save
                 by this store keeps it readable, but two saves to ``path`` by *another* store or
-                process prune it.
+                process prune it. A user unchanged since the load (or since this store's last
+                save) may be evicted back to its files under ``max_cache_bytes``.
+            max_cache_bytes: the store's budget (see :class:`HistoryStore`).
 
         Raises:
             PersistenceError: the folder is missing or a file in it is damaged; the message
@@ -373,7 +576,7 @@ class HistoryStore:
         for attempt in range(_LOAD_ATTEMPTS):
             snapshot = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
             try:
-                return cls._load_snapshot(snapshot, lazy)
+                return cls._load_snapshot(snapshot, lazy, max_cache_bytes)
             except PersistenceError:
                 # Saves to the same folder meanwhile (a save prunes all but the newest two
                 # snapshots) can remove the one being read: that is no damage, read the new one.
@@ -383,15 +586,24 @@ class HistoryStore:
         raise AssertionError("unreachable")
 
     @classmethod
-    def _load_snapshot(cls, snapshot: Path, lazy: bool) -> HistoryStore:
+    def _load_snapshot(
+        cls, snapshot: Path, lazy: bool, max_cache_bytes: int | None
+    ) -> HistoryStore:
         manifest = read_manifest(snapshot / MANIFEST_NAME)
-        store = cls(dim=manifest["dim"], embedding_model_id=manifest["embedding_model_id"])
-        for entry in manifest["users"]:
-            user_id = entry["user_id"]
-            if lazy:
-                store._users[user_id] = Saved(snapshot, entry)
-            else:
-                store._users[user_id] = read_user(snapshot, entry, store.dim)
+        store = cls(
+            dim=manifest["dim"],
+            embedding_model_id=manifest["embedding_model_id"],
+            max_cache_bytes=max_cache_bytes,
+        )
+        store.lazy = lazy
+        with store._lock:
+            for entry in manifest["users"]:
+                user_id = entry["user_id"]
+                if lazy:
+                    store._users[user_id] = Saved(snapshot, entry)
+                else:
+                    store._users[user_id] = read_user(snapshot, entry, store.dim)
+                    store._touch(user_id)
         return store
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -248,6 +249,20 @@ class LexicalIndex:
         vocab: dict[str, int] = {}
         tf, dl = _count(texts, vocab, stemmer)
         return cls(vocab, tf, dl, k1=float(k1), b=float(b), stemmer=stemmer)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the index holds (counted once, it is immutable): the vocabulary's dict and
+        strings (an ASCII string's size per term: a non-ASCII term is counted short), the term
+        frequencies (CSC data, indices, pointers), the lengths and the per-item norms."""
+        held: int | None = self.__dict__.get("_nbytes")
+        if held is None:
+            tf, vocab = self._tf, self._vocab
+            held = sys.getsizeof(vocab) + len(vocab) * sys.getsizeof("") + sum(map(len, vocab))
+            held += tf.data.nbytes + tf.indices.nbytes + tf.indptr.nbytes
+            held += self._dl.nbytes + self._norm.nbytes
+            self.__dict__["_nbytes"] = held
+        return held
 
     def __len__(self) -> int:
         """Number of items (rows), including those without any term."""

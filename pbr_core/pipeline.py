@@ -256,17 +256,35 @@ class Personalizer:
 
     @classmethod
     def load(
-        cls, path: str, embedder: Embedder | None = None, *, lazy: bool = False, **kwargs: Any
+        cls,
+        path: str,
+        embedder: Embedder | None = None,
+        *,
+        lazy: bool = False,
+        max_cache_bytes: int | None = None,
+        **kwargs: Any,
     ) -> Personalizer:
         """A personalizer over a saved store (:meth:`Corpus.load`: refuses an embedder of
-        another model; ``lazy=True`` reads each user's files on first use)."""
-        return cls(corpus=Corpus.load(path, embedder, lazy=lazy), **kwargs)
+        another model; ``lazy=True`` reads each user's files on first use, and then
+        ``max_cache_bytes`` bounds the users held in memory)."""
+        corpus = Corpus.load(path, embedder, lazy=lazy, max_cache_bytes=max_cache_bytes)
+        return cls(corpus=corpus, **kwargs)
+
+    def _history(self, user_id: str) -> UserHistory:
+        """The user's snapshot in the store; one the store evicted under its budget is read
+        back through the corpus (from the host store that lists it)."""
+        history = self.store._current(user_id)
+        if history is None and self.corpus.verified:
+            history = self.corpus.history(user_id)
+        if history is None:
+            raise UnknownUserError(user_id)
+        return history
 
     # -- the method ----------------------------------------------------------------------------
     def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
         """The user's most central history items by PageRank (the P-Anchor), most central first."""
         cfg = config or self.config
-        history = self.store.get(user_id)
+        history = self._history(user_id)
         result = history.anchor(cfg)
         if result is None:
             return []
@@ -475,7 +493,7 @@ class Personalizer:
         if not isinstance(query, str) or not query.strip():
             raise ValueError("query must be a non-empty string")
         cfg = config or self.config
-        history = self.store.get(user_id)
+        history = self._history(user_id)
         explanation = Explanation(user_id=user_id, query=query.strip(), fusion=cfg.fusion)
         return _Request(
             user_id=user_id,

@@ -416,6 +416,47 @@ def output_budget(results: Path) -> list[str]:
     return lines
 
 
+# -- docs/deployment.md (python benchmarks/cache_budget.py) --------------------------------------
+@table("cache-budget")
+def cache_budget(results: Path) -> list[str]:
+    """One worker serving many distinct users under ``max_cache_bytes``: memory along the way
+    (``benchmarks/cache_budget.py``)."""
+    payload = json.loads((results / "cache_budget.json").read_text())
+    rows = payload["rows"]
+    step = max(1, len(rows) // 5)
+    shown = rows[step - 1 :: step]
+    if shown[-1] is not rows[-1]:
+        shown.append(rows[-1])
+    lines = [
+        "| users served | RSS (MB) | `cached_bytes` (MB) | users resident | evicted "
+        "| an unbudgeted worker would hold (MB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in shown:
+        lines.append(
+            f"| {r['users_served']:,} | {r['rss_mb']:,.0f} | {r['cached_mb']:,.1f} "
+            f"| {r['resident_users']:,} | {r['evictions']:,} | {r['unbudgeted_mb']:,.0f} |"
+        )
+    return lines
+
+
+@table("cache-budget-summary")
+def cache_budget_summary(results: Path) -> list[str]:
+    """The same run's totals: memory at the start and the peak, a warm user's bytes, the time
+    per request, and the sampled rankings against an unbudgeted worker's."""
+    summary = json.loads((results / "cache_budget.json").read_text())["summary"]
+    return [
+        "| users × items (dim) | budget | RSS at start | peak RSS | bytes per warm user "
+        "| ms per request | sampled rankings equal to an unbudgeted worker's |",
+        "|---|---|---|---|---|---|---|",
+        f"| {summary['users']:,} × {summary['items_per_user']} ({summary['dim']}) "
+        f"| {summary['budget_mb']:.0f} MB | {summary['rss_start_mb']:.0f} MB "
+        f"| {summary['peak_rss_mb']:.0f} MB | {summary['bytes_per_warm_user']:,} "
+        f"| {summary['ms_per_request']} | {summary['sample_rankings_equal']} / "
+        f"{summary['sample']} ({summary['sample_reread']} re-read after eviction) |",
+    ]
+
+
 # -- docs/hybrid.md (python benchmarks/hybrid.py, benchmarks/hybrid_llm.py) ----------------------
 
 HYBRID = "hybrid"

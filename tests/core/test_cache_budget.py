@@ -1,0 +1,308 @@
+"""A byte budget for pbr's per-user cache: ``HistoryStore(max_cache_bytes=...)``.
+
+Over a host that lists (here a dict-backed :class:`HostRecords`, the unit under test being the
+store and the corpus), least recently used users are evicted whole and read back in full; from a
+lazy load, unchanged users go back to their files; where pbr's history is the only record,
+nothing that cannot be read back is evicted, and an explicit budget is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder, ScriptedGenerator
+
+from pbr_core import HistoryStore, PBRConfig, Personalizer
+from pbr_core.corpus import ITEM_ID_KEY, Corpus, Record
+from pbr_core.history_format import Saved
+
+UTTER = '["rust ownership", "borrow checker"]'
+REASON = "The user writes systems code and asks about memory safety."
+WORDS = ["rust", "python", "borrow", "garbage", "async", "tokio", "numpy", "pandas"]
+WORDS += ["memory", "thread", "lock", "vector"]
+
+
+class ListingHost:
+    """A host store that lists its records and returns their vectors (a dict)."""
+
+    can_list = True
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Record] = {}
+        self.listed: list[str] = []
+
+    def validate(self, records: Sequence[Record]) -> None:
+        return None
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        for r in records:  # held as a store holds it: pbr's id key is read back, not kept
+            meta = {k: v for k, v in r.metadata.items() if k != ITEM_ID_KEY}
+            self.rows[r.key] = dataclasses.replace(r, metadata=meta, extra=None)
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.rows.pop(key, None)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        self.listed.append(user_id)
+        return [r for r in self.rows.values() if r.user_id == user_id]
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return [self.rows[k] for k in keys if k in self.rows]
+
+
+class SilentHost(ListingHost):
+    """A host store that cannot list: pbr's history is the only record."""
+
+    can_list = False
+
+
+def texts_of(user: int, n: int = 12) -> list[str]:
+    rng = np.random.default_rng(user)
+    return [" ".join(rng.choice(WORDS, size=8)) + f" note {user}-{i}" for i in range(n)]
+
+
+def user_bytes(n: int = 12) -> int:
+    """What one fresh user of :func:`texts_of` holds (before its first query)."""
+    store = HistoryStore()
+    Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("probe", texts_of(0, n))
+    return store.cached_bytes
+
+
+def listing_corpus(max_cache_bytes: int | None, host: ListingHost | None = None) -> Corpus:
+    host = host if host is not None else ListingHost()
+    cache = HistoryStore(max_cache_bytes=max_cache_bytes)
+    return Corpus(host, embedder=HashEmbedder(), cache=cache)
+
+
+def personalizer(corpus: Corpus) -> Personalizer:
+    return Personalizer(corpus=corpus, generator=ScriptedGenerator(UTTER, REASON))
+
+
+def test_max_cache_bytes_must_be_a_number_of_bytes() -> None:
+    for bad in (-1, 1.5, "1GB", True):
+        with pytest.raises(ValueError, match="max_cache_bytes"):
+            HistoryStore(max_cache_bytes=bad)  # type: ignore[arg-type]
+    assert HistoryStore(max_cache_bytes=0).max_cache_bytes == 0
+    assert not HistoryStore().budget_explicit
+
+
+def test_the_least_recently_used_user_is_evicted_first() -> None:
+    size = user_bytes()
+    corpus = listing_corpus(int(3.5 * size))
+    for user in "abc":
+        corpus.add_texts(user, texts_of(ord(user)))
+    corpus.history("a")  # a is now more recently used than b
+    corpus.add_texts("d", texts_of(ord("d")))
+    assert set(corpus.cache.users()) == {"a", "c", "d"}
+    assert corpus.cache.evictions == 1
+
+
+def test_an_evicted_user_is_evicted_whole_and_read_back_in_full() -> None:
+    size = user_bytes()
+    corpus = listing_corpus(int(1.5 * size))
+    corpus.add_texts("a", texts_of(1))
+    before = corpus.history("a")
+    assert before is not None
+    corpus.add_texts("b", texts_of(2))
+    # Whole: no snapshot, no bookkeeping of the corpus, no bytes left of it.
+    assert "a" not in corpus.cache
+    assert "a" not in corpus._known and "a" not in corpus._verified_at
+    assert corpus.cache.cached_bytes == corpus.cache.get("b").nbytes()
+    after = corpus.history("a")
+    assert after is not None
+    assert [i.id for i in after.items] == [i.id for i in before.items]
+    assert [i.text for i in after.items] == [i.text for i in before.items]
+    np.testing.assert_array_equal(after.vectors, before.vectors)
+    assert "b" not in corpus.cache  # b is the least recently used now
+
+
+def test_a_reader_keeps_its_snapshot_when_its_user_is_evicted() -> None:
+    corpus = listing_corpus(0)
+    corpus.add_texts("a", texts_of(1))
+    held = corpus.history("a")
+    assert held is not None
+    corpus.add_texts("b", texts_of(2))
+    assert "a" not in corpus.cache
+    assert held.search(np.asarray(held.vectors[3]), 1)[0][0] == 3
+    assert held.anchor(PBRConfig()) is not None
+
+
+def test_the_user_being_served_stays_even_if_it_alone_exceeds_the_budget() -> None:
+    corpus = listing_corpus(1)
+    corpus.add_texts("a", texts_of(1))
+    assert corpus.cache.users() == ["a"]
+    result = personalizer(corpus).search("a", "rust memory", k=3)
+    assert len(result.hits) == 3
+    assert corpus.cache.users() == ["a"]
+
+
+def test_cached_bytes_stay_within_the_budget_after_serving_many_users() -> None:
+    budget = 6 * user_bytes()
+    corpus = listing_corpus(budget)
+    pbr = personalizer(corpus)
+    for user in range(30):
+        corpus.add_texts(f"u{user}", texts_of(user))
+        pbr.search(f"u{user}", "rust borrow checker", k=3)  # builds anchor and BM25 index
+    corpus.history("u0")  # a read after the last query: that query's caches are counted
+    assert corpus.cache.cached_bytes <= budget
+    assert 3 <= len(corpus.cache) < 30
+    assert corpus.cache.evictions >= 30 - len(corpus.cache)
+
+
+def test_rankings_after_eviction_and_reread_equal_an_unbudgeted_stores() -> None:
+    host = ListingHost()
+    budgeted = listing_corpus(2 * user_bytes(), host)
+    plain = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore(max_cache_bytes=10**12))
+    for user in range(8):
+        budgeted.add_texts(f"u{user}", texts_of(user, 30))
+    small, big = personalizer(budgeted), personalizer(plain)
+    for query in ("rust borrow checker", "numpy vector memory"):
+        for user in range(8):
+            got = small.search(f"u{user}", query, k=5)
+            want = big.search(f"u{user}", query, k=5)
+            assert [(h.id, round(h.score, 6)) for h in got.hits] == [
+                (h.id, round(h.score, 6)) for h in want.hits
+            ]
+            np.testing.assert_allclose(got.personalized.vector, want.personalized.vector, atol=1e-6)
+    assert budgeted.cache.evictions >= 8
+    assert plain.cache.evictions == 0
+
+
+def test_a_write_to_an_evicted_user_keeps_its_other_items() -> None:
+    corpus = listing_corpus(0)
+    corpus.add_texts("a", texts_of(1), ids=[f"a{i}" for i in range(12)])
+    corpus.add_texts("b", texts_of(2))
+    assert "a" not in corpus.cache
+    corpus.add_texts("a", ["a brand new note on tokio"], ids=["new"])
+    corpus.delete("a", ["a3"])
+    history = corpus.history("a")
+    assert history is not None
+    assert sorted(i.id for i in history.items) == sorted(
+        [f"a{i}" for i in range(12) if i != 3] + ["new"]
+    )
+
+
+def test_a_write_to_an_evicted_user_reads_the_rest_back_first() -> None:
+    corpus = listing_corpus(0)
+    corpus.add_texts("a", texts_of(1), ids=[f"a{i}" for i in range(12)])
+    corpus.add_texts("b", texts_of(2))
+    corpus.add_texts("a", ["a brand new note on tokio"], ids=["new"])
+    # what the store holds right after the write, before any read: never a partial user
+    assert sorted(i.id for i in corpus.cache.get("a").items) == sorted(
+        [f"a{i}" for i in range(12)] + ["new"]
+    )
+
+
+def test_a_user_being_read_or_written_elsewhere_is_not_evicted() -> None:
+    corpus = listing_corpus(0)
+    corpus.add_texts("a", texts_of(1))
+    lock = corpus._user_lock("a")
+    with lock:  # another thread's refresh or write of "a" holds this
+        done = threading.Event()
+        threading.Thread(target=lambda: (corpus.add_texts("b", texts_of(2)), done.set())).start()
+        assert done.wait(10)
+        assert "a" in corpus.cache and "a" in corpus._known
+    corpus.history("b")  # "a" is tried again on the next read, and goes
+    assert "a" not in corpus.cache
+
+
+def test_a_lazily_loaded_user_unchanged_since_the_save_goes_back_to_its_files(
+    tmp_path: object,
+) -> None:
+    corpus = Corpus(None, embedder=HashEmbedder())
+    for user in range(4):
+        corpus.add_texts(f"u{user}", texts_of(user))
+    corpus.cache.save(tmp_path)  # type: ignore[arg-type]
+    store = HistoryStore.load(tmp_path, lazy=True, max_cache_bytes=int(1.5 * user_bytes()))  # type: ignore[arg-type]
+    lazy = Corpus(None, embedder=HashEmbedder(), cache=store)  # accepted: it can revert
+    first = lazy.history("u0")
+    lazy.history("u1")
+    assert isinstance(store._users["u0"], Saved)
+    again = lazy.history("u0")
+    assert again is not None and first is not None and again is not first
+    np.testing.assert_array_equal(again.vectors, first.vectors)
+    # A changed user is the only record of its change: it stays until saved.
+    lazy.add_texts("u2", ["changed since the save"], ids=["x"])
+    lazy.history("u3")
+    lazy.history("u1")
+    assert isinstance(store._users["u2"], type(first))
+    store.save(tmp_path)  # type: ignore[arg-type]
+    assert isinstance(store._users["u2"], Saved)  # now read back from the new save
+    reread = lazy.history("u2")
+    assert reread is not None and reread.position("x") is not None
+
+
+def test_an_explicit_budget_is_refused_where_history_is_the_only_record() -> None:
+    with pytest.raises(ValueError, match=r"no host store.*lazily"):
+        Corpus(None, cache=HistoryStore(max_cache_bytes=10**9))
+    with pytest.raises(ValueError, match=r"SilentHost.*cannot list"):
+        Corpus(SilentHost(), cache=HistoryStore(max_cache_bytes=10**9))
+    with pytest.raises(ValueError, match="max_cache_bytes"):
+        Personalizer(store=HistoryStore(max_cache_bytes=10**9))
+    corpus = Corpus(ListingHost(), cache=HistoryStore(max_cache_bytes=10**9))
+    with pytest.raises(ValueError, match="cannot list"):
+        corpus.host = SilentHost()
+
+
+@pytest.mark.parametrize("host", [None, SilentHost()], ids=["no host", "non-listing host"])
+def test_the_default_budget_never_evicts_a_user_that_cannot_be_read_back(
+    host: ListingHost | None,
+) -> None:
+    store = HistoryStore()
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=store)
+    store.max_cache_bytes = 0  # as if the default were far smaller than the users
+    for user in range(5):
+        corpus.add_texts(f"u{user}", texts_of(user))
+    assert len(store) == 5 and store.evictions == 0
+    for user in range(5):
+        history = corpus.history(f"u{user}")
+        assert history is not None and len(history) == 12
+
+
+def test_a_pickled_corpus_evicts_again() -> None:
+    import pickle
+
+    corpus = pickle.loads(pickle.dumps(listing_corpus(0)))
+    corpus.add_texts("a", texts_of(1))
+    corpus.add_texts("b", texts_of(2))
+    assert corpus.cache.users() == ["b"]
+
+
+def test_a_users_bytes_count_the_caches_its_queries_build() -> None:
+    store = HistoryStore()
+    Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("a", texts_of(1, 40))
+    history = store.get("a")
+    cold = history.nbytes()
+    assert cold == store.cached_bytes > history.vectors.nbytes
+    anchor = history.anchor(PBRConfig())
+    assert anchor is not None
+    assert history.nbytes() == cold + anchor.nbytes
+    index = history.lexical()
+    assert history.nbytes() == cold + anchor.nbytes + index.nbytes
+    assert store.cached_bytes == history.nbytes()
+
+
+def test_a_personalizer_loaded_lazily_takes_a_budget_and_an_eager_one_refuses_it(
+    tmp_path: object,
+) -> None:
+    corpus = Corpus(None, embedder=HashEmbedder())
+    for user in range(3):
+        corpus.add_texts(f"u{user}", texts_of(user))
+    corpus.cache.save(tmp_path)  # type: ignore[arg-type]
+    lazy = Personalizer.load(
+        str(tmp_path),
+        HashEmbedder(),
+        lazy=True,
+        max_cache_bytes=0,
+        generator=ScriptedGenerator(UTTER, REASON),
+    )
+    for user in range(3):
+        assert len(lazy.search(f"u{user}", "rust memory", k=2).hits) == 2
+    assert lazy.store.evictions == 2 and lazy.store.users() == ["u0", "u1", "u2"]
+    with pytest.raises(ValueError, match="lazily"):
+        Personalizer.load(str(tmp_path), HashEmbedder(), max_cache_bytes=0)
