@@ -35,7 +35,7 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
   parsing pgvector's text form), the whole verification (``Corpus.history``), and the first
   query after it (the anchor and the lexical index built) vs a warm query.
 
-    python benchmarks/fleet_postgres.py                        # 1M rows: ~20 min on 2 cores
+    python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
 
 Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``.
