@@ -277,7 +277,9 @@ def fleet_postgres_cold(results: Path) -> list[str]:
         "read_vectors_sql": "reading the 1k rows with their vectors (SQL, binary form)",
         "parse_vectors": "parsing the 1k vectors (`parse_vector`)",
         "verification_total": "the whole verification of a cold user (`Corpus.history`)",
-        "first_query_after_verification": "the first query after it (anchor, lexical index)",
+        "lexical_index": "then the user's lexical index (BM25) built",
+        "anchor": "then the user's anchor built (kNN graph, PageRank)",
+        "first_query_rest": "then the rest of the first query",
         "warm_query": "a second query (warm)",
         "plain": "the plain owner-filtered search",
     }
