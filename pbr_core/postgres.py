@@ -12,8 +12,8 @@ is here:
   LlamaIndex indexes ``ref_doc_id`` only), so :meth:`PgRecords.setup` creates a btree index on
   it (``CREATE INDEX IF NOT EXISTS``, named ``pbr_owner_*``). A listing is then an index scan of
   the user's rows, whatever the table's size.
-* **Vectors read back** as pgvector's text form (``[0.1,0.2,...]``), parsed here: no driver
-  type registration needed.
+* **Vectors read back** in pgvector's binary form (``vector_send``; the text form
+  ``[0.1,0.2,...]`` for a ``halfvec`` column), parsed here: no driver type registration needed.
 * **Cheap verification.** :meth:`PgRecords.setup` installs a row trigger (``pbr_rev_*``) that
   stamps ``pbr_revisions(tbl, user_key, owner)`` with a fresh value of the sequence
   ``pbr_revision_seq`` on every insert, update or delete of an owner's row, whoever makes it (the
@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,9 +78,14 @@ def quote_literal(value: str) -> str:
 
 
 def parse_vector(text: Any) -> np.ndarray | None:
-    """pgvector's text form (``[1,2,3]``) as a float32 array; None for NULL."""
+    """pgvector's text form (``[1,2,3]``) or binary form (``vector_send``: dimension, a zero,
+    big-endian float32s) as a float32 array; None for NULL."""
     if text is None:
         return None
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        data = bytes(text)
+        (dim,) = struct.unpack_from(">H", data)
+        return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
     if not isinstance(text, str):  # a driver with pgvector's type registered
         return np.asarray(text, dtype=np.float32)
     return np.array(json.loads(text), dtype=np.float32)
@@ -214,6 +220,7 @@ class PgRecords:
         self._read_metadata = read_metadata
         self.owner = owner
         self.tokens = False  # whether change_token reads the trigger's revisions
+        self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
         if setup:
             self.setup()
 
@@ -388,7 +395,7 @@ class PgRecords:
     ) -> list[tuple[str, str, dict[str, Any], Any]]:
         t = self.table
         k = quote_ident(t.key)
-        vector = f"{quote_ident(t.vector)}::text" if vectors else "NULL"
+        vector = self._vector_select() if vectors else "NULL"
         where = f"{t.scoped()} AND {self._mine()}"
         params = t.params(user=user_id)
         if keys is not None:
@@ -408,6 +415,35 @@ class PgRecords:
                 meta = json.loads(meta)
             out.append((str(key), text or "", dict(meta or {}), vec))
         return out
+
+    def _vector_select(self) -> str:
+        """The vector column as a read selects it: binary (pgvector's ``vector_send``, named
+        in the schema that holds the column's type) where the column is a ``vector``, about
+        ten times cheaper to produce and parse than the text form (1k rows of dimension 384:
+        ~0.2 s of parsing text); the text form for any other type (``halfvec``) or where the
+        type cannot be looked up. Looked up once."""
+        if self._vector_sql is None:
+            t = self.table
+            text_form = f"{quote_ident(t.vector)}::text"
+            try:
+                rows = self.sql(
+                    [
+                        (
+                            "SELECT n.nspname, ty.typname FROM pg_attribute a JOIN pg_type ty "
+                            "ON ty.oid = a.atttypid JOIN pg_namespace n ON n.oid = "
+                            "ty.typnamespace WHERE a.attrelid = to_regclass(:tbl) "
+                            "AND a.attname = :col",
+                            {"tbl": t.regclass, "col": t.vector},
+                        )
+                    ]
+                )
+            except Exception:
+                return text_form  # looked up again next time
+            if rows and rows[0][1] == "vector":
+                self._vector_sql = f"{quote_ident(rows[0][0])}.vector_send({quote_ident(t.vector)})"
+            else:
+                self._vector_sql = text_form
+        return self._vector_sql
 
     def _read(self, user_id: str, keys: Sequence[str] | None, *, vectors: bool) -> list[Record]:
         out = []

@@ -240,6 +240,60 @@ def postgres_verify(results: Path) -> list[str]:
     return lines
 
 
+@table("fleet-postgres")
+def fleet_postgres(results: Path) -> list[str]:
+    """Two workers over 1M PGVector rows: pbr's query, warm and cold, next to the plain
+    owner-filtered search and PGVector's own (``benchmarks/fleet_postgres.py``)."""
+    label = {
+        "warm_plain": "plain pgvector search, owner-filtered through the owner index, `k=10`",
+        "warm_pbr": "pbr query (`no_prf`), warm user: revision read + anchor + hybrid ranking",
+        "warm_pgvector_own": "`PGVector.similarity_search_by_vector(filter={'user_id': u})`",
+        "cold_plain": "plain search, next to the cold queries",
+        "cold_pbr": "pbr query, cold user (first query: rows and vectors read, state built)",
+        "cold_pgvector_own": "`PGVector`'s own filtered search, next to the cold queries",
+    }
+    lines = [
+        "| two workers, one user of 1k items among 1,000 | n | p50 ms | p95 ms "
+        "| p50 × plain | p95 × plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in read(results, "fleet_postgres.csv"):
+        if row["section"] != "query":
+            continue
+        lines.append(
+            f"| {label[row['what']]} | {row['n']} | {float(row['p50_ms']):.1f} "
+            f"| {float(row['p95_ms']):.1f} | {float(row['p50_x_plain']):.2f} "
+            f"| {float(row['p95_x_plain']):.2f} |"
+        )
+    return lines
+
+
+@table("fleet-postgres-cold")
+def fleet_postgres_cold(results: Path) -> list[str]:
+    """Where a cold query's time goes over PGVector (``benchmarks/fleet_postgres.py``)."""
+    label = {
+        "revision_read": "the revision read",
+        "list_no_vectors_sql": "listing the user's 1k rows without vectors (SQL)",
+        "read_vectors_sql": "reading the 1k rows with their vectors (SQL, binary form)",
+        "parse_vectors": "parsing the 1k vectors (`parse_vector`)",
+        "verification_total": "the whole verification of a cold user (`Corpus.history`)",
+        "lexical_index": "then the user's lexical index (BM25) built",
+        "anchor": "then the user's anchor built (kNN graph, PageRank)",
+        "first_query_rest": "then the rest of the first query",
+        "warm_query": "a second query (warm)",
+        "plain": "the plain owner-filtered search",
+    }
+    lines = ["| a cold user of 1k items, one process | n | p50 ms | × plain |", "|---|---|---|---|"]
+    for row in read(results, "fleet_postgres.csv"):
+        if row["section"] != "cold_parts":
+            continue
+        lines.append(
+            f"| {label[row['what']]} | {row['n']} | {float(row['p50_ms']):.1f} "
+            f"| {float(row['p50_x_plain']):.2f} |"
+        )
+    return lines
+
+
 @table("prefeval-no-llm")
 def prefeval_no_llm(results: Path) -> list[str]:
     """PrefEval explicit preferences among N fillers, no LLM: R@1 / R@5."""

@@ -218,3 +218,55 @@ def test_a_disabled_trigger_makes_every_read_list_again(
     listed.clear()
     assert [it.id for it in corpus.history("alice").items] == ["y"]  # type: ignore[union-attr]
     assert listed == ["alice"]
+
+
+def test_vectors_are_read_back_exactly_in_binary_from_a_vector_column(
+    pgvector_engine: Any,
+) -> None:
+    host = _records(pgvector_engine[0])
+    vectors = np.random.default_rng(0).normal(size=(3, DIM)).astype(np.float32)
+    host.upsert(
+        [
+            Record(
+                key=f"k{i}",
+                user_id="u",
+                item_id=f"i{i}",
+                text="t",
+                vector=v,
+                metadata={"user_id": "u", "pbr_id": f"i{i}"},
+            )
+            for i, v in enumerate(vectors)
+        ]
+    )
+    got = {r.key: r.vector for r in host.fetch("u", ["k0", "k1", "k2"])}
+    assert host._vector_select().endswith('.vector_send("emb")')
+    for i, v in enumerate(vectors):
+        read = got[f"k{i}"]
+        assert read is not None
+        assert read.dtype == np.float32
+        assert np.array_equal(read, v)
+
+
+def test_a_halfvec_column_is_read_in_its_text_form(pgvector_engine: Any) -> None:
+    sql = engine_sql(pgvector_engine[0])
+    sql(
+        [(f"CREATE TABLE half (id text PRIMARY KEY, doc text, meta jsonb, emb halfvec({DIM}))", {})]
+    )
+    table = PgTable("public", "half", "id", "doc", "meta", "emb")
+    host = PgRecords(table, sql, "user_id", _writer(table, sql))
+    vector = np.arange(DIM, dtype=np.float32) / 4  # exact in float16
+    host.upsert(
+        [
+            Record(
+                key="k",
+                user_id="u",
+                item_id="i",
+                text="t",
+                vector=vector,
+                metadata={"user_id": "u", "pbr_id": "i"},
+            )
+        ]
+    )
+    assert host._vector_select() == '"emb"::text'
+    (record,) = host.fetch("u", ["k"])
+    assert record.vector is not None and np.array_equal(record.vector, vector)

