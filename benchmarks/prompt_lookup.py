@@ -7,6 +7,12 @@ once, whatever the number of tokens), so each accepted proposal saves most of a 
 sampling, transformers accepts a proposed token only where the seeded draw equals it, so the
 distribution of the text is unchanged (the draws, and so the text, are other ones).
 
+transformers (5.x) proposes nothing under this project's sampling settings: before proposing, it
+runs the logits processors on constant logits and drops a candidate they forbid, and the top-k
+warper on constant logits keeps ids 0-63 only, so every real candidate is "forbidden". The
+``check off`` variant clears that check (the accept rule still samples each position from the
+model's own processed distribution, so the text's distribution is unchanged).
+
 It only works on a batch of one, so the default generator's batch of two prompts becomes two
 calls. This script runs, for the P-PRF prompt pairs of a few PersonaBench 0.0 questions (the
 embedded defaults' own prompts), the default generator's batched ``generate`` and each prompt
@@ -25,6 +31,7 @@ Writes ``benchmarks/results/prompt_lookup.{json,csv,png}``. It changes nothing i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -57,6 +64,26 @@ class ForwardCounter:
 
     def _hook(self, *_: Any) -> None:
         self.calls += 1
+
+
+class CheckOff:
+    """Within the block, prompt lookup proposes candidates without transformers' check of them
+    against the logits processors run on constant logits (see the module docstring)."""
+
+    def __enter__(self) -> None:
+        from transformers.generation import candidate_generator as cg
+
+        self.cls = cg.PromptLookupCandidateGenerator
+        self.init = self.cls.__init__
+
+        def init(inner: Any, *args: Any, **kwargs: Any) -> None:
+            self.init(inner, *args, **kwargs)
+            inner.logits_processor = None
+
+        self.cls.__init__ = init  # type: ignore[method-assign,assignment]
+
+    def __exit__(self, *_: object) -> None:
+        self.cls.__init__ = self.init  # type: ignore[method-assign]
 
 
 def run(
@@ -109,7 +136,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--queries", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lookups", type=int, nargs="+", default=[3, 10])
+    p.add_argument("--skip", nargs="*", default=[], help="methods to leave out, by name")
+    p.add_argument("--lookups", type=int, nargs="+", default=[10])
     args = p.parse_args()
     pairs = prompt_pairs(args.queries, args.seed)
     gen = LocalGemmaGenerator()
@@ -118,6 +146,8 @@ def main() -> int:
     methods: list[tuple[str, int | None, bool]] = [("batch of 2 (default)", None, True)]
     methods.append(("one prompt at a time", None, False))
     methods += [(f"one at a time, lookup {n}", n, False) for n in args.lookups]
+    methods += [(f"one at a time, lookup {n}, check off", n, False) for n in args.lookups]
+    methods = [m for m in methods if m[0] not in args.skip]
     rows: list[dict[str, Any]] = []
     for qid, pair in pairs:
         for name, lookup, batched in methods:
@@ -125,7 +155,8 @@ def main() -> int:
             groups = [list(pair)] if batched else [[p] for p in pair]
             tokens, seconds = 0, 0.0
             for prompts in groups:
-                t, s = run(gen, model, tok, prompts, lookup)
+                with CheckOff() if name.endswith("check off") else contextlib.nullcontext():
+                    t, s = run(gen, model, tok, prompts, lookup)
                 tokens, seconds = tokens + t, seconds + s
             decoding = counter.calls - len(groups)  # one prefill pass per call
             rows.append(
