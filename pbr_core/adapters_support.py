@@ -39,7 +39,9 @@ __all__ = [
     "results_event",
 ]
 
-#: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
+#: Metadata key of a result's score (hybrid: its relevance in [0, 1],
+#: :func:`pbr_core.hybrid.relevance`; dense: the cosine with ``q*``; lexical: BM25),
+#: non-increasing down the results.
 SCORE_KEY = "score"
 #: Metadata key of the request's explanation (:func:`explanation_payload`).
 EXPLANATION_KEY = "pbr"

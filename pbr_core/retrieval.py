@@ -80,9 +80,11 @@ class Request:
             LLM call): agent memory, where an empty memory is the normal state of a new user.
         view_filtered: the request's view has a filter only the host can evaluate, so pbr ranks
             within the host's search results instead of all of the user's items.
-        score_threshold: keep only results whose score (what ``config.search`` ranks by, the
-            one documented meaning on every store: hybrid in [0, 1], the cosine with ``q*`` in
-            dense mode, BM25 in lexical mode) is at least this; None keeps the ``k`` best.
+        score_threshold: keep the ranked results down to the first whose score is below this
+            (the score's one documented meaning on every store: hybrid, the relevance in [0, 1]
+            of :func:`pbr_core.hybrid.relevance`, comparable across queries and users; the cosine
+            with ``q*`` in dense mode; BM25 in lexical mode); None keeps the ``k`` best. A cut of
+            the ranked list, so no result is dropped while a lower-ranked one is kept.
             LangChain's ``search_kwargs={"score_threshold": ...}``, applied by pbr, so the same
             over every store.
     """
@@ -158,9 +160,15 @@ def check_score_threshold(value: object) -> float | None:
 
 
 def _at_least(results: list[ScoredRecord], threshold: float | None) -> list[ScoredRecord]:
+    """The ranked ``results`` down to the first scoring below ``threshold``: a cut of the list,
+    never a hole in it (pbr's scores are non-increasing down the list, so this keeps exactly
+    those at least the threshold; a caller's own search may return any order of scores)."""
     if threshold is None:
         return results
-    return [r for r in results if r.hit.score >= threshold]
+    kept = 0
+    while kept < len(results) and results[kept].hit.score >= threshold:
+        kept += 1
+    return results[:kept]
 
 
 def rank_personalized(
