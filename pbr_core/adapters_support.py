@@ -46,7 +46,8 @@ SCORE_KEY = "score"
 #: Metadata key of the request's explanation (:func:`explanation_payload`).
 EXPLANATION_KEY = "pbr"
 #: Metadata key of how pbr ranked a result: ``{"mode", "dense", "dense_rank", "lexical",
-#: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`).
+#: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`), plus ``"salience"`` and
+#: ``"rank_before_rerank"`` after the re-rank stage (:mod:`pbr_core.rerank`).
 SEARCH_KEY = "pbr_search"
 
 
