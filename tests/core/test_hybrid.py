@@ -209,10 +209,11 @@ def test_rank_analyzes_with_the_librarys_default_stemmer_unless_told() -> None:
 
 
 # -- what a hybrid result returns: its relevance ------------------------------------------------
-def test_relevance_is_the_cosine_and_the_items_coverage_weighted_as_the_rule_weights_them() -> None:
+def test_relevance_is_a_noisy_or_of_the_cosine_and_the_items_weighted_coverage() -> None:
     got = relevance(np.array([0.8, 0.5, -0.3]), np.array([0.0, 4.0, 2.0]), 0.5, 8.0)
-    # a = [max(cos, 0) + 0.5 * min(1, bm25 / 8)] / 1.5, then the running minimum
-    np.testing.assert_allclose(got, [0.8 / 1.5, (0.5 + 0.25) / 1.5, (0 + 0.125) / 1.5])
+    # a = 1 - (1 - max(cos, 0)) * (1 - 0.5 * min(1, bm25 / 8)), then the running minimum
+    np.testing.assert_allclose(got, [0.8, 1 - 0.5 * 0.75, 1 - 1.0 * 0.875])
+    assert got[1] > 0.5  # a matched word raises the score above the cosine, never below it
     np.testing.assert_allclose(relevance(np.array([0.9, 0.2]), np.zeros(2), 0.0, 0.0), [0.9, 0.2])
     assert relevance(np.array([1.0]), np.array([99.0]), 1.0, 3.0)[0] == 1.0  # never above 1
 
