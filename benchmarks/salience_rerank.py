@@ -1,8 +1,9 @@
 """Salience re-ranking of hybrid candidates (issue #42 point 2): R@1, R@5, N@5, wins / losses, cost.
 
-What it measures: for a seeded sample of 200 LoCoMo turn-level questions and PersonaBench 0.0's
-questions (in a seeded order), the top ``N = 10`` of the library's default search (hybrid, with
-windows, the plain query: no LLM feedback, so no generation is needed) re-ordered by the
+What it measures: for a seeded sample of 200 LoCoMo turn-level questions and all 230 of
+PersonaBench 0.0's questions (in a seeded order), the top ``N = 10`` of the library's default
+search (hybrid, with windows, the plain query: no LLM feedback, so no generation is needed)
+re-ordered by the
 Bayes-factor salience of each candidate (``pbr_core.salience``, the embedded Gemma 3 270M in fp32,
 default template, items cut at 128 tokens). Every row re-ranks exactly the same candidates:
 
