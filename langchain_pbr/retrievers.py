@@ -162,7 +162,7 @@ class PBRRetriever(BaseRetriever):
             explained = PBRRetriever(llm=..., embeddings=..., config={"explain": "all"})
             doc = explained.invoke("what should I cook tonight?", user_id="alice")[0]
             doc.id                                     # the user's own id of the item
-            doc.metadata["score"]                      # what the search ranks by
+            doc.metadata["score"]                      # hybrid: relevance in [0, 1]
             doc.metadata["store_score"]                # the store's own (Chroma: a distance)
             doc.metadata["pbr"]["pseudo_utterances"]   # what the LLM wrote for this user
             doc.metadata["pbr"]["w1"], doc.metadata["pbr"]["anchor_items"]
@@ -212,8 +212,9 @@ class PBRRetriever(BaseRetriever):
     search_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of every vector-store search, as for ``VectorStoreRetriever``: ``k``
     (the default ``k``), ``filter`` (ANDed with the per-user filter, never replacing it),
-    ``score_threshold`` (only results whose ``score`` is at least this, applied by pbr on every
-    store) and the parameters the store's search by vector names (e.g. ``fetch_k`` for FAISS,
+    ``score_threshold`` (the results down to the first whose ``score`` is below this, applied
+    by pbr on every store; hybrid's score is the relevance in [0, 1], the same meaning for every
+    query) and the parameters the store's search by vector names (e.g. ``fetch_k`` for FAISS,
     ``where_document`` for Chroma); any other key is refused at construction
     (:func:`~langchain_pbr.stores.check_search_kwargs`). Needs a ``vectorstore``."""
     strict: bool = False

@@ -39,12 +39,15 @@ __all__ = [
     "results_event",
 ]
 
-#: Metadata key of a result's relevance score (cosine / inner product with ``q*``).
+#: Metadata key of a result's score (hybrid: its relevance in [0, 1],
+#: :func:`pbr_core.hybrid.relevance`; dense: the cosine with ``q*``; lexical: BM25),
+#: non-increasing down the results.
 SCORE_KEY = "score"
 #: Metadata key of the request's explanation (:func:`explanation_payload`).
 EXPLANATION_KEY = "pbr"
 #: Metadata key of how pbr ranked a result: ``{"mode", "dense", "dense_rank", "lexical",
-#: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`).
+#: "lexical_rank"}`` (see :mod:`pbr_core.hybrid`), plus ``"salience"`` and
+#: ``"rank_before_rerank"`` after the re-rank stage (:mod:`pbr_core.rerank`).
 SEARCH_KEY = "pbr_search"
 
 

@@ -22,6 +22,9 @@ FUSION_MODES: tuple[FusionMode, ...] = get_args(FusionMode)
 SearchMode = Literal["hybrid", "dense", "lexical"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 ExplainMode = Literal["none", "scores", "first", "all"]
+#: The optional stage after ranking: none, or the ranked candidates re-ordered by salience.
+RerankMode = Literal["none", "salience"]
+RERANK_MODES: tuple[RerankMode, ...] = get_args(RerankMode)
 EXPLAIN_MODES: tuple[ExplainMode, ...] = get_args(ExplainMode)
 
 
@@ -84,7 +87,8 @@ class PBRConfig:
             (10 utterances of ~40 words need ~3,000), so a runaway answer costs bounded time.
         search: how the user's items are ranked for ``q*`` (:mod:`pbr_core.hybrid`):
             ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, BM25 weighted by
-            how much of the question its best match covers),
+            how much of the question its best match covers; each result returns its
+            relevance, comparable across queries: :func:`pbr_core.hybrid.relevance`),
             ``"dense"`` (cosine only, the paper's setting) or ``"lexical"`` (BM25 only).
         lexical_feedback_weight: in the lexical leg, the weight of each P-PRF text that entered
             ``q*`` (pseudo utterances, reasoning) next to the user's own words (weight 1): PBR's
@@ -102,6 +106,14 @@ class PBRConfig:
             ``store_score``, ``pbr_search``); ``"first"``: those, and the top result the
             explanation (``metadata["pbr"]``); ``"all"``: every result both. A LlamaIndex
             ``NodeWithScore`` keeps its ``score`` in every mode.
+        rerank: an opt-in stage after ranking. ``"none"`` (default); ``"salience"``: the
+            ``rerank_candidates`` best results are re-ordered by their Bayes-factor salience for
+            the query (``log p(q | item) − log p(q)`` under a small LM, :mod:`pbr_core.salience`;
+            the embedded Gemma 3 270M unless the request names a scorer) and the ``k`` first
+            returned. Costs ``rerank_candidates + 1`` LM sequences per query (seconds on CPU;
+            measured in ``docs/hybrid.md``, "Re-ranking").
+        rerank_candidates: how many ranked results the re-rank stage re-orders (at least ``k``
+            are always taken).
     """
 
     k1: int = 5
@@ -127,6 +139,8 @@ class PBRConfig:
     search: SearchMode = "hybrid"
     lexical_feedback_weight: float = 0.25
     explain: ExplainMode = "none"
+    rerank: RerankMode = "none"
+    rerank_candidates: int = 10
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -180,6 +194,11 @@ class PBRConfig:
             problems.append(f"search must be one of {SEARCH_MODES}, got {self.search!r}")
         if self.explain not in EXPLAIN_MODES:
             problems.append(f"explain must be one of {EXPLAIN_MODES}, got {self.explain!r}")
+        if self.rerank not in RERANK_MODES:
+            problems.append(f"rerank must be one of {RERANK_MODES}, got {self.rerank!r}")
+        n = self.rerank_candidates
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            problems.append(f"rerank_candidates must be an integer >= 1, got {n!r}")
         weight = self.lexical_feedback_weight
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
             problems.append(f"lexical_feedback_weight must be a number >= 0, got {weight!r}")

@@ -175,8 +175,9 @@ class Record:
 class ScoredRecord:
     """A search result mapped back to its owner's item, with one meaning of score.
 
-    ``hit.score`` is what the search mode ranks by (the hybrid score, the cosine with the search
-    vector, or BM25: higher is better, the same for every store; both legs in ``hit.legs``);
+    ``hit.score`` is the search mode's score (hybrid: the relevance of
+    :func:`pbr_core.hybrid.relevance`; the cosine with the search vector; or BM25: higher is
+    better, the same for every store; both legs in ``hit.legs``);
     ``raw_score`` is what the store reported (a distance for Chroma), None when pbr ranked the
     item without a host search (see :meth:`Corpus.search`); the adapter then reads the record
     back by ``key`` if it needs more.

@@ -53,7 +53,8 @@ class AsyncTextGenerator(TextGenerator, Protocol):
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One search result: an item of one user's corpus and its cosine / inner-product score."""
+    """One search result: an item of one user's corpus and its score (a cosine / inner product;
+    pbr's hybrid search: the relevance of :func:`pbr_core.hybrid.relevance`)."""
 
     id: str
     score: float

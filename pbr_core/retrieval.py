@@ -17,11 +17,12 @@ point: entry points only translate their framework's objects into a :class:`Requ
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -30,8 +31,12 @@ from .corpus import Corpus, ScoredRecord
 from .hybrid import host_candidates, lexical_query, lexical_terms
 from .prf import PromptSet
 from .protocols import SearchHit, TextGenerator
+from .rerank import rerank_by_salience
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 from .snapshot import UserHistory
+
+if TYPE_CHECKING:
+    from .salience.protocol import LogProbScorer
 
 __all__ = [
     "Candidates",
@@ -80,11 +85,15 @@ class Request:
             LLM call): agent memory, where an empty memory is the normal state of a new user.
         view_filtered: the request's view has a filter only the host can evaluate, so pbr ranks
             within the host's search results instead of all of the user's items.
-        score_threshold: keep only results whose score (what ``config.search`` ranks by, the
-            one documented meaning on every store: hybrid in [0, 1], the cosine with ``q*`` in
-            dense mode, BM25 in lexical mode) is at least this; None keeps the ``k`` best.
+        score_threshold: keep the ranked results down to the first whose score is below this
+            (the score's one documented meaning on every store: hybrid, the relevance in [0, 1]
+            of :func:`pbr_core.hybrid.relevance`, comparable across queries and users; the cosine
+            with ``q*`` in dense mode; BM25 in lexical mode); None keeps the ``k`` best. A cut of
+            the ranked list, so no result is dropped while a lower-ranked one is kept.
             LangChain's ``search_kwargs={"score_threshold": ...}``, applied by pbr, so the same
-            over every store.
+            over every store. With a re-rank stage, applied after it.
+        salience_scorer: the LM scorer of ``config.rerank="salience"``; None: the embedded
+            Gemma 3 270M (:func:`pbr_core.salience.default_scorer`).
     """
 
     user_id: str
@@ -100,6 +109,7 @@ class Request:
     skip_unknown: bool = False
     view_filtered: bool = False
     score_threshold: float | None = None
+    salience_scorer: LogProbScorer | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
@@ -158,9 +168,15 @@ def check_score_threshold(value: object) -> float | None:
 
 
 def _at_least(results: list[ScoredRecord], threshold: float | None) -> list[ScoredRecord]:
+    """The ranked ``results`` down to the first scoring below ``threshold``: a cut of the list,
+    never a hole in it (pbr's scores are non-increasing down the list, so this keeps exactly
+    those at least the threshold; a caller's own search may return any order of scores)."""
     if threshold is None:
         return results
-    return [r for r in results if r.hit.score >= threshold]
+    kept = 0
+    while kept < len(results) and results[kept].hit.score >= threshold:
+        kept += 1
+    return results[:kept]
 
 
 def rank_personalized(
@@ -219,7 +235,15 @@ class _FinalSearch:
     k: int
 
 
-_Effect = _ReadHistory | _Filter | _Personalize | _HostSearch | _FinalSearch
+@dataclass(frozen=True)
+class _Rerank:
+    """The ranked ``results`` re-ordered by the re-rank stage (LM calls)."""
+
+    query: str
+    results: list[ScoredRecord]
+
+
+_Effect = _ReadHistory | _Filter | _Personalize | _HostSearch | _FinalSearch | _Rerank
 
 
 @dataclass(frozen=True)
@@ -245,16 +269,22 @@ def _steps(
             return Retrieval(None, [], config.search)
     pq: PersonalizedQuery = yield _Personalize()
     start = time.perf_counter()
+    # the re-rank stage re-orders more candidates than it returns
+    n = k if config.rerank == "none" else max(k, config.rerank_candidates)
     if hosts.final:
-        hits: Sequence[SearchHit] = yield _FinalSearch(pq.vector, k)
+        hits: Sequence[SearchHit] = yield _FinalSearch(pq.vector, n)
         results = [ScoredRecord(hit=h, key=h.id, raw_score=h.score) for h in hits]
         pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
-        return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
-    found = within
-    if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
-        found = yield _HostSearch(pq.vector, host_candidates(k, config.search))
-    results = rank_personalized(corpus, user_id, history, pq, k, config, found, since=start)
-    return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
+    else:
+        found = within
+        if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
+            found = yield _HostSearch(pq.vector, host_candidates(n, config.search))
+        results = rank_personalized(corpus, user_id, history, pq, n, config, found, since=start)
+    if config.rerank != "none" and results:
+        start = time.perf_counter()
+        results = yield _Rerank(pq.explanation.query, results)
+        pq.explanation.timings_ms["rerank"] = (time.perf_counter() - start) * 1000.0
+    return Retrieval(pq, _at_least(results[:k], request.score_threshold), config.search)
 
 
 def _needs_host(corpus: Corpus, history: UserHistory | None, view_filtered: bool) -> bool:
@@ -292,6 +322,8 @@ def retrieve(
     def perform(effect: _Effect) -> Any:
         if isinstance(effect, _Personalize):
             return personalize(request.user_id, request.query, **request.personalize_kwargs())
+        if isinstance(effect, _Rerank):
+            return rerank_by_salience(effect.query, effect.results, request.salience_scorer)
         with host_errors():
             if isinstance(effect, _ReadHistory):
                 return corpus.history(request.user_id)
@@ -331,6 +363,10 @@ async def aretrieve(
     async def perform(effect: _Effect) -> Any:
         if isinstance(effect, _Personalize):
             return await personalize(request.user_id, request.query, **request.personalize_kwargs())
+        if isinstance(effect, _Rerank):  # a CPU-bound LM pass: off the event loop
+            return await asyncio.to_thread(
+                rerank_by_salience, effect.query, effect.results, request.salience_scorer
+            )
         with host_errors():
             if isinstance(effect, _ReadHistory):
                 return await corpus.ahistory(request.user_id)

@@ -853,3 +853,87 @@ def cmd_tables(args: argparse.Namespace) -> int:
     verb = "differ from their results" if args.check else "rewritten"
     print(f"{len(used)} tables; {len(stale)} files {verb}: {', '.join(stale) or 'none'}")
     return 1 if args.check and stale else 0
+
+
+@table("hybrid-scores")
+def hybrid_scores(results: Path) -> list[str]:
+    """benchmarks/hybrid_scores.py: how well the top result's score separates, per data set."""
+    data = json.loads((results / "hybrid" / "scores.json").read_text())
+    rows = data["rows"]
+    labels = dict(DATASETS)
+    taus = data["thresholds (tuning, pooled)"]
+    variants = list(taus)
+
+    def num(x: float | None) -> str:
+        return "–" if x is None else f"{x:.2f}"
+
+    lines: list[str] = []
+    for split, title in (("test", "Test split"), ("tune", "Tuning split"), ("all", "All")):
+        shown = [r for r in rows if r["split"] == split]
+        if not shown:
+            continue
+        lines += [
+            f"{title}. Each cell: AUC gold / AUC other user; balanced accuracy at the tuned τ, "
+            "gold / other user:",
+            "",
+            "| data set | questions | top-1 gold | " + " | ".join(variants) + " |",
+            "|---|---|---|" + "---|" * len(variants),
+        ]
+        for ds in dict.fromkeys(r["dataset"] for r in shown):
+            cell = {r["variant"]: r for r in shown if r["dataset"] == ds}
+            first = next(iter(cell.values()))
+            parts = [
+                f"{num(cell[v]['AUC gold'])} / {num(cell[v]['AUC other user'])}; "
+                f"{num(cell[v].get('balanced accuracy at tau (gold)'))} / "
+                f"{num(cell[v].get('balanced accuracy at tau (other)'))}"
+                for v in variants
+            ]
+            lines.append(
+                f"| {labels.get(ds, ds)} | {first['questions']} | {first['top-1 gold']} | "
+                + " | ".join(parts)
+                + " |"
+            )
+        lines.append("")
+    lines.append(
+        "τ (tuning split, pooled), gold / other user: "
+        + "; ".join(
+            f"{v} {taus[v]['gold']['tau']:.3f} / {taus[v]['other']['tau']:.3f}" for v in variants
+        )
+        + f". The protocol's rule (mean AUC gold, tuning split) chose "
+        f"**{data['chosen on the tuning split']}** ("
+        + ", ".join(f"{v} {m:.3f}" for v, m in data["tuning mean AUC gold"].items())
+        + ")."
+    )
+    return lines
+
+
+@table("salience-rerank")
+def salience_rerank(results: Path) -> list[str]:
+    """benchmarks/salience_rerank.py: the hybrid top 10 re-ranked, per data set."""
+    data = json.loads((results / "salience_rerank.json").read_text())
+    lines = [
+        "| data set | candidates → order | questions | R@1 | R@5 | N@5 | R@5 wins / losses (p) "
+        "| s / query (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    labels = dict(DATASETS)
+    for r in data["rows"]:
+        sign = f"{r['R@5 wins']} / {r['R@5 losses']} ({r['R@5 p']:.2g})" if "R@5 wins" in r else "–"
+        lines.append(
+            f"| {labels.get(r['dataset'], r['dataset'])} | {r['method']} | {r['questions']} | "
+            f"{r['R@1']:.4f} | {r['R@5']:.4f} | {r['N@5']:.4f} | {sign} | "
+            f"{r['salience s/query (median)']:.1f} |"
+        )
+    lines += [
+        "",
+        "Paired against `hybrid` (sign test, ties dropped), R@1 / N@5: "
+        + "; ".join(
+            f"{labels.get(r['dataset'], r['dataset'])} {r['method']}: R@1 "
+            f"{r['R@1 wins']} / {r['R@1 losses']} ({r['R@1 p']:.2g}), N@5 "
+            f"{r['N@5 wins']} / {r['N@5 losses']} ({r['N@5 p']:.2g})"
+            for r in data["rows"]
+            if "R@1 wins" in r
+        )
+        + ".",
+    ]
+    return lines

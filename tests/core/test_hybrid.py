@@ -25,8 +25,16 @@ from pbr_core import (
     PersistenceError,
     Personalizer,
 )
-from pbr_core.hybrid import fuse, host_candidates, lexical_query, lexical_weight, rank
+from pbr_core.hybrid import (
+    fuse,
+    host_candidates,
+    lexical_query,
+    lexical_weight,
+    rank,
+    relevance,
+)
 from pbr_core.lexical import LexicalIndex
+from pbr_core.snapshot import top_k
 from pbr_core.windows import Window, split, window_of
 
 DIM = 64
@@ -151,12 +159,19 @@ def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
     w_own = lexical_weight(index.scores(own), index.ceiling(own))
     w_expanded = lexical_weight(index.scores(expanded), index.ceiling(expanded))
     assert w_own > w_expanded > 0
-    expected = fuse(history.dense_scores(q), index.scores(expanded), w_own)
-    got = rank(history, q, expanded, 4, own_terms=own)
-    assert [r.score for r in got] == pytest.approx(sorted(expected, reverse=True))
-    plain = rank(history, q, expanded, 4)  # without own_terms: the expanded query's weight
-    expected = fuse(history.dense_scores(q), index.scores(expanded), w_expanded)
-    assert [r.score for r in plain] == pytest.approx(sorted(expected, reverse=True))
+    dense, lexical, ceiling = (
+        history.dense_scores(q),
+        index.scores(expanded),
+        index.ceiling(expanded),
+    )
+    for got, weight in (
+        (rank(history, q, expanded, 4, own_terms=own), w_own),
+        (rank(history, q, expanded, 4), w_expanded),  # no own_terms: the expanded query's
+    ):
+        order = list(top_k(fuse(dense, lexical, weight), 4))
+        assert [r.position for r in got] == order
+        expected = relevance(dense[order], lexical[order], weight, ceiling)
+        assert [r.score for r in got] == pytest.approx(list(expected))
 
 
 def test_items_the_query_and_the_llm_feedback_meet_under_one_stemmer() -> None:
@@ -191,6 +206,93 @@ def test_rank_analyzes_with_the_librarys_default_stemmer_unless_told() -> None:
     assert inspect.signature(rank).parameters["stemmer"].default == DEFAULT_STEMMER
     history, _ = snapshot()
     assert history.lexical().stemmer == DEFAULT_STEMMER
+
+
+# -- what a hybrid result returns: its relevance ------------------------------------------------
+def test_relevance_is_a_noisy_or_of_the_cosine_and_the_items_weighted_coverage() -> None:
+    got = relevance(np.array([0.8, 0.5, -0.3]), np.array([0.0, 4.0, 2.0]), 0.5, 8.0)
+    # a = 1 - (1 - max(cos, 0)) * (1 - 0.5 * min(1, bm25 / 8)), then the running minimum
+    np.testing.assert_allclose(got, [0.8, 1 - 0.5 * 0.75, 1 - 1.0 * 0.875])
+    assert got[1] > 0.5  # a matched word raises the score above the cosine, never below it
+    np.testing.assert_allclose(relevance(np.array([0.9, 0.2]), np.zeros(2), 0.0, 0.0), [0.9, 0.2])
+    assert relevance(np.array([1.0]), np.array([99.0]), 1.0, 3.0)[0] == 1.0  # never above 1
+
+
+def test_relevance_never_rises_down_the_ranked_list() -> None:
+    """The fused rule may rank an item of lower own relevance above one of higher: its score is
+    then capped by the one above, so a threshold cuts the list instead of punching a hole."""
+    got = relevance(np.array([0.3, 0.9, 0.2, 0.6]), np.zeros(4), 0.0, 1.0)
+    np.testing.assert_allclose(got, [0.3, 0.3, 0.2, 0.2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(["jazz", "trip", "Lisbon", "dentist", "bread", "seat"]), max_size=5
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(
+        st.sampled_from(["jazz", "Lisbon", "dentist", "ferry", "the"]), min_size=1, max_size=3
+    ),
+    st.integers(1, 8),
+)
+def test_hybrid_ranks_by_the_fused_rule_and_returns_each_results_relevance(
+    texts: list[list[str]], words: list[str], k: int
+) -> None:
+    """The ranking is the fused rule's, exactly as before the score changed; the score returned is
+    the relevance of :func:`relevance` in [0, 1], non-increasing down the list."""
+    items = [(f"i{n}", " ".join(t) or "nothing") for n, t in enumerate(texts)]
+    history, emb = snapshot(items)
+    query = " ".join(words)
+    q, terms = np.asarray(emb.embed_query(query)), lexical_query(query)
+    index = history.lexical()
+    dense, lexical = history.dense_scores(q), index.scores(terms)
+    weight = lexical_weight(lexical, index.ceiling(terms))
+    order = list(top_k(fuse(dense, lexical, weight), k))
+    got = rank(history, q, terms, k)
+    assert [r.position for r in got] == order
+    scores = [r.score for r in got]
+    assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+    expected = relevance(dense[order], lexical[order], weight, index.ceiling(terms))
+    assert scores == pytest.approx(list(expected))
+
+
+def test_an_unrelated_questions_best_result_scores_below_a_related_ones() -> None:
+    """Min-max scaling gave every query's best result ~1.0, so no threshold could tell a question
+    about the user's items from one about nothing they said; the relevance can."""
+    history, emb = snapshot()
+
+    def best(question: str) -> float:
+        return rank(history, np.asarray(emb.embed_query(question)), lexical_query(question), 4)[
+            0
+        ].score
+
+    related = best("when is the dentist appointment on Thursday")
+    unrelated = best("quantum chromodynamics lecture notes")
+    assert unrelated < 0.3 < 0.5 < related
+    unrelated_q = np.asarray(emb.embed_query("quantum chromodynamics lecture notes"))
+    # the rule that ranks still gives the unrelated question's best item 1, as it did returned
+    assert fuse(history.dense_scores(unrelated_q), np.zeros(len(history)), 0.0).max() == 1.0
+
+
+def test_a_score_threshold_cuts_the_ranked_list_even_where_a_search_returns_rising_scores() -> None:
+    """A caller's own final search may return scores in any order; the threshold keeps the results
+    down to the first below it, never a lower-ranked one after a dropped one."""
+    from pbr_core import SearchHit
+
+    class OwnSearch:
+        def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
+            rising = (("a", 0.9), ("b", 0.2), ("c", 0.8))
+            return [SearchHit(id=i, score=s, text=i) for i, s in rising]
+
+    p = Personalizer(BagOfWords(), config=PBRConfig(fusion="plain"), vector_search=OwnSearch())
+    p.add_texts("u", [t for _, t in ITEMS], ids=[i for i, _ in ITEMS])
+    got = p.search("u", "dentist", k=3, score_threshold=0.5)
+    assert [h.id for h in got.hits] == ["a"]
+    assert [h.id for h in p.search("u", "dentist", k=3).hits] == ["a", "b", "c"]
 
 
 def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:

@@ -235,6 +235,29 @@ def test_embedder_sanity_ordering(embedder: MiniLMEmbedder) -> None:
 
 
 @pytest.mark.slow
+def test_with_minilm_an_unrelated_questions_best_result_scores_below_a_related_ones(
+    embedder: MiniLMEmbedder,
+) -> None:
+    """The hybrid score returned is the relevance (pbr_core.hybrid.relevance), not the per-query
+    min-max score that gave every question's best result ~1.0."""
+    from pbr_core import PBRConfig, Personalizer
+
+    p = Personalizer(embedder, config=PBRConfig(fusion="plain"))
+    p.add_texts(
+        "u",
+        [
+            "training for a half marathon in the spring, need to figure out my long-run fueling",
+            "my cat knocked over the plant again, soil everywhere",
+            "anyone got a good recipe for roasting organic beets?",
+        ],
+    )
+    related = p.search("u", "What should I eat before my long run?", k=3).hits
+    unrelated = p.search("u", "How do I renew my passport at the embassy?", k=3).hits
+    assert unrelated[0].score < 0.3 < related[0].score
+    assert related[0].text.startswith("training for a half marathon")
+
+
+@pytest.mark.slow
 def test_embed_query_equals_embed_documents(embedder: MiniLMEmbedder) -> None:
     text = "what should I eat before my long run?"
     single = np.array(embedder.embed_query(text))
