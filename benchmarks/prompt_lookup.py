@@ -42,7 +42,7 @@ import torch
 from pbr_bench.gemma import prompt_pairs
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
-from pbr_core.models import LocalGemmaGenerator, _seed, _stop_criteria
+from pbr_core.models import LocalGemmaGenerator
 
 FIELDS = [
     "method",
@@ -90,29 +90,10 @@ def run(
     gen: LocalGemmaGenerator, model: Any, tok: Any, prompts: list[str], lookup: int | None
 ) -> tuple[int, float]:
     """New tokens (summed over the prompts) and seconds of one seeded ``generate`` call."""
-    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")]
-    extra: dict[str, Any] = {}
-    if lookup:
-        extra["prompt_lookup_num_tokens"] = lookup
-    with torch.inference_mode(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_seed(prompts))
-        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
-        prompt_len = enc["input_ids"].shape[1]
-        t0 = time.perf_counter()
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=gen.temperature,
-            top_p=gen.top_p,
-            top_k=gen.top_k,
-            repetition_penalty=gen.repetition_penalty,
-            max_new_tokens=gen.max_new_tokens,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=eos,
-            stopping_criteria=_stop_criteria(tok, gen.stop, prompt_len),
-            **extra,
-        )
-        seconds = time.perf_counter() - t0
+    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    t0 = time.perf_counter()
+    out, prompt_len = gen._sample(model, tok, prompts, **extra)
+    seconds = time.perf_counter() - t0
     new = out[:, prompt_len:]
     return int((new != tok.pad_token_id).sum()), seconds
 

@@ -565,9 +565,10 @@ class LocalGemmaGenerator:
             yield held
 
     def _sample(
-        self, model: Any, tok: Any, prompts: list[str], streamer: Any = None
+        self, model: Any, tok: Any, prompts: list[str], streamer: Any = None, **extra: Any
     ) -> tuple[Any, int]:
-        """One seeded, left-padded ``generate`` call (the caller holds ``_GENERATE_LOCK``)."""
+        """One seeded, left-padded ``generate`` call (the caller holds ``_GENERATE_LOCK``);
+        ``extra``: more ``generate`` arguments (the speed benchmarks try decoding options)."""
         import torch
 
         eos = [tok.eos_token_id]
@@ -591,6 +592,7 @@ class LocalGemmaGenerator:
                 eos_token_id=eos,
                 stopping_criteria=_stop_criteria(tok, self.stop, prompt_len),
                 streamer=streamer,
+                **extra,
             )
         return out, prompt_len
 
