@@ -1,5 +1,6 @@
 """Nothing lost or leaked on PostgreSQL under faults (issue #38): LangChain's ``PGVector`` under
-pbr, with a worker process SIGKILLed mid-add and with the database itself killed mid-batch.
+pbr with a worker process SIGKILLed mid-add and with the database itself killed mid-batch, and
+LlamaIndex's ``PGVectorStore`` with the database killed mid-batch.
 
 After each fault the state is checked in SQL, not only through pbr: every row of the collection
 carries pbr's owner metadata (no orphan row), no row is there twice (no duplicate), every item of
@@ -271,3 +272,101 @@ def test_the_database_killed_mid_batch_and_restarted_is_healed_by_the_retry(
     finally:
         fresh_engine.dispose()
         engine.dispose()
+
+
+def _li_rows(engine: Any) -> dict[str | None, tuple[int, int, int]]:
+    """LlamaIndex's ``data_faults`` rows per owner: rows, distinct node ids, distinct texts."""
+    with engine.connect() as conn:
+        got = conn.execute(
+            text(
+                "SELECT metadata_->>'user_id', count(*), count(DISTINCT node_id),"
+                " count(DISTINCT text) FROM data_faults GROUP BY 1"
+            )
+        ).all()
+    return {row[0]: (row[1], row[2], row[3]) for row in got}
+
+
+def test_the_database_killed_mid_batch_is_healed_by_the_retry_with_llamaindex(
+    own_postgres: Any,
+) -> None:
+    """The same with LlamaIndex's ``PGVectorStore`` (a replace is delete + insert in one
+    transaction there): the add raises pbr's error, the retry after the restart completes the set
+    exactly, and the same and a fresh retriever see only each user's nodes."""
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.postgres import PGVectorStore
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from llamaindex_pbr import PBRRetriever as LIRetriever
+    from llamaindex_pbr.testing import HashEmbedding
+
+    url = own_postgres.url.replace("postgresql://", "postgresql+psycopg://")
+    emb = HashEmbedding(dim=DIM)
+    engines: list[Any] = []
+
+    def retriever() -> Any:
+        engine, async_engine = create_engine(url), create_async_engine(url)
+        engines.append(engine)
+        store = PGVectorStore(
+            engine=engine, async_engine=async_engine, table_name="faults", embed_dim=DIM
+        )
+        storage = StorageContext.from_defaults(vector_store=store)
+        index = VectorStoreIndex([], storage_context=storage, embed_model=emb)
+        return LIRetriever(index, llm=MockLLM(max_tokens=8), embed_model=emb), engine
+
+    def add_all(base: Any, user: str, total: int) -> None:
+        for start in range(0, total, BATCH):
+            ids = [f"{user}-{n}" for n in range(start, min(start + BATCH, total))]
+            nodes = [TextNode(text=f"{user} note {i}", id_=i) for i in ids]
+            base.for_user(user).add_nodes(nodes)
+
+    def check(base: Any, engine: Any, expected: dict[str, int]) -> None:
+        assert _li_rows(engine) == {u: (n, n, n) for u, n in expected.items() if n}
+        for user, n in expected.items():
+            got = base.for_user(user, similarity_top_k=n + 10).retrieve(f"{user} note")
+            assert len(got) == n
+            assert {g.node.metadata["user_id"] for g in got} == {user}
+            texts = {g.node.get_content() for g in got}
+            assert len(texts) == n and all(t.startswith(f"{user} note ") for t in texts)
+            held = base.personalizer.store.get(user).items
+            assert len(held) == n
+            assert {item.text for item in held} == texts  # each item has its row, and back
+
+    r, engine = retriever()
+    try:
+        add_all(r, "bob", 300)
+        total = BATCH * BATCHES
+        errors: list[BaseException] = []
+
+        def add() -> None:
+            try:
+                add_all(r, "ann", total)
+            except BaseException as exc:
+                errors.append(exc)
+
+        writer = threading.Thread(target=add)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while _li_rows(engine).get("ann", (0,))[0] < 3 * BATCH:
+            assert time.monotonic() < deadline and writer.is_alive()
+            time.sleep(0.01)
+        _kill_postmaster(own_postgres)
+        writer.join(60)
+        assert not writer.is_alive()
+        assert len(errors) == 1, errors
+        assert isinstance(errors[0], VectorStoreUnavailableError), repr(errors[0])
+        assert "retrying the same call is safe" in str(errors[0])
+        _restart(own_postgres)
+
+        landed = _li_rows(engine)["ann"][0]
+        assert 3 * BATCH <= landed < total
+        assert landed % BATCH == 0  # the cut batch was rolled back whole
+        check(r, engine, {"ann": landed, "bob": 300})
+        add_all(r, "ann", total)
+        check(r, engine, {"ann": total, "bob": 300})
+        fresh, fresh_engine = retriever()
+        check(fresh, fresh_engine, {"ann": total, "bob": 300})
+    finally:
+        for e in engines:
+            e.dispose()
