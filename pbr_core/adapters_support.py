@@ -201,7 +201,10 @@ def results_event(
 # Transport failures of the HTTP clients vector-store SDKs use, recognised by class name so that
 # pbr_core imports none of them: httpx's ``TransportError`` family (connection refused, reset,
 # timeout, server gone mid-request) and requests' ``ConnectionError``; builtin ``ConnectionError``
-# (``OSError`` subclasses such as ``ConnectionRefusedError``) by type.
+# (``OSError`` subclasses such as ``ConnectionRefusedError``) by type. A SQLAlchemy error whose
+# ``connection_invalidated`` is True is a lost database connection (the server stopped or
+# crashed mid-statement; SQLAlchemy has dropped the pool's connections and reconnects on the next
+# call): PGVector and PGVectorStore raise it as ``sqlalchemy.exc.OperationalError``.
 _TRANSPORT_ERRORS = frozenset({"TransportError", "ConnectionError"})
 
 
@@ -211,8 +214,10 @@ def _transport_error(exc: BaseException) -> BaseException | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ConnectionError) or any(
-            cls.__name__ in _TRANSPORT_ERRORS for cls in type(current).__mro__
+        if (
+            isinstance(current, ConnectionError)
+            or getattr(current, "connection_invalidated", False) is True
+            or any(cls.__name__ in _TRANSPORT_ERRORS for cls in type(current).__mro__)
         ):
             return current
         current = current.__cause__ or current.__context__
