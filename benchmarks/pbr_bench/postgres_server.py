@@ -48,6 +48,14 @@ def has_pgvector(binaries: Path) -> bool:
     return any(share.glob("**/extension/vector.control"))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,20 +85,23 @@ class PostgresServer:
             raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
 
     def start(self) -> PostgresServer:
+        """Create the cluster on first start; a later start (after :meth:`kill`) reopens the
+        same data folder, on the same port, through PostgreSQL's crash recovery."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if self._as:  # the unprivileged user must own (and reach) its folder
             shutil.chown(self.folder, "nobody", "nogroup")
-        self._run(
-            str(self.bin / "initdb"),
-            "-D",
-            str(self.data),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "--no-sync",
-            "-E",
-            "UTF8",
-        )
+        if not (self.data / "PG_VERSION").exists():
+            self._run(
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            )
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
         self._run(
             str(self.bin / "pg_ctl"),
@@ -112,6 +123,25 @@ class PostgresServer:
                     return self
             time.sleep(0.1)
         raise RuntimeError(f"postgres did not listen on {self.port}; see {self.folder}/server.log")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and its backends (a crash, not a shutdown: nothing is flushed),
+        wait until they are gone, and remove the stale pid file so :meth:`start` can recover."""
+        pid_file = self.data / "postmaster.pid"
+        pid = int(pid_file.read_text().split()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        pids = [pid, *map(int, children)]
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the killed server's processes {pids} did not exit")
+            time.sleep(0.05)
+        pid_file.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """``pg_ctl stop -m fast``; if that fails, SIGKILL the postmaster named in its pid file,

@@ -9,8 +9,6 @@ pbr's history has its row (no orphan item), and a user's queries return only tha
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -19,7 +17,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,47 +181,31 @@ def own_postgres(pgvector_url: str) -> Iterator[Any]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _kill_postmaster(server: Any) -> None:
-    """SIGKILL the postmaster and its backends (a crash, not a shutdown): nothing is flushed."""
-    pid = int((server.data / "postmaster.pid").read_text().split()[0])
-    children = subprocess.run(
-        ["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False
-    ).stdout.split()
-    pids = [pid, *map(int, children)]
-    for p in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
-    deadline = time.monotonic() + 30  # gone (reaped by init), so the restart finds no backend
-    while any(_alive(p) for p in pids):
-        assert time.monotonic() < deadline, "the killed server's processes did not exit"
-        time.sleep(0.05)
+def _kill_database_mid_add(server: Any, add: Callable[[], None], landed: Callable[[], int]) -> None:
+    """Run ``add`` in a thread, SIGKILL the database once three of its batches have landed, and
+    restart it: the add must have raised pbr's error for an unreachable store, saying the retry
+    is safe (every item of the batches has an id)."""
+    errors: list[BaseException] = []
 
+    def run() -> None:
+        try:
+            add()
+        except BaseException as exc:
+            errors.append(exc)
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _restart(server: Any) -> None:
-    """Start the killed server again on its data folder (crash recovery), same port."""
-    (server.data / "postmaster.pid").unlink(missing_ok=True)
-    options = f"-p {server.port} -c listen_addresses=127.0.0.1 -k {server.folder} -c fsync=off"
-    server._run(
-        str(server.bin / "pg_ctl"),
-        "-D",
-        str(server.data),
-        "-o",
-        options,
-        "-l",
-        str(server.folder / "server.log"),
-        "-w",
-        "-t",
-        "60",
-        "start",
-    )
+    writer = threading.Thread(target=run)
+    writer.start()
+    deadline = time.monotonic() + 30
+    while landed() < 3 * BATCH:
+        assert time.monotonic() < deadline and writer.is_alive()
+        time.sleep(0.01)
+    server.kill()
+    writer.join(60)
+    assert not writer.is_alive()
+    assert len(errors) == 1, errors
+    assert isinstance(errors[0], VectorStoreUnavailableError), repr(errors[0])
+    assert "retrying the same call is safe" in str(errors[0])
+    server.start()  # crash recovery on the same data folder and port
 
 
 def test_the_database_killed_mid_batch_and_restarted_is_healed_by_the_retry(
@@ -237,28 +219,11 @@ def test_the_database_killed_mid_batch_and_restarted_is_healed_by_the_retry(
     r = _retriever(engine)
     _add_all(r, "bob", 300)
     total = BATCH * BATCHES
-    errors: list[BaseException] = []
-
-    def add() -> None:
-        try:
-            _add_all(r, "ann", total)
-        except BaseException as exc:
-            errors.append(exc)
-
-    writer = threading.Thread(target=add)
-    writer.start()
-    deadline = time.monotonic() + 30
-    while _rows(engine)["per_user"].get("ann", (0,))[0] < 3 * BATCH:
-        assert time.monotonic() < deadline and writer.is_alive()
-        time.sleep(0.01)
-    _kill_postmaster(own_postgres)
-    writer.join(60)
-    assert not writer.is_alive()
-    assert len(errors) == 1, errors
-    # pbr's error for an unreachable store, saying the retry is safe (the batch is all ided)
-    assert isinstance(errors[0], VectorStoreUnavailableError), repr(errors[0])
-    assert "retrying the same call is safe" in str(errors[0])
-    _restart(own_postgres)
+    _kill_database_mid_add(
+        own_postgres,
+        lambda: _add_all(r, "ann", total),
+        lambda: _rows(engine)["per_user"].get("ann", (0,))[0],
+    )
 
     landed = _rows(engine)["per_user"]["ann"][0]
     assert 3 * BATCH <= landed < total
@@ -337,27 +302,11 @@ def test_the_database_killed_mid_batch_is_healed_by_the_retry_with_llamaindex(
     try:
         add_all(r, "bob", 300)
         total = BATCH * BATCHES
-        errors: list[BaseException] = []
-
-        def add() -> None:
-            try:
-                add_all(r, "ann", total)
-            except BaseException as exc:
-                errors.append(exc)
-
-        writer = threading.Thread(target=add)
-        writer.start()
-        deadline = time.monotonic() + 30
-        while _li_rows(engine).get("ann", (0,))[0] < 3 * BATCH:
-            assert time.monotonic() < deadline and writer.is_alive()
-            time.sleep(0.01)
-        _kill_postmaster(own_postgres)
-        writer.join(60)
-        assert not writer.is_alive()
-        assert len(errors) == 1, errors
-        assert isinstance(errors[0], VectorStoreUnavailableError), repr(errors[0])
-        assert "retrying the same call is safe" in str(errors[0])
-        _restart(own_postgres)
+        _kill_database_mid_add(
+            own_postgres,
+            lambda: add_all(r, "ann", total),
+            lambda: _li_rows(engine).get("ann", (0,))[0],
+        )
 
         landed = _li_rows(engine)["ann"][0]
         assert 3 * BATCH <= landed < total
