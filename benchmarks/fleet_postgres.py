@@ -21,8 +21,12 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
   same database, ``PBRConfig(fusion="no_prf")`` (the anchor, no LLM call: pbr's own overhead is
   verification + ranking), ``k=10``, half of the sampled users each:
 
-  - ``cold``: the first query of a user the worker has never seen (pbr lists the user's rows
-    with their vectors and builds its derived state);
+  - ``cold``: the first query of a user no process has read before (the worker reads the
+    user's rows with their vectors in one statement, builds the anchor and BM25 index and
+    shares them in ``pbr_states``, :mod:`pbr_core.derived`);
+  - ``shared``: the first query of a user the worker has never seen but a third process
+    served once before the workers started (``serve_once``): the worker reads the rows and the
+    shared derived state in the same one statement, and builds nothing;
   - ``warm``: later queries of users it has seen (verification is one revision read);
   - next to each, on the same query vector, in alternating order: ``plain``: the owner-filtered
     pgvector search a hand-written app runs (``ORDER BY embedding <=> q LIMIT k`` where
@@ -31,9 +35,10 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
     whose ``jsonb_path_match`` filter no index serves (a scan of the collection).
 
 - ``cold_parts``: where a cold query's time goes, in the main process on users no worker saw:
-  the revision read, the listing without vectors, the read of the user's vectors (SQL, then
-  parsing it), the whole verification (``Corpus.history``), then the user's lexical index and
-  anchor built apart, the rest of the first query, and a warm query.
+  for a first worker (nothing shared yet) and then a second one (taking what the first
+  shared), the one read (``PgRecords.read_user``), the whole cold read (``Corpus.history``),
+  the BM25 index, the anchor, the sharing write and the rest of the query; then the plain
+  search.
 
     python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
@@ -68,7 +73,6 @@ from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.postgres_server import PostgresServer, find_binaries
 from pbr_core import PBRConfig
 from pbr_core.corpus import Corpus, scoped_key
-from pbr_core.postgres import parse_vector
 
 DIM = 384
 K = 10
@@ -230,7 +234,7 @@ def _plain(engine: Any, collection_uuid: str, vector: list[float], user: str) ->
 
 def worker(args: tuple[Any, ...]) -> list[dict[str, Any]]:
     """One worker process: cold then warm queries of its users (module doc)."""
-    url, collection_uuid, worker_id, cold_users, warm_users, rounds, own_every = args
+    url, collection_uuid, worker_id, cold_users, shared_users, warm_users, rounds, own_every = args
     engine = _engine(url)
     store = _store(engine, COLLECTION)
     retriever = _retriever(store)
@@ -275,6 +279,9 @@ def worker(args: tuple[Any, ...]) -> list[dict[str, Any]]:
     for user in cold_users:
         one("cold", user, n, own_every > 0 and n % own_every == 0)
         n += 1
+    for user in shared_users:
+        one("shared", user, n, own_every > 0 and n % own_every == 0)
+        n += 1
     for _ in range(rounds):
         for user in warm_users:
             one("warm", user, n, own_every > 0 and n % own_every == 0)
@@ -283,48 +290,51 @@ def worker(args: tuple[Any, ...]) -> list[dict[str, Any]]:
     return out
 
 
-def cold_parts(url: str, collection_uuid: str, users: list[str]) -> list[dict[str, Any]]:
-    """Where a cold query's time goes (module doc), one row per user and part, ms."""
+def serve_once(args: tuple[str, list[str]]) -> None:
+    """Another worker's first query of each user (untimed): it derives and shares their
+    state, so the workers' queries of these users are cold reads of a shared state."""
+    url, users = args
     engine = _engine(url)
-    store = _store(engine, COLLECTION)
-    retriever = _retriever(store)
-    corpus: Corpus = retriever.corpus  # type: ignore[assignment]
-    host: Any = corpus.host
-    pg = host.pg
+    retriever = _retriever(_store(engine, COLLECTION))
+    for user in users:
+        retriever.invoke("served once", user_id=user)
+    engine.dispose()
+
+
+def cold_parts(url: str, collection_uuid: str, users: list[str]) -> list[dict[str, Any]]:
+    """Where a cold query's time goes (module doc), one row per user and part, ms: a worker
+    that reads the user first (nothing shared yet), then another that reads what it shared."""
+    engine = _engine(url)
     embed = DeterministicFakeEmbedding(size=DIM)
     out: list[dict[str, Any]] = []
     for user in users:
         parts: dict[str, float] = {}
-        t0 = time.perf_counter()
-        pg.change_token(user)
-        parts["revision_read"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        listed = pg._select(user, None, False)
-        parts["list_no_vectors_sql"] = time.perf_counter() - t0
-        keys = [row[0] for row in listed]
-        t0 = time.perf_counter()
-        rows = pg._select(user, keys, True)
-        parts["read_vectors_sql"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for row in rows:
-            parse_vector(row[3])
-        parts["parse_vectors"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        history = corpus.history(user)
-        parts["verification_total"] = time.perf_counter() - t0
-        assert history is not None
-        t0 = time.perf_counter()
-        history.lexical()
-        parts["lexical_index"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        history.anchor(retriever.config)
-        parts["anchor"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        retriever.invoke("first query words", user_id=user)
-        parts["first_query_rest"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        retriever.invoke("second query words", user_id=user)
-        parts["warm_query"] = time.perf_counter() - t0
+        first, second = (
+            _retriever(_store(engine, COLLECTION)),
+            _retriever(_store(engine, COLLECTION)),
+        )
+        for name, retriever in (("first", first), ("shared", second)):
+            corpus: Corpus = retriever.corpus  # type: ignore[assignment]
+            pg = corpus.host.pg  # type: ignore[union-attr]
+            t0 = time.perf_counter()
+            pg.read_user(user)
+            parts[f"{name}_read_user"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            history = corpus.history(user)
+            parts[f"{name}_history"] = time.perf_counter() - t0
+            assert history is not None
+            t0 = time.perf_counter()
+            history.lexical()
+            parts[f"{name}_lexical_index"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            history.anchor(retriever.config)
+            parts[f"{name}_anchor"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            corpus.share_state(user)
+            parts[f"{name}_share_state"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            retriever.invoke("first query words", user_id=user)
+            parts[f"{name}_query_rest"] = time.perf_counter() - t0
         vector = embed.embed_query("second query words")
         t0 = time.perf_counter()
         _plain(engine, collection_uuid, vector, user)
@@ -355,7 +365,10 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--ingest", type=int, default=20000, help="rows added through pbr")
     parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--cold", type=int, default=40, help="cold users per worker")
+    parser.add_argument("--cold", type=int, default=40, help="first-ever users per worker")
+    parser.add_argument(
+        "--shared", type=int, default=40, help="cold users per worker another one served"
+    )
     parser.add_argument("--warm", type=int, default=20, help="warm users per worker")
     parser.add_argument("--rounds", type=int, default=5, help="queries per warm user")
     parser.add_argument("--own-every", type=int, default=10, help="PGVector's own search every")
@@ -409,22 +422,29 @@ def main() -> None:
         print(f"  {meta['ingest']}", flush=True)
 
         rng = random.Random(SEED)
-        need = 2 * (args.cold + args.warm) + args.parts
+        each = args.cold + args.shared + args.warm
+        need = 2 * each + args.parts
         sample = [user_name(u) for u in rng.sample(range(args.users), min(need, args.users))]
         jobs = []
         for w in range(2):
-            part = sample[w * (args.cold + args.warm) : (w + 1) * (args.cold + args.warm)]
+            part = sample[w * each : (w + 1) * each]
             jobs.append(
                 (
                     server.url,
                     collection_uuid,
                     w,
                     part[: args.cold],
-                    part[args.cold :],
+                    part[args.cold : args.cold + args.shared],
+                    part[args.cold + args.shared :],
                     args.rounds,
                     args.own_every,
                 )
             )
+        print("a third process serves the shared users once ...", flush=True)
+        t0 = time.perf_counter()
+        with mp.get_context("spawn").Pool(1) as pool:
+            pool.map(serve_once, [(server.url, [u for job in jobs for u in job[4]])])
+        meta["serve_once_s"] = time.perf_counter() - t0
         print("two workers querying ...", flush=True)
         t0 = time.perf_counter()
         with mp.get_context("spawn").Pool(2) as pool:
@@ -432,7 +452,7 @@ def main() -> None:
         meta["workers_s"] = time.perf_counter() - t0
         samples = [r for rs in results for r in rs]
         print("cold breakdown ...", flush=True)
-        parts = cold_parts(server.url, collection_uuid, sample[2 * (args.cold + args.warm) :])
+        parts = cold_parts(server.url, collection_uuid, sample[2 * each :])
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -443,10 +463,11 @@ def main() -> None:
         by_kind.setdefault(s["kind"], []).append(s["ms"])
     base = {
         phase: (_pct(by_kind[f"{phase}_plain"], 50), _pct(by_kind[f"{phase}_plain"], 95))
-        for phase in ("cold", "warm")
+        for phase in ("cold", "shared", "warm")
+        if f"{phase}_plain" in by_kind
     }
     order = ["warm_plain", "warm_pbr", "warm_pgvector_own", "cold_plain", "cold_pbr"]
-    order += ["cold_pgvector_own"]
+    order += ["cold_pgvector_own", "shared_plain", "shared_pbr", "shared_pgvector_own"]
     for kind in order:
         if kind not in by_kind:
             continue

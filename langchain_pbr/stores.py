@@ -33,7 +33,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
-from pbr_core.postgres import PgRecords, PgTable, async_engine_sql, engine_sql
+from pbr_core.postgres import PgRecords, PgTable, UserRows, async_engine_sql, engine_sql
 from pbr_core.retrieval import check_score_threshold
 
 __all__ = [
@@ -225,6 +225,12 @@ class _PGVector(_Base):
 
     def change_token(self, user_id: str) -> str | None:
         return self.pg.change_token(user_id)
+
+    def read_user(self, user_id: str) -> UserRows | None:
+        return self.pg.read_user(user_id)
+
+    def write_state(self, user_id: str, token: str, state: bytes) -> bool:
+        return self.pg.write_state(user_id, token, state)
 
 
 class _PGVectorStore(_PGVector):

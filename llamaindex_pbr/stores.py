@@ -30,7 +30,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
-from pbr_core.postgres import PgRecords, PgTable, engine_sql
+from pbr_core.postgres import PgRecords, PgTable, UserRows, engine_sql
 
 from ._bridge import with_keys
 
@@ -161,6 +161,14 @@ class IndexRecords:
     def change_token(self, user_id: str) -> str | None:
         """See :meth:`pbr_core.postgres.PgRecords.change_token` (None for other stores)."""
         return self.pg.change_token(user_id) if self.pg is not None else None
+
+    def read_user(self, user_id: str) -> UserRows | None:
+        """See :meth:`pbr_core.postgres.PgRecords.read_user` (None for other stores: list)."""
+        return self.pg.read_user(user_id) if self.pg is not None else None
+
+    def write_state(self, user_id: str, token: str, state: bytes) -> bool:
+        """See :meth:`pbr_core.postgres.PgRecords.write_state` (nothing for other stores)."""
+        return self.pg.write_state(user_id, token, state) if self.pg is not None else False
 
     def upsert(self, records: Sequence[Record]) -> None:
         if self.pg is not None:

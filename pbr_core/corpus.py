@@ -50,6 +50,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .config import SearchMode
+from .derived import DamagedState, attach, pack
 from .errors import UnknownUserError
 from .history import HistoryStore
 from .hybrid import hits, rank
@@ -225,6 +226,10 @@ class HostRecords(Protocol):
     # Optional: ``change_token(user_id) -> str | None``, a value that changes whenever any of
     # the user's records changes (None: cannot tell). With it, a read lists the user only when
     # the token moved (pbr_core.postgres reads it through a trigger-kept revision row).
+    # Optional: ``read_user(user_id) -> UserRows | None``, every record with its vector, the
+    # change token and the user's shared derived state in one read (what a worker that never saw
+    # the user reads; None: list instead), and ``write_state(user_id, token, blob)`` to share
+    # the derived state a worker built (pbr_core.postgres, pbr_core.derived).
 
 
 def revision(record: Record) -> str:
@@ -261,6 +266,9 @@ class _Known:
     shadowed: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # unsaveable key -> revision warned
     token: str | None = None  # the host's change token when this view was listed
+    # A snapshot this worker built from a cold read, at that token, whose derived state (anchors,
+    # BM25 index) no other worker shared: written back after the request (Corpus.share_state).
+    unshared: tuple[UserHistory, str] | None = None
 
 
 class Corpus:
@@ -820,16 +828,23 @@ class Corpus:
         # A host with a change token (pbr_core.postgres) says cheaply whether anything of the
         # user changed since the last listing; read before listing, so a change made meanwhile
         # leaves a token that differs next time.
-        token_of = getattr(self.host, "change_token", None)
-        token = token_of(user_id) if token_of is not None else None
-        if (
-            token is not None
-            and token == known.token
-            and (user_id in self.cache) == bool(known.revisions)
-        ):
-            return self.cache._current(user_id)
+        cold = not known.revisions and user_id not in self.cache
+        read_user = getattr(self.host, "read_user", None) if cold else None
+        rows = read_user(user_id) if read_user is not None else None
+        if rows is not None:  # a worker that never saw the user: rows, token, state at once
+            token = rows.token
+            listed = [r for r in rows.records if r.user_id == user_id]
+        else:
+            token_of = getattr(self.host, "change_token", None)
+            token = token_of(user_id) if token_of is not None else None
+            if (
+                token is not None
+                and token == known.token
+                and (user_id in self.cache) == bool(known.revisions)
+            ):
+                return self.cache._current(user_id)
+            listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
         known.token = None  # set again only once this listing is applied
-        listed = [r for r in self.host.list_user(user_id) if r.user_id == user_id]
         current: dict[str, Record] = {}
         twice: dict[str, list[Record]] = {}
         for record in listed:
@@ -873,7 +888,71 @@ class Corpus:
         known.key_of = {item_id: r.key for item_id, r in current.items()}
         known.token = token
         self._drop_if_empty(user_id)
-        return self.cache._current(user_id)
+        history = self.cache._current(user_id)
+        if rows is not None and history is not None and token is not None:
+            self._take_state(history, token, rows.state, known)
+        return history
+
+    def _take_state(
+        self,
+        history: UserHistory,
+        token: str,
+        state: tuple[str, bytes] | None,
+        known: _Known,
+    ) -> None:
+        """Give a cold-built ``history`` the derived state another worker shared at the same
+        token; else remember to share ours after the request (:meth:`share_state`)."""
+        if state is not None and state[0] == token:
+            try:
+                attach(history, state[1])
+                return
+            except DamagedState as exc:
+                log.warning(
+                    "pbr: the shared derived state of user %s is not usable (%s); rebuilt "
+                    "from the rows and shared again",
+                    user_tag(history.user_id),
+                    exc,
+                )
+        known.unshared = (history, token)
+
+    def has_unshared(self, user_id: str) -> bool:
+        """Whether :meth:`share_state` has something to write for ``user_id``."""
+        known = self._known.get(user_id)
+        return known is not None and known.unshared is not None
+
+    def share_state(self, user_id: str) -> None:
+        """Share what this worker derived for a user it read cold (anchors, BM25 index built
+        by the request that just ran) with the other workers, through the host
+        (``write_state``): the next worker to read the user cold takes it instead of rebuilding.
+        Called after each request; does nothing otherwise. Never raises: the state is a cache,
+        and a failed write (a read-only role, a lost connection) only costs the next cold worker
+        the rebuild (logged)."""
+        known = self._known.get(user_id)
+        unshared = known.unshared if known is not None else None
+        write = getattr(self.host, "write_state", None)
+        if unshared is None or write is None:
+            return
+        assert known is not None
+        with self._user_lock(user_id):
+            if known.unshared is not unshared:
+                return
+            known.unshared = None
+            history, token = unshared
+            if known.token != token or self.cache._current(user_id) is not history:
+                return  # changed since: the next cold read derives and shares anew
+        blob = pack(history)
+        if blob is None:
+            return
+        try:
+            write(user_id, token, blob)
+        except Exception as exc:  # a cache write: the query it follows already succeeded
+            log.warning(
+                "pbr: could not share the derived state of user %s (%s: %s); other workers "
+                "rebuild it",
+                user_tag(user_id),
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
 
     def _saveable(
         self, user_id: str, records: list[Record], known: _Known
@@ -881,6 +960,14 @@ class Corpus:
         """The records pbr can keep, and the item ids of those it cannot: one it could not save
         (a lone surrogate written to the host by someone else) is left out of the history, with
         one warning per record revision, instead of failing every read of the user."""
+        try:  # the usual case: every record can be saved (one check for all)
+            check_serialisable(user_id, [record.item() for record in records])
+        except ValueError:
+            pass
+        else:
+            for record in records:
+                known.skipped.pop(record.key, None)
+            return list(records), []
         kept: list[Record] = []
         unsaveable: list[str] = []
         for record in records:

@@ -49,6 +49,8 @@ __all__ = [
     "READABLE_FORMAT_VERSIONS",
     "USERS_DIR",
     "Saved",
+    "anchor_arrays",
+    "anchors_from_arrays",
     "copy_user",
     "manifest_text",
     "read_manifest",
@@ -488,15 +490,27 @@ def _save_anchors(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Write anchors' arrays to one ``.npz``; return their manifest entries (key and scalars)
     and the file's record."""
+    entries, arrays = anchor_arrays(anchors)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return entries, _put(path, buffer.getvalue())
+
+
+def anchor_arrays(
+    anchors: Sequence[tuple[AnchorKey, AnchorResult]], prefix: str = ""
+) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Anchors as JSON entries (key and scalars) and named arrays (``{prefix}{i}_vector``...),
+    the form a saved folder (:func:`write_user`) and a packed state (:mod:`pbr_core.derived`)
+    keep them in; :func:`anchors_from_arrays` reads them back."""
     arrays: dict[str, np.ndarray] = {}
     entries: list[dict[str, Any]] = []
     for i, (key, result) in enumerate(anchors):
         graph = result.graph.tocsr()
-        arrays[f"{i}_vector"] = np.asarray(result.vector)
-        arrays[f"{i}_pagerank"] = np.asarray(result.pagerank)
-        arrays[f"{i}_indptr"] = graph.indptr
-        arrays[f"{i}_indices"] = graph.indices
-        arrays[f"{i}_data"] = graph.data
+        arrays[f"{prefix}{i}_vector"] = np.asarray(result.vector)
+        arrays[f"{prefix}{i}_pagerank"] = np.asarray(result.pagerank)
+        arrays[f"{prefix}{i}_indptr"] = graph.indptr
+        arrays[f"{prefix}{i}_indices"] = graph.indices
+        arrays[f"{prefix}{i}_data"] = graph.data
         entries.append(
             {
                 "anchor_key": list(key),
@@ -504,9 +518,45 @@ def _save_anchors(
                 "converged": result.converged,
             }
         )
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]
-    return entries, _put(path, buffer.getvalue())
+    return entries, arrays
+
+
+def anchors_from_arrays(
+    entries: Sequence[Mapping[str, Any]],
+    arrays: Mapping[str, np.ndarray],
+    n: int,
+    d: int,
+    prefix: str = "",
+) -> dict[AnchorKey, AnchorResult]:
+    """What :func:`anchor_arrays` wrote, for a history of ``n`` items of dimension ``d``, every
+    shape checked (``ValueError``, ``KeyError`` or ``TypeError`` where one does not fit)."""
+    out: dict[AnchorKey, AnchorResult] = {}
+    for i, entry in enumerate(entries):
+        vector = arrays[f"{prefix}{i}_vector"]
+        pi = arrays[f"{prefix}{i}_pagerank"]
+        indptr = arrays[f"{prefix}{i}_indptr"]
+        indices = arrays[f"{prefix}{i}_indices"]
+        data = arrays[f"{prefix}{i}_data"]
+        ok = (
+            vector.shape == (d,)
+            and pi.shape == (n,)
+            and indptr.shape == (n + 1,)
+            and indices.shape == data.shape == (int(indptr[-1]),)
+            and np.isfinite(vector).all()
+            and np.isfinite(pi).all()
+            and (indices.size == 0 or (indices.min() >= 0 and indices.max() < n))
+        )
+        if not ok:
+            raise ValueError(f"anchor {i} does not fit {n} items of dimension {d}")
+        graph = sp.csr_matrix((data, indices, indptr), shape=(n, n))
+        out[tuple(entry["anchor_key"])] = AnchorResult(
+            vector=vector,
+            pagerank=pi,
+            graph=graph,
+            iterations=int(entry["iterations"]),
+            converged=bool(entry["converged"]),
+        )
+    return out
 
 
 def _load_anchors(
@@ -515,35 +565,10 @@ def _load_anchors(
     """Read what :func:`_save_anchors` wrote for ``snapshot``, checking every shape."""
     n, d = len(snapshot), snapshot.dim
     entries: Sequence[Mapping[str, Any]] = user["anchors"]
-    out: dict[AnchorKey, AnchorResult] = {}
     try:
         raw = path.read_bytes()
         with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
-            for i, entry in enumerate(entries):
-                vector = arrays[f"{i}_vector"]
-                pi = arrays[f"{i}_pagerank"]
-                indptr = arrays[f"{i}_indptr"]
-                indices = arrays[f"{i}_indices"]
-                data = arrays[f"{i}_data"]
-                ok = (
-                    vector.shape == (d,)
-                    and pi.shape == (n,)
-                    and indptr.shape == (n + 1,)
-                    and indices.shape == data.shape == (int(indptr[-1]),)
-                    and np.isfinite(vector).all()
-                    and np.isfinite(pi).all()
-                    and (indices.size == 0 or (indices.min() >= 0 and indices.max() < n))
-                )
-                if not ok:
-                    raise ValueError(f"anchor {i} does not fit {n} items of dimension {d}")
-                graph = sp.csr_matrix((data, indices, indptr), shape=(n, n))
-                out[tuple(entry["anchor_key"])] = AnchorResult(
-                    vector=vector,
-                    pagerank=pi,
-                    graph=graph,
-                    iterations=int(entry["iterations"]),
-                    converged=bool(entry["converged"]),
-                )
+            out = anchors_from_arrays(entries, arrays, n, d)
     except (
         OSError,
         EOFError,

@@ -103,6 +103,7 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
         ValueError: naming the user, the item and the field, and saying how to fix it.
     """
     _check_utf8(user_id, f"user id {user_id!r}")
+    items = list(items)
     for n, item in enumerate(items):
         if not isinstance(item, HistoryItem):
             raise ValueError(
@@ -123,10 +124,15 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
             raise ValueError(
                 f"{where} has metadata of type {type(item.metadata).__name__}; pass a dict"
             )
-        try:  # the fast path: the whole item, exactly as save() will write it
-            _check_encoder.encode(item.to_dict()).encode("utf-8")
-        except (TypeError, ValueError, RecursionError):
-            _explain_unserialisable(item, where)
+    try:  # the fast path: every item, exactly as save() will write it, in one encoder call
+        _check_encoder.encode([item.to_dict() for item in items]).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        for item in items:  # find the first item that cannot be saved, and say why
+            try:
+                _check_encoder.encode(item.to_dict()).encode("utf-8")
+            except (TypeError, ValueError, RecursionError):
+                _explain_unserialisable(item, f"item {item.id!r} of user {user_id!r}")
+        # every item encodes on its own (the list's one more level of nesting failed): fine
 
 
 class _Unserialisable(TypeError):

@@ -43,6 +43,8 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
+    "DEFAULT_B",
+    "DEFAULT_K1",
     "DEFAULT_STEMMER",
     "ENGLISH_STOP_WORDS",
     "STEMMERS",
@@ -59,6 +61,9 @@ StemmerName = Literal["english"]
 STEMMERS: tuple[StemmerName, ...] = get_args(StemmerName)
 #: What :meth:`LexicalIndex.build` analyzes with unless told (None: the words as they are).
 DEFAULT_STEMMER: StemmerName | None = None
+#: BM25's term-frequency saturation and length normalisation unless told (bm25s' defaults).
+DEFAULT_K1 = 1.5
+DEFAULT_B = 0.75
 
 # Alphabetical, one initial letter a line.
 _STOP_WORDS = """
@@ -235,8 +240,8 @@ class LexicalIndex:
         cls,
         texts: Sequence[str],
         *,
-        k1: float = 1.5,
-        b: float = 0.75,
+        k1: float = DEFAULT_K1,
+        b: float = DEFAULT_B,
         stemmer: StemmerName | None = DEFAULT_STEMMER,
     ) -> LexicalIndex:
         """An index over ``texts``, item ``i`` being ``texts[i]``; bm25s' defaults for k1 and b,
@@ -249,6 +254,50 @@ class LexicalIndex:
         vocab: dict[str, int] = {}
         tf, dl = _count(texts, vocab, stemmer)
         return cls(vocab, tf, dl, k1=float(k1), b=float(b), stemmer=stemmer)
+
+    def parts(self) -> tuple[list[str], dict[str, np.ndarray]]:
+        """The index as its terms (in column order) and arrays (term frequencies as CSC, item
+        lengths): what :meth:`from_parts` takes back, for a state kept outside the process
+        (:mod:`pbr_core.derived`)."""
+        tf = self._tf
+        arrays = {"indptr": tf.indptr, "indices": tf.indices, "data": tf.data, "dl": self._dl}
+        return list(self._vocab), arrays
+
+    @classmethod
+    def from_parts(
+        cls,
+        terms: Sequence[str],
+        arrays: Mapping[str, np.ndarray],
+        *,
+        k1: float,
+        b: float,
+        stemmer: StemmerName | None,
+    ) -> LexicalIndex:
+        """The index :meth:`parts` gave, every shape checked (``ValueError`` where one does not
+        fit: a damaged or foreign state is never read as an index)."""
+        indptr, indices = np.asarray(arrays["indptr"]), np.asarray(arrays["indices"])
+        data, dl = np.asarray(arrays["data"]), np.asarray(arrays["dl"])
+        n, m = int(dl.shape[0]) if dl.ndim == 1 else -1, len(terms)
+        ok = (
+            n >= 0
+            and len(set(terms)) == m
+            and all(isinstance(t, str) for t in terms)
+            and indptr.shape == (m + 1,)
+            and np.issubdtype(indptr.dtype, np.integer)
+            and np.issubdtype(indices.dtype, np.integer)
+            and np.issubdtype(dl.dtype, np.integer)
+            and indices.shape == data.shape == (int(indptr[-1]) if m + 1 else 0,)
+            and bool((np.diff(indptr) >= 0).all())
+            and int(indptr[0]) == 0
+            and (indices.size == 0 or (int(indices.min()) >= 0 and int(indices.max()) < n))
+            and bool((data > 0).all())
+            and bool((dl >= 0).all())
+        )
+        if not ok:
+            raise ValueError("the lexical index's parts do not fit together")
+        tf = sp.csc_matrix((data.astype(np.int32), indices, indptr), shape=(n, m))
+        vocab = {term: i for i, term in enumerate(terms)}
+        return cls(vocab, tf, dl, k1=float(k1), b=float(b), stemmer=check_stemmer(stemmer))
 
     @property
     def nbytes(self) -> int:

@@ -342,6 +342,7 @@ def retrieve(
         try:
             effect = steps.send(result)
         except StopIteration as done:
+            corpus.share_state(request.user_id)  # what a cold read derived, for other workers
             return done.value
 
 
@@ -385,6 +386,8 @@ async def aretrieve(
         try:
             effect = steps.send(result)
         except StopIteration as done:
+            if corpus.has_unshared(request.user_id):  # a write: off the event loop
+                await asyncio.to_thread(corpus.share_state, request.user_id)
             return done.value
 
 

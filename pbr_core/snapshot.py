@@ -273,6 +273,23 @@ class UserHistory:
                 self._grown += 1
             return self._anchors[key]
 
+    def adopt(
+        self, anchors: Mapping[AnchorKey, AnchorResult], lexical: LexicalIndex | None
+    ) -> None:
+        """Take anchors and a BM25 index built elsewhere over exactly these items, in this
+        order (another worker's, :mod:`pbr_core.derived`): those not built here yet."""
+        with self._lock:
+            for key, result in anchors.items():
+                if self._anchors.get(key) is None:
+                    self._anchors[key] = result
+                    self._parents.pop(key, None)
+            if lexical is not None and self._lexical is None:
+                if len(lexical) != len(self.items):
+                    raise ValueError(f"a BM25 index of {len(lexical)} items for {len(self)}")
+                self._lexical = lexical
+                self._lexical_parent = None
+            self._grown += 1
+
     def _inherit_anchors(self, previous: UserHistory, old_positions: np.ndarray) -> None:
         """Remember ``previous``'s anchors (computed or themselves pending) to derive ours from.
 

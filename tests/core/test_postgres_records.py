@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pbr_core import HistoryItem
+from pbr_core import HistoryItem, PBRConfig
 from pbr_core.corpus import Corpus, Record
+from pbr_core.lexical import LexicalIndex
 from pbr_core.postgres import PgRecords, PgTable, engine_sql
 
 DIM = 16  # the hash_embedder fixture's
@@ -270,3 +271,139 @@ def test_a_halfvec_column_is_read_in_its_text_form(pgvector_engine: Any) -> None
     assert host._vector_select() == '"emb"::text'
     (record,) = host.fetch("u", ["k"])
     assert record.vector is not None and np.array_equal(record.vector, vector)
+
+
+# -- the derived state shared between workers -----------------------------------------------------
+
+_NOTES = {
+    f"n{i}": f"alice note {i} about {'tea' if i % 2 else 'trains'} {i * 7}" for i in range(12)
+}
+
+
+def _worker(engine: Any, embedder: Any) -> Corpus:
+    """Another worker: its own corpus and connection pool over the same table."""
+    table = PgTable("public", "notes", "id", "doc", "meta", "emb")
+    sql = engine_sql(engine)
+    return Corpus(PgRecords(table, sql, "user_id", _writer(table, sql)), embedder=embedder)
+
+
+def _serve(corpus: Corpus, user: str) -> Any:
+    """What a request does with a user: read, derive the anchor and BM25 index, rank, share."""
+    history = corpus.history(user)
+    assert history is not None
+    history.anchor(PBRConfig())
+    history.lexical()
+    terms = {"tea": 1.0, "trains": 1.0}
+    hits = corpus.search(user, history, history.vectors[0], terms, 5, mode="hybrid")
+    corpus.share_state(user)
+    return history, [(h.hit.id, h.hit.score) for h in hits]
+
+
+def _with_alice(engine: Any, embedder: Any) -> Any:
+    """alice's notes written through pbr; returns plain SQL over the same database."""
+    writer, _ = _corpus(_records(engine), embedder)
+    _add(writer, "alice", _NOTES)
+    return engine_sql(engine)
+
+
+def _refuse_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("built instead of taken from the shared state")
+
+    monkeypatch.setattr("pbr_core.snapshot.compute_anchor", refuse)
+    monkeypatch.setattr(LexicalIndex, "build", classmethod(lambda cls, *a, **k: refuse()))
+
+
+def test_a_worker_that_never_saw_a_user_takes_what_another_derived_and_ranks_alike(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    first, ranked = _serve(_worker(engine, hash_embedder), "alice")  # cold: builds, shares
+    rows = sql([("SELECT owner, length(state) FROM pbr_states", {})])
+    assert [r[0] for r in rows] == ["alice"] and rows[0][1] > 0
+    _refuse_builds(monkeypatch)
+    second, ranked_again = _serve(_worker(engine, hash_embedder), "alice")
+    assert ranked_again == ranked
+    assert np.array_equal(second.anchor(PBRConfig()).vector, first.anchor(PBRConfig()).vector)
+    assert [it.id for it in second.items] == [it.id for it in first.items]
+
+
+def test_a_state_of_other_rows_is_not_taken_and_is_shared_anew(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    _serve(_worker(engine, hash_embedder), "alice")
+    # A write that is not pbr's: the shared state no longer describes alice's rows.
+    sql([("UPDATE notes SET doc = 'alice now rides trains' WHERE meta ->> 'pbr_id' = 'n3'", {})])
+    late = _worker(engine, hash_embedder)
+    history, _ = _serve(late, "alice")
+    assert history.item("n3").text == "alice now rides trains"
+    fresh = history.lexical().scores("rides")
+    assert fresh[history.position("n3")] > 0  # the index is of the new text, not the shared one
+    token = late.host.change_token("alice")  # type: ignore[union-attr]
+    rows = sql([("SELECT rev::text FROM pbr_states WHERE owner = 'alice'", {})])
+    assert rows == [(token,)]  # shared again, at the rows' token
+
+
+def test_a_damaged_or_foreign_state_is_detected_warned_and_rebuilt(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    _add(_worker(engine, hash_embedder), "bob", {"b1": "bob likes tea", "b2": "bob takes trains"})
+    _, ranked = _serve(_worker(engine, hash_embedder), "alice")
+    _serve(_worker(engine, hash_embedder), "bob")
+    sql(
+        [
+            (
+                "UPDATE pbr_states SET state = overlay(state placing '\\xff'::bytea from 90) "
+                "WHERE owner = 'alice'",
+                {},
+            )
+        ]
+    )
+    with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
+        _, ranked_damaged = _serve(_worker(engine, hash_embedder), "alice")
+    assert "not usable (damaged (checksum mismatch))" in caplog.text
+    assert ranked_damaged == ranked  # rebuilt from the rows, which are the truth
+    # alice's state under bob's name, at bob's token: refused as another user's.
+    sql(
+        [
+            (
+                "UPDATE pbr_states b SET state = a.state FROM pbr_states a "
+                "WHERE a.owner = 'alice' AND b.owner = 'bob'",
+                {},
+            )
+        ]
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
+        history, _ = _serve(_worker(engine, hash_embedder), "bob")
+    assert "the state of another user" in caplog.text
+    assert sorted(it.id for it in history.items) == ["b1", "b2"]
+
+
+def test_a_role_that_may_not_write_the_state_still_answers(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    sql([("REVOKE ALL ON pbr_states FROM PUBLIC", {}), ("DROP ROLE IF EXISTS pbr_reader", {})])
+    sql(
+        [
+            ("CREATE ROLE pbr_reader LOGIN", {}),
+            ("GRANT SELECT ON notes, pbr_revisions, pbr_states TO pbr_reader", {}),
+        ]
+    )
+    from sqlalchemy import create_engine
+
+    reader = create_engine(engine.url.set(username="pbr_reader"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
+            _, ranked = _serve(_worker(reader, hash_embedder), "alice")
+        assert "could not share the derived state" in caplog.text and len(ranked) == 5
+    finally:
+        reader.dispose()
+        sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])

@@ -5,6 +5,7 @@ collection of the table, and a view filter that makes PostgreSQL search.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -140,3 +141,34 @@ def test_a_v2_pgvectorstore_with_metadata_columns_is_not_listed(pgvector_engine:
 
     store = _v2_store(pgvector_engine, metadata_columns=[Column("user_id", "TEXT")])
     assert not _retriever(store).corpus.verified
+
+
+def test_a_second_worker_serves_a_user_cold_from_what_the_first_shared(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker is a PBRRetriever of its own over one collection. The first to read a user
+    cold shares the anchor and BM25 index it derived (one row of pbr_states per collection
+    and user); the next cold worker, sync or async, takes them and answers alike."""
+    engine = pgvector_engine[0]
+    collection = f"lc-{uuid.uuid4().hex[:8]}"
+    writer = _retriever(_store(engine, collection), config=PBRConfig(fusion="no_prf"))
+    notes = [f"alice note {i}: {'tea' if i % 2 else 'trains'} at {i} pm" for i in range(8)]
+    writer.add_documents([Document(page_content=t) for t in notes], user_id="alice")
+    other = _retriever(_store(engine, "elsewhere"), config=PBRConfig(fusion="no_prf"))
+    other.add_documents([Document(page_content="alice elsewhere")], user_id="alice")
+
+    def worker() -> PBRRetriever:
+        return _retriever(_store(engine, collection), config=PBRConfig(fusion="no_prf"))
+
+    first = [d.page_content for d in worker().invoke("tea at night", user_id="alice")]
+    with engine.connect() as conn:
+        shared = conn.execute(text("SELECT count(*) FROM pbr_states")).scalar_one()
+    assert shared == 1  # alice of this collection only (the writer and `other` read warm)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the anchor was built again")
+
+    monkeypatch.setattr("pbr_core.snapshot.compute_anchor", refuse)
+    assert [d.page_content for d in worker().invoke("tea at night", user_id="alice")] == first
+    again = asyncio.run(worker().ainvoke("tea at night", user_id="alice"))
+    assert [d.page_content for d in again] == first

@@ -1,0 +1,100 @@
+"""pbr_core.derived: a user's anchors and BM25 index packed into one checked blob, taken only
+by a history of exactly the items they were derived from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pbr_core import HistoryItem, PBRConfig
+from pbr_core.derived import DamagedState, attach, pack
+from pbr_core.lexical import LexicalIndex
+from pbr_core.snapshot import UserHistory
+
+CONFIG = PBRConfig()
+
+
+def _history(user: str = "alice", order: list[int] | None = None) -> UserHistory:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(30, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    texts = [f"note {i} about {'tea' if i % 3 else 'trains'} and item{i}" for i in range(30)]
+    rows = order if order is not None else list(range(30))
+    items = [HistoryItem(id=f"i{j}", text=texts[j]) for j in rows]
+    return UserHistory(user, items, vectors[rows], version=1)
+
+
+def _built() -> UserHistory:
+    history = _history()
+    history.anchor(CONFIG)
+    history.lexical()
+    return history
+
+
+def test_a_history_that_built_nothing_has_nothing_to_pack() -> None:
+    assert pack(_history()) is None
+
+
+def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = _built()
+    blob = pack(built)
+    assert blob is not None
+    fresh = _history()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("rebuilt instead of taken")
+
+    monkeypatch.setattr("pbr_core.snapshot.compute_anchor", refuse)
+    monkeypatch.setattr(LexicalIndex, "build", classmethod(lambda cls, *a, **k: refuse()))
+    attach(fresh, blob)
+    anchor, original = fresh.anchor(CONFIG), built.anchor(CONFIG)
+    assert anchor is not None and original is not None
+    assert np.array_equal(anchor.vector, original.vector)
+    assert np.array_equal(anchor.pagerank, original.pagerank)
+    assert (anchor.graph != original.graph).nnz == 0
+    for query in ("tea", "trains item7", "nothing here"):
+        assert np.array_equal(fresh.lexical().scores(query), built.lexical().scores(query))
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda b: b[:-7] + bytes([b[-7] ^ 0xFF]) + b[-6:], "checksum"),
+        (lambda b: b[:200], "checksum"),
+        (lambda b: b"XXXX" + b[4:], "format"),
+        (lambda b: b"", "format"),
+    ],
+)
+def test_a_damaged_blob_is_refused_and_leaves_the_history_as_it_was(
+    damage: object, reason: str
+) -> None:
+    blob = pack(_built())
+    assert blob is not None
+    fresh = _history()
+    with pytest.raises(DamagedState, match=reason):
+        attach(fresh, damage(blob))  # type: ignore[operator]
+    assert fresh._anchors == {} and fresh._lexical is None
+
+
+def test_another_users_or_other_items_state_is_refused() -> None:
+    blob = pack(_built())
+    assert blob is not None
+    with pytest.raises(DamagedState, match="another user"):
+        attach(_history(user="bob"), blob)
+    with pytest.raises(DamagedState, match="other items"):
+        attach(_history(order=[1, 0, *range(2, 30)]), blob)  # same items, another order
+    with pytest.raises(DamagedState, match="other items"):
+        attach(_history(order=list(range(29))), blob)  # one item fewer
+
+
+def test_a_lexical_index_whose_parts_do_not_fit_is_refused() -> None:
+    terms, parts = LexicalIndex.build(["tea time", "trains"]).parts()
+    good = LexicalIndex.from_parts(terms, parts, k1=1.5, b=0.75, stemmer=None)
+    assert len(good) == 2
+    bad = dict(parts, indices=np.array([0, 5, 1], dtype=np.int32))  # a row that is not there
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.from_parts(terms, bad, k1=1.5, b=0.75, stemmer=None)
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.from_parts([*terms, "extra"], parts, k1=1.5, b=0.75, stemmer=None)
