@@ -16,7 +16,11 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
 
 - ``ingest``: ``PBRRetriever.add_documents`` (a fake embedder, ``--batch`` documents per call,
   one user per call) into a collection of its own, ``--ingest`` rows: rows/s, and the share of
-  the time spent inside the SQL calls (SQLAlchemy's cursor events).
+  the time spent inside the SQL calls (SQLAlchemy's cursor events). pbr writes PGVector's rows
+  itself (``pbr_core.postgres``: one ``INSERT ... SELECT FROM unnest`` per batch, vectors bound
+  in binary); the same ingestion through the framework's write (``PGVector.add_embeddings``,
+  pbr's fallback for a table not laid out as expected) is measured next to it, into a third
+  collection, for the comparison.
 - two worker processes (``multiprocessing``, spawn), each with its own ``PBRRetriever`` over the
   same database, ``PBRConfig(fusion="no_prf")`` (the anchor, no LLM call: pbr's own overhead is
   verification + ranking), ``k=10``, half of the sampled users each:
@@ -42,8 +46,11 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
 
     python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
+    python benchmarks/fleet_postgres.py --only ingest          # the 1M rows, then ingestion only
 
-Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``.
+Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``; with
+``--only ingest`` (the rows loaded as above, then only the ingestion: no workers, no cold
+breakdown) ``benchmarks/results/fleet_postgres_ingest{_tag}.{csv,json}``.
 """
 
 from __future__ import annotations
@@ -186,18 +193,24 @@ class SqlClock:
         self.total += time.perf_counter() - self._start.pop()
 
 
-def ingest(url: str, n_rows: int, batch: int) -> dict[str, float]:
-    """Rows/s of ``add_documents`` in batches of one user each, and the SQL share."""
+def ingest(url: str, n_rows: int, batch: int, *, framework: bool = False) -> dict[str, float]:
+    """Rows/s of ``add_documents`` in batches of one user each, and the SQL share; with
+    ``framework``, through ``PGVector.add_embeddings`` (pbr's fallback write), into a
+    collection and users of its own (one key column for all collections)."""
     engine = _engine(url)
-    store = _store(engine, "fleet_ingest", fresh=True)
+    store = _store(engine, "fleet_ingest_framework" if framework else "fleet_ingest", fresh=True)
     retriever = _retriever(store)
+    if framework:  # as for a table pbr does not write itself (PgRecords.bulk_plan: None)
+        pg = retriever.corpus.host.pg  # type: ignore[union-attr]
+        pg._bulk, pg._bulk_known = None, True
     clock = SqlClock(engine)
     vocab = _vocab()
     rng = random.Random(SEED + 1)
     batches = []
     for b in range(n_rows // batch):
         docs = [Document(_text(rng, vocab)) for _ in range(batch)]
-        batches.append((f"ingest-{b:05d}", docs, [f"d{j}" for j in range(batch)]))
+        user = f"ingest-{'framework-' if framework else ''}{b:05d}"
+        batches.append((user, docs, [f"d{j}" for j in range(batch)]))
     per_batch = []
     clock.total = 0.0
     start = time.perf_counter()
@@ -345,6 +358,10 @@ def cold_parts(url: str, collection_uuid: str, users: list[str]) -> list[dict[st
     return out
 
 
+class _Done(Exception):
+    """``--only``: the chosen part has run."""
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
@@ -374,6 +391,11 @@ def main() -> None:
     parser.add_argument("--own-every", type=int, default=10, help="PGVector's own search every")
     parser.add_argument("--parts", type=int, default=10, help="users in the cold breakdown")
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument(
+        "--only",
+        choices=["ingest"],
+        help="load the rows, then run only this part (result files fleet_postgres_ingest*)",
+    )
     args = parser.parse_args()
     binaries = find_binaries()
     if binaries is None:
@@ -420,6 +442,11 @@ def main() -> None:
         print(f"ingest: {args.ingest} rows through add_documents ...", flush=True)
         meta["ingest"] = ingest(server.url, args.ingest, args.batch)
         print(f"  {meta['ingest']}", flush=True)
+        print("  the same through PGVector.add_embeddings ...", flush=True)
+        meta["ingest_framework"] = ingest(server.url, args.ingest, args.batch, framework=True)
+        print(f"  {meta['ingest_framework']}", flush=True)
+        if args.only == "ingest":
+            raise _Done
 
         rng = random.Random(SEED)
         each = args.cold + args.shared + args.warm
@@ -453,6 +480,8 @@ def main() -> None:
         samples = [r for rs in results for r in rs]
         print("cold breakdown ...", flush=True)
         parts = cold_parts(server.url, collection_uuid, sample[2 * each :])
+    except _Done:
+        samples, parts = [], []
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -488,7 +517,7 @@ def main() -> None:
     by_part: dict[str, list[float]] = {}
     for p in parts:
         by_part.setdefault(p["part"], []).append(p["ms"])
-    plain_parts = statistics.median(by_part["plain"])
+    plain_parts = statistics.median(by_part["plain"]) if parts else 0.0
     for name, values in by_part.items():
         rows.append(
             {
@@ -501,18 +530,19 @@ def main() -> None:
                 "p95_x_plain": "",
             }
         )
-    ing = meta["ingest"]
-    rows.append(
-        {
-            "section": "ingest",
-            "what": f"add_documents, batches of {args.batch} (rows/s; sql share)",
-            "n": int(ing["rows"]),
-            "p50_ms": round(ing["rows_per_s"], 1),
-            "p95_ms": round(ing["sql_share"], 3),
-            "p50_x_plain": "",
-            "p95_x_plain": "",
-        }
-    )
+    for key, what in (("ingest", "pbr's write"), ("ingest_framework", "add_embeddings")):
+        ing = meta[key]
+        rows.append(
+            {
+                "section": "ingest",
+                "what": f"add_documents, {what}, batches of {args.batch} (rows/s; sql share)",
+                "n": int(ing["rows"]),
+                "p50_ms": round(ing["rows_per_s"], 1),
+                "p95_ms": round(ing["sql_share"], 3),
+                "p50_x_plain": "",
+                "p95_x_plain": "",
+            }
+        )
 
     print(
         f"\n{meta['rows']:,} rows ({args.users} users x {args.items}), dim {DIM}, k={K}, "
@@ -524,16 +554,18 @@ def main() -> None:
     )
     for r in rows:
         if r["section"] == "ingest":
+            label = "rows/s, " + ("add_embeddings" if "add_embeddings" in r["what"] else "pbr")
             print(
-                f"{'ingest':<11}{'add_documents rows/s':<34}{r['n']:>6}{r['p50_ms']:>10}"
-                f"   (time in SQL: {100 * ing['sql_share']:.0f} %)"
+                f"{'ingest':<11}{label:<34}{r['n']:>6}{r['p50_ms']:>10}"
+                f"   (time in SQL: {100 * r['p95_ms']:.0f} %)"
             )
             continue
         print(
             f"{r['section']:<11}{r['what']:<34}{r['n']:>6}{r['p50_ms']:>10}{r['p95_ms']:>10}"
             f"{r['p50_x_plain']!s:>8}{r['p95_x_plain']!s:>8}"
         )
-    out = RESULTS_DIR / f"fleet_postgres{'_' + args.tag if args.tag else ''}"
+    name = "fleet_postgres_ingest" if args.only == "ingest" else "fleet_postgres"
+    out = RESULTS_DIR / f"{name}{'_' + args.tag if args.tag else ''}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{out}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -543,6 +575,9 @@ def main() -> None:
         json.dumps({"meta": meta, "rows": rows, "samples": samples, "parts": parts}, indent=1)
         + "\n"
     )
+    if args.only == "ingest":
+        print(f"wrote {out}.csv / .json")
+        return
     _plot(rows, meta, Path(f"{out}.png"))
     print(f"wrote {out}.csv / .json / .png")
 

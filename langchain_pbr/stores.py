@@ -6,8 +6,10 @@ Which stores pbr can verify against (list a user's records, return their vectors
 * ``langchain_chroma.Chroma``: lists (``get(where=...)``) and returns vectors.
 * ``langchain_postgres.PGVector`` (sync mode): lists the collection's rows of a user through an
   owner index and returns vectors; a trigger-kept revision makes the per-query check one
-  primary-key read (:mod:`pbr_core.postgres`, which holds every rule; here only the table's
-  column names and the write through ``add_embeddings``).
+  primary-key read. Writes the rows ``add_embeddings`` writes (id, collection, text, metadata,
+  vector; an upsert by id) in one statement of pbr's, vectors in binary; ``add_embeddings``
+  itself where the table is not laid out as expected (:mod:`pbr_core.postgres`, which holds
+  every rule and the SQL; here only the table's column names).
 * ``langchain_postgres.PGVectorStore`` (v2) whose metadata is all in its JSON column: the same,
   over its own table and async engine. With ``metadata_columns`` it cannot list (pbr does not
   read metadata back from columns).
@@ -33,7 +35,15 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pbr_core.adapters_support import check_positive_int
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import Record
-from pbr_core.postgres import PgRecords, PgTable, UserRows, async_engine_sql, engine_sql
+from pbr_core.postgres import (
+    PgRecords,
+    PgTable,
+    UserRows,
+    async_engine_sql,
+    engine_sql,
+    json_dumps_of,
+    record_rows,
+)
 from pbr_core.retrieval import check_score_threshold
 
 __all__ = [
@@ -167,9 +177,10 @@ class _Chroma(_Base):
 
 class _PGVector(_Base):
     """``langchain_postgres.PGVector``: its ``langchain_pg_embedding`` rows of one collection
-    (``id``, ``document``, ``cmetadata`` JSONB, ``embedding``), read and deleted by
-    :class:`~pbr_core.postgres.PgRecords`, written by the store's own ``add_embeddings`` (an
-    upsert by id, with pbr's vectors)."""
+    (``id``, ``collection_id``, ``document``, ``cmetadata`` JSONB, ``embedding``), read, deleted
+    and written by :class:`~pbr_core.postgres.PgRecords`: the rows ``add_embeddings`` writes
+    (the record's key, text, metadata and vector; an upsert by id), in one statement; the
+    store's own ``add_embeddings`` (with pbr's vectors) where the table is not as expected."""
 
     can_list = True
 
@@ -198,6 +209,8 @@ class _PGVector(_Base):
             engine_sql(pg._engine),
             user_key,
             self._write,
+            rows=record_rows,
+            dumps=json_dumps_of(pg._engine),
         )
 
     def _write(self, records: Sequence[Record]) -> None:

@@ -7,8 +7,9 @@ Which vector stores pbr can verify against (list a user's nodes, return their ve
 * ``ChromaVectorStore``: nodes from the collection (``get(where=...)``), vectors included.
 * ``PGVectorStore`` (``llama-index-vector-stores-postgres``): the user's rows of its
   ``data_<table>`` through an owner index, vectors included, checked per query by one
-  primary-key read of a trigger-kept revision (:mod:`pbr_core.postgres` holds every rule; here
-  only the column names and the write of LlamaIndex's rows).
+  primary-key read of a trigger-kept revision (:mod:`pbr_core.postgres` holds every rule and
+  the SQL, which writes the store's own rows in one statement; here only the column names and
+  how LlamaIndex makes a row).
 * any other store: cannot list; pbr's own history is the record of each user's nodes, written
   after the index write succeeded. Deletes must go through the retriever.
 
@@ -30,7 +31,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
-from pbr_core.postgres import PgRecords, PgTable, UserRows, engine_sql
+from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql, json_dumps_of
 
 from ._bridge import with_keys
 
@@ -68,9 +69,18 @@ def listable(index: VectorStoreIndex) -> bool:
 def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
     """:class:`PgRecords` of a ``PGVectorStore``'s table: ``node_id`` (not unique: the newest
     ``id`` wins), ``text``, ``metadata_`` (LlamaIndex's node dict: read back as the node's
-    metadata), ``embedding``. The store creates its table on first use; so does this."""
+    metadata), ``embedding``. The store creates its table on first use; so does this. Rows are
+    the store's own (``_node_to_table_row``), written by pbr's one statement after a delete of
+    their keys; through the store's session where the table is not as expected."""
     store._initialize()
     table = store._table_class.__table__
+
+    def rows(records: Sequence[Record]) -> list[PgRow]:
+        out = []
+        for record in records:
+            row = store._node_to_table_row(stored_node(record, user_key))
+            out.append(PgRow(row.node_id, row.text, row.metadata_, record.vector))
+        return out
 
     def write(records: Sequence[Record]) -> None:
         # LlamaIndex's add only inserts (node_id is no key): the old rows of these keys are
@@ -97,6 +107,8 @@ def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
         write,
         read_metadata=lambda key, meta, text: dict(_row_node(key, meta, text).metadata),
         owner=owner,
+        rows=rows,
+        dumps=json_dumps_of(store._engine),
     )
 
 

@@ -25,6 +25,16 @@ is here:
   ``CREATE`` / ownership of the table), the token is None and every read lists, as for Chroma.
 * **Ownership in SQL too.** Deletes and reads name the owner in their ``WHERE`` clause
   (defence in depth behind :func:`~pbr_core.corpus.scoped_key`).
+* **Writes in one statement.** Where the adapter says what row its framework writes for a
+  record (``rows``: :class:`PgRow`, the framework's own values) and the table looks as that
+  framework creates it (:meth:`PgRecords.bulk_plan`), :meth:`PgRecords.upsert` writes the batch
+  itself: one ``INSERT ... SELECT FROM unnest(...)`` of the same columns, the vectors bound as
+  one binary ``float4[]`` (:class:`Float4Array`) sliced and cast to the vector column's type by
+  the server, replacing rows of the same key as the framework does (``ON CONFLICT (key) DO
+  UPDATE`` of the same columns; where the key is not unique, a ``DELETE`` of the keys first, in
+  the same transaction). The framework's own write turns every float into text in Python and
+  builds one bind parameter per value; this skips both. Anything else (another column the
+  database does not fill, a ``halfvec`` column, no unique key) keeps the framework's write.
 """
 
 from __future__ import annotations
@@ -43,22 +53,28 @@ import numpy as np
 from .corpus import Record
 
 __all__ = [
+    "BulkPlan",
+    "Float4Array",
     "PgRecords",
+    "PgRow",
     "PgTable",
     "Sql",
     "UserRows",
     "async_engine_sql",
     "engine_sql",
+    "json_dumps_of",
     "parse_vector",
     "parse_vectors",
     "quote_ident",
     "quote_literal",
+    "record_rows",
 ]
 
 log = logging.getLogger("pbr.postgres")
 
 #: Runs ``(statement, parameters)`` pairs in one transaction (``:name`` placeholders, lists
-#: bound as arrays) and returns the last statement's rows (empty for one without rows).
+#: bound as arrays, a :class:`Float4Array` as a ``float4[]``) and returns the last statement's
+#: rows (empty for one without rows).
 Sql = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], list[tuple[Any, ...]]]
 
 _LOCK = 7_211_645_123_004_931  # pg_advisory_xact_lock key: one setup at a time per database
@@ -200,6 +216,119 @@ class PgTable:
         return hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
 
 
+class Float4Array:
+    """A batch of vectors bound as one flat ``float4[]`` parameter (row-major).
+
+    :func:`engine_sql` sends it in PostgreSQL's binary array form where the driver is psycopg 3
+    (built by numpy: no float is formatted as text); any other driver gets :meth:`tolist`.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, rows: Any) -> None:
+        self.values = np.ascontiguousarray(rows, dtype=np.float32).reshape(-1)
+
+    def tolist(self) -> list[float]:
+        return [float(x) for x in self.values.tolist()]
+
+    def binary(self) -> bytes:
+        """PostgreSQL's binary form of a one-dimensional ``float4[]`` without NULLs: dimensions,
+        a no-NULL flag, the element type (``float4``, oid 700), the length and lower bound, then
+        each element as its length (4) and a big-endian float."""
+        n = self.values.shape[0]
+        body = np.empty(n, dtype=[("len", ">i4"), ("value", ">f4")])
+        body["len"] = 4
+        body["value"] = self.values
+        return struct.pack(">iiiii", 1, 0, 700, n, 1) + body.tobytes()
+
+
+@dataclass(frozen=True)
+class PgRow:
+    """One row as a framework writes it for a record: its own key, text and metadata (the JSON
+    value it stores, e.g. LlamaIndex's node dict) and the vector."""
+
+    key: str
+    text: str
+    metadata: Mapping[str, Any]
+    vector: Any
+
+
+def record_rows(records: Sequence[Record]) -> list[PgRow]:
+    """Rows that hold the records as they are (LangChain ``PGVector``'s: key, text, metadata,
+    vector; an empty metadata stored as ``{}``)."""
+    return [PgRow(r.key, r.text, dict(r.metadata), r.vector) for r in records]
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """How :meth:`PgRecords.upsert` writes a batch itself (:meth:`PgRecords.bulk_plan`): the
+    column types as the table declares them (``format_type``), whether the key is unique."""
+
+    key_type: str
+    text_type: str
+    metadata_type: str
+    vector_type: str
+    scope_type: str | None
+    unique_key: bool
+
+    def statements(
+        self, table: PgTable, rows: Sequence[PgRow], dumps: Callable[[Any], str]
+    ) -> list[tuple[str, Mapping[str, Any]]]:
+        """The statements writing ``rows`` (one transaction): an upsert by key, or where the
+        key is not unique a delete of the keys, then the inserts."""
+        t = table
+        key, text, meta, vec = (quote_ident(c) for c in (t.key, t.text, t.metadata, t.vector))
+        vectors = np.stack([np.asarray(r.vector, dtype=np.float32).reshape(-1) for r in rows])
+        dim = vectors.shape[1]
+        columns = [key, text, meta, vec]
+        values = [
+            f"CAST(r.k AS {self.key_type})",
+            f"CAST(r.t AS {self.text_type})",
+            f"CAST(r.m AS {self.metadata_type})",
+            f"CAST(v.a[(r.i - 1) * {dim} + 1 : r.i * {dim}] AS {self.vector_type})",
+        ]
+        if t.scope_column is not None:
+            columns.insert(1, quote_ident(t.scope_column))
+            values.insert(1, f"CAST(:pbr_scope AS {self.scope_type})")
+        keys = [r.key for r in rows]
+        # The vectors once (a materialized CTE), each row's slice cast by the server.
+        insert = (
+            "WITH v AS MATERIALIZED (SELECT CAST(:pbr_vectors AS real[]) AS a) "
+            f"INSERT INTO {t.qualified} ({', '.join(columns)}) SELECT {', '.join(values)} "
+            "FROM unnest(CAST(:pbr_keys AS text[]), CAST(:pbr_texts AS text[]), "
+            "CAST(:pbr_metas AS text[])) WITH ORDINALITY AS r(k, t, m, i), v ORDER BY r.i"
+        )
+        params = t.params(
+            pbr_vectors=Float4Array(vectors),
+            pbr_keys=keys,
+            pbr_texts=[r.text for r in rows],
+            pbr_metas=[dumps(r.metadata) for r in rows],
+        )
+        if self.unique_key:
+            insert += (
+                f" ON CONFLICT ({key}) DO UPDATE SET {text} = EXCLUDED.{text}, "
+                f"{meta} = EXCLUDED.{meta}, {vec} = EXCLUDED.{vec}"
+            )
+            return [(insert, params)]
+        # A key column without a unique index (LlamaIndex's node_id): the old rows of these keys
+        # go first, in the same transaction, as the framework's replacement does.
+        delete = f"DELETE FROM {t.qualified} WHERE {key} = ANY(:pbr_keys)"
+        return [(delete, {"pbr_keys": keys}), (insert, params)]
+
+
+# The columns of a table, their types and whether the database fills them (a default, an
+# identity, a generated column), and whether a non-partial unique index is on one column alone.
+_COLUMNS = (
+    "SELECT a.attname, format_type(a.atttypid, a.atttypmod), ty.typname, "
+    "a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', EXISTS (SELECT 1 FROM "
+    "pg_index i WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1 "
+    "AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL) "
+    "FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid "
+    "WHERE a.attrelid = to_regclass(:tbl) AND a.attnum > 0 AND NOT a.attisdropped"
+)
+_TEXT_TYPES = ("text", "varchar")
+_JSON_TYPES = ("json", "jsonb")
+
 _FUNCTIONS = r"""
 CREATE TABLE IF NOT EXISTS pbr_revisions (
     tbl oid NOT NULL, user_key text NOT NULL, owner text NOT NULL, rev bigint NOT NULL,
@@ -253,6 +382,12 @@ class PgRecords:
             None: the stored metadata as it is.
         owner: a per-user table (a partition): every row is this user's, tagged or not.
         setup: create the owner index and the revision trigger now (:meth:`setup`).
+        rows: records -> the rows the framework writes for them (:class:`PgRow`), where those
+            rows fill the table's key, text, metadata and vector columns (and the scope column
+            with the scope) and nothing else the database does not fill itself; then pbr
+            writes them in one statement (:meth:`bulk_plan`). None: always ``write``.
+        dumps: how the framework turns a metadata value into JSON text (its driver's JSON
+            serializer; :func:`json_dumps_of`): a ``json`` column keeps that text as it is.
     """
 
     can_list = True
@@ -267,6 +402,8 @@ class PgRecords:
         read_metadata: Callable[[str, dict[str, Any], str], dict[str, Any]] | None = None,
         owner: str | None = None,
         setup: bool = True,
+        rows: Callable[[Sequence[Record]], list[PgRow]] | None = None,
+        dumps: Callable[[Any], str] = json.dumps,
     ) -> None:
         self.table = table
         self.sql = sql
@@ -274,8 +411,12 @@ class PgRecords:
         self._write = write
         self._read_metadata = read_metadata
         self.owner = owner
+        self._rows = rows
+        self._dumps = dumps
         self.tokens = False  # whether change_token reads the trigger's revisions
         self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
+        self._bulk: BulkPlan | None = None  # how pbr writes a batch (bulk_plan)
+        self._bulk_known = rows is None  # whether bulk_plan has looked (nothing to look for)
         if setup:
             self.setup()
 
@@ -381,8 +522,63 @@ class PgRecords:
             )
 
     def upsert(self, records: Sequence[Record]) -> None:
-        if records:
+        """Write ``records`` as the framework writes them, replacing rows of the same key: in
+        one statement of pbr's where :meth:`bulk_plan` allows, else the framework's write."""
+        if not records:
+            return
+        plan = self.bulk_plan()
+        if plan is None or self._rows is None:
             self._write(records)
+            return
+        self.sql(plan.statements(self.table, self._rows(records), self._dumps))
+
+    def bulk_plan(self) -> BulkPlan | None:
+        """How pbr writes a batch itself, or None (the framework's write): only where ``rows``
+        was given and the table is as the framework makes it: the key, text, metadata and
+        vector columns (and the scope column) are there, of text (``text``/``varchar``), JSON
+        (``json``/``jsonb``) and pgvector ``vector`` types, and every other column is filled
+        by the database (a default, an identity, a generated column). The key needs a
+        non-partial unique index of its own unless the table has a ``newest`` column (the key
+        is then replaced by delete and insert). Looked up once (again after a failed look-up)."""
+        if self._bulk_known:
+            return self._bulk
+        t = self.table
+        try:
+            found = self.sql([(_COLUMNS, {"tbl": t.regclass})])
+        except Exception:
+            return None  # looked up again next time
+        columns = {
+            name: (declared, typname, filled, unique)
+            for name, declared, typname, filled, unique in found
+        }
+        wanted = {
+            t.key: _TEXT_TYPES,
+            t.text: _TEXT_TYPES,
+            t.metadata: _JSON_TYPES,
+            t.vector: ("vector",),
+        }
+        if t.scope_column is not None:
+            wanted[t.scope_column] = ()
+        plan: BulkPlan | None = None
+        if all(name in columns for name in wanted):
+            fits = all(not types or columns[name][1] in types for name, types in wanted.items())
+            others_filled = all(columns[name][2] for name in columns if name not in wanted)
+            unique = bool(columns[t.key][3])
+            if fits and others_filled and (unique or t.newest is not None):
+                plan = BulkPlan(
+                    key_type=columns[t.key][0],
+                    text_type=columns[t.text][0],
+                    metadata_type=columns[t.metadata][0],
+                    vector_type=columns[t.vector][0],
+                    scope_type=columns[t.scope_column][0] if t.scope_column else None,
+                    unique_key=unique and t.newest is None,
+                )
+        if plan is None:
+            log.info(
+                "pbr: %s is not laid out as expected; writes go through the framework", t.qualified
+            )
+        self._bulk, self._bulk_known = plan, True
+        return plan
 
     def delete(self, user_id: str, keys: Sequence[str]) -> None:
         if not keys:
@@ -651,7 +847,8 @@ class _EngineSql:
         with self.engine.begin() as conn:
             for statement, params in statements:
                 if params:
-                    result = conn.execute(text(statement), dict(params))
+                    bound = _bindable(params, conn.connection.driver_connection)
+                    result = conn.execute(text(statement), bound)
                     rows = [tuple(r) for r in result] if result.returns_rows else []
                 else:  # DDL holding '%' or ':' (plpgsql bodies): the driver parses nothing
                     cursor = conn.connection.cursor()
@@ -700,7 +897,7 @@ def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
         async with engine.begin() as conn:
             for statement, params in statements:
                 if params:
-                    result = await conn.execute(text(statement), dict(params))
+                    result = await conn.execute(text(statement), _bindable(params, None))
                     rows = [tuple(r) for r in result] if result.returns_rows else []
                 else:
                     raw = await conn.get_raw_connection()
@@ -712,3 +909,48 @@ def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
         return list(run(go(list(statements))))
 
     return call
+
+
+def json_dumps_of(engine: Any) -> Callable[[Any], str]:
+    """The JSON serializer a SQLAlchemy engine binds JSON values with (``create_engine``'s
+    ``json_serializer``; ``json.dumps`` by default)."""
+    dialect = getattr(engine, "dialect", None)
+    return getattr(dialect, "_json_serializer", None) or json.dumps
+
+
+def _bindable(params: Mapping[str, Any], driver: Any) -> dict[str, Any]:
+    """``params`` as the driver binds them: a :class:`Float4Array` in binary for psycopg 3 (its
+    dumper registered on the connection, for that type only), a list of floats otherwise."""
+    out = dict(params)
+    for name, value in out.items():
+        if isinstance(value, Float4Array):
+            if _register_float4(driver):
+                continue
+            out[name] = value.tolist()
+    return out
+
+
+_DUMPER: Any = None
+
+
+def _register_float4(driver: Any) -> bool:
+    """Register the binary :class:`Float4Array` dumper on a psycopg 3 connection; False for
+    any other driver."""
+    global _DUMPER
+    module = type(driver).__module__ or ""
+    if module.split(".")[0] != "psycopg" or not hasattr(driver, "adapters"):
+        return False
+    if _DUMPER is None:
+        from psycopg.adapt import Dumper
+        from psycopg.pq import Format
+
+        class Float4ArrayDumper(Dumper):
+            format = Format.BINARY
+            oid = 1021  # float4[], a built-in type
+
+            def dump(self, obj: Any) -> bytes:
+                return obj.binary()
+
+        _DUMPER = Float4ArrayDumper
+    driver.adapters.register_dumper(Float4Array, _DUMPER)
+    return True

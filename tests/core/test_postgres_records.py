@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pbr_core import HistoryItem, PBRConfig
+from pbr_core import HistoryItem, PBRConfig, postgres
 from pbr_core.corpus import Corpus, Record
 from pbr_core.lexical import LexicalIndex
-from pbr_core.postgres import PgRecords, PgTable, engine_sql
+from pbr_core.postgres import PgRecords, PgTable, engine_sql, record_rows
 
 DIM = 16  # the hash_embedder fixture's
 
@@ -407,3 +407,158 @@ def test_a_role_that_may_not_write_the_state_still_answers(
     finally:
         reader.dispose()
         sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
+
+
+def _bulk_host(sql: Any, name: str, columns: str, **table: Any) -> PgRecords:
+    sql([(f"CREATE TABLE {name} ({columns})", {})])
+    spec = PgTable("public", name, "id", "doc", "meta", "emb", **table)
+    return PgRecords(spec, sql, "user_id", _writer(spec, sql), rows=record_rows)
+
+
+@pytest.mark.parametrize(
+    ("columns", "newest", "unique"),
+    [
+        (f"id text PRIMARY KEY, doc text, meta jsonb, emb vector({DIM})", None, True),
+        ("id varchar UNIQUE, doc varchar, meta json, emb vector, n serial", None, True),
+        (
+            f"n bigserial PRIMARY KEY, id varchar, doc text, meta json, emb vector({DIM})",
+            "n",
+            False,
+        ),
+        (
+            f"id text PRIMARY KEY, doc text, meta jsonb, emb vector({DIM}), "
+            "tsv tsvector GENERATED ALWAYS AS (to_tsvector('simple', doc)) STORED",
+            None,
+            True,
+        ),
+    ],
+)
+def test_a_table_laid_out_as_expected_is_written_in_one_statement(
+    pgvector_engine: Any, columns: str, newest: str | None, unique: bool
+) -> None:
+    sql = engine_sql(pgvector_engine[0])
+    host = _bulk_host(sql, "fits", columns, newest=newest)
+    plan = host.bulk_plan()
+    assert plan is not None and plan.unique_key is unique
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        f"id text PRIMARY KEY, doc text, meta jsonb, emb halfvec({DIM})",  # not a vector
+        f"id text, doc text, meta jsonb, emb vector({DIM})",  # no unique key, no newest
+        f"id text PRIMARY KEY, doc text, meta jsonb, emb vector({DIM}), note text",  # unfilled
+        f"id text PRIMARY KEY, doc text, meta text, emb vector({DIM})",  # metadata not JSON
+        f"id text PRIMARY KEY, doc text, emb vector({DIM})",  # no metadata column
+        f"id text, doc text, meta jsonb, emb vector({DIM}), UNIQUE (id, doc)",  # key not alone
+    ],
+)
+def test_any_other_table_keeps_the_frameworks_write(pgvector_engine: Any, columns: str) -> None:
+    sql = engine_sql(pgvector_engine[0])
+    host = _bulk_host(sql, "other", columns)
+    assert host.bulk_plan() is None
+    written: list[str] = []
+    host._write = lambda records: written.extend(r.key for r in records)  # type: ignore[assignment]
+    host.upsert([_record("k", "u", np.ones(DIM, dtype=np.float32))])
+    assert written == ["k"]
+
+
+def _record(key: str, user: str, vector: np.ndarray, **meta: Any) -> Record:
+    return Record(
+        key=key,
+        user_id=user,
+        item_id=key,
+        text=f"text of {key} — 'quoted' \"too\"",
+        vector=vector,
+        metadata={"user_id": user, "pbr_id": key, **meta},
+    )
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_pbrs_write_stores_what_the_frameworks_write_stores(
+    pgvector_engine: Any, driver: str
+) -> None:
+    """The same records through the framework's write (``_writer``: one INSERT per row, vectors
+    as text) and through pbr's one statement (vectors bound in binary with psycopg 3, as a list
+    with another driver): the same rows, column by column; written again, replaced in place,
+    the revision trigger stamping each write."""
+    from sqlalchemy import create_engine
+
+    url = pgvector_engine[0].url.set(drivername=f"postgresql+{driver}")
+    engine = create_engine(url)
+    try:
+        sql = engine_sql(engine)
+        framework = _bulk_host(
+            sql, "by_framework", f"id text PRIMARY KEY, doc text, meta jsonb, emb vector({DIM})"
+        )
+        pbr = _bulk_host(
+            sql, "by_pbr", f"id text PRIMARY KEY, doc text, meta jsonb, emb vector({DIM})"
+        )
+        assert pbr.bulk_plan() is not None
+        with engine.connect() as conn:  # psycopg 3 binds the vectors in binary, not as a list
+            binary = postgres._register_float4(conn.connection.driver_connection)
+        assert binary is (driver == "psycopg")
+        rng = np.random.default_rng(7)
+
+        def batch(version: int) -> list[Record]:
+            return [
+                _record(
+                    f"k{i}",
+                    "alice" if i % 2 else "bob",
+                    rng.standard_normal(DIM).astype(np.float32),
+                    n=i * version,
+                    nested={"a": [1, 2.5, None, True], "é": "ünïcode"},
+                )
+                for i in range(20)
+            ]
+
+        def rows(name: str) -> list[tuple[Any, ...]]:
+            return sql(
+                [
+                    (
+                        f"SELECT id, doc, meta::text, emb::text, vector_send(emb) FROM {name} "
+                        "ORDER BY id",
+                        {},
+                    )
+                ]
+            )
+
+        for version in (1, 2):
+            records = batch(version)
+            before = pbr.change_token("alice")
+            framework._write(records)
+            pbr.upsert(records)
+            assert rows("by_pbr") == rows("by_framework")
+            assert len(rows("by_pbr")) == 20
+            assert pbr.change_token("alice") not in (None, before)
+        got = {r.key: r.vector for r in pbr.fetch("alice", [r.key for r in records])}
+        for r in records:
+            if r.user_id == "alice":
+                assert np.array_equal(got[r.key], r.vector)
+    finally:
+        engine.dispose()
+
+
+def test_a_key_that_is_not_unique_is_replaced_by_delete_and_insert(pgvector_engine: Any) -> None:
+    """No unique key (LlamaIndex's ``node_id``): a key written again leaves one row, the new
+    one, in a single transaction."""
+    sql = engine_sql(pgvector_engine[0])
+    host = _bulk_host(
+        sql,
+        "nodes",
+        f"n bigserial PRIMARY KEY, id varchar, doc text, meta json, emb vector({DIM})",
+        newest="n",
+    )
+    first = [_record(f"k{i}", "alice", np.ones(DIM, dtype=np.float32)) for i in range(3)]
+    host.upsert(first)
+    token = host.change_token("alice")
+    second = [_record("k1", "alice", np.arange(1, DIM + 1, dtype=np.float32), v=2)]
+    host.upsert(second)
+    assert host.change_token("alice") != token
+    assert sql([("SELECT id, count(*) FROM nodes GROUP BY id ORDER BY id", {})]) == [
+        ("k0", 1),
+        ("k1", 1),
+        ("k2", 1),
+    ]
+    (k1,) = host.fetch("alice", ["k1"])
+    assert k1.metadata["v"] == 2 and np.array_equal(k1.vector, second[0].vector)

@@ -14,9 +14,11 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_postgres import PGVector
+from pg_writes import check_written_alike
 from sqlalchemy import text
 
 from langchain_pbr import PBRRetriever
+from langchain_pbr.stores import _PGVector, host_records
 from pbr_core import PBRConfig
 
 EMB = DeterministicFakeEmbedding(size=16)
@@ -41,6 +43,25 @@ def _rows(engine: Any) -> int:
 def test_pgvector_is_verified_against_its_rows(pgvector_engine: Any) -> None:
     r = _retriever(_store(pgvector_engine[0]))
     assert r.corpus.verified  # lists, returns vectors: the store is the truth
+
+
+def test_pbr_writes_the_rows_add_embeddings_writes(pgvector_engine: Any) -> None:
+    """pbr writes PGVector's rows itself (one statement, vectors in binary): the same batch
+    written by ``PGVector.add_embeddings`` and by pbr leaves the same rows, column by column
+    (id, collection, document, metadata, vector); written again under the same ids, each
+    replaces the rows in place, and pbr's revision trigger stamps the owner's write."""
+    engine = pgvector_engine[0]
+    host = host_records(_store(engine), "user_id")
+    assert isinstance(host, _PGVector)
+    rows = check_written_alike(
+        host.pg,
+        engine,
+        "SELECT id, collection_id, document, cmetadata::text, embedding::text, "
+        "vector_send(embedding) FROM langchain_pg_embedding ORDER BY id",
+        "alice",
+        16,
+    )
+    assert [r[2] for r in rows] == sorted(r[2] for r in rows) and "v2" in rows[0][2]
 
 
 def test_the_same_user_and_id_in_a_second_collection_is_refused_and_nothing_is_written(

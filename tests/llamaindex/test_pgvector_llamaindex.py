@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import TextNode
 from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+from pg_writes import check_written_alike
 from sqlalchemy import text
 
 from llamaindex_pbr import PBRRetriever
+from llamaindex_pbr.stores import IndexRecords
 from llamaindex_pbr.testing import HashEmbedding
 
 EMB = HashEmbedding(dim=32)
@@ -68,6 +71,35 @@ def test_replacing_a_node_leaves_one_row_with_the_new_text(pgvector_engine: Any)
         rows = conn.execute(text(f"SELECT text FROM {store.schema_name}.data_notes")).all()
     assert [r[0] for r in rows] == ["ann new note"]
     assert [n.node.get_content() for n in ann.retrieve("note")] == ["ann new note"]
+
+
+@pytest.mark.parametrize("jsonb", [False, True])
+def test_pbr_writes_the_rows_the_store_writes(pgvector_engine: Any, jsonb: bool) -> None:
+    """pbr writes ``PGVectorStore``'s rows itself (its ``_node_to_table_row``, one statement,
+    vectors in binary, the keys' old rows deleted first): the same batch written through the
+    store's session and by pbr leaves the same rows, column by column (node_id, text, the
+    metadata's JSON text, the vector) in the same order; written again, each key keeps one row,
+    the new one, and pbr's revision trigger stamps the owner's write."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    engine, async_engine = pgvector_engine
+    store = PGVectorStore(
+        engine=engine, async_engine=async_engine, table_name="rows", embed_dim=32, use_jsonb=jsonb
+    )
+    index = VectorStoreIndex(
+        [], storage_context=StorageContext.from_defaults(vector_store=store), embed_model=EMB
+    )
+    pg = IndexRecords(index, "user_id").pg
+    assert pg is not None
+    rows = check_written_alike(
+        pg,
+        engine,
+        "SELECT node_id, text, metadata_::text, embedding::text, vector_send(embedding) "
+        f"FROM {store.schema_name}.data_rows ORDER BY id",
+        "ann",
+        32,
+    )
+    assert [r[0] for r in rows] == [f"key-{i}" for i in range(12)]  # one row a key, in order
 
 
 def test_a_per_user_partition_of_postgres_tables_is_verified(pgvector_engine: Any) -> None:
