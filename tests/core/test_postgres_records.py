@@ -562,3 +562,27 @@ def test_a_key_that_is_not_unique_is_replaced_by_delete_and_insert(pgvector_engi
     ]
     (k1,) = host.fetch("alice", ["k1"])
     assert k1.metadata["v"] == 2 and np.array_equal(k1.vector, second[0].vector)
+
+
+def test_a_connection_lost_under_a_read_is_a_connection_error_and_the_next_read_reconnects(
+    pgvector_engine: Any,
+) -> None:
+    """Reads run by the driver itself (binary results, no transaction) still say "connection
+    lost" in the way the adapters turn into VectorStoreUnavailableError, and leave no dead
+    connection in the pool."""
+    engine = pgvector_engine[0]
+    host = _records(engine)
+    assert host.change_token("alice") == "none"  # a pooled connection, in binary form
+    import psycopg
+
+    with psycopg.connect(
+        engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+        autocommit=True,
+    ) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    with pytest.raises(ConnectionError, match="connection was lost"):
+        host.change_token("alice")
+    assert host.change_token("alice") == "none"
