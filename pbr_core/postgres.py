@@ -335,8 +335,8 @@ CREATE TABLE IF NOT EXISTS pbr_revisions (
     PRIMARY KEY (tbl, user_key, owner));
 CREATE SEQUENCE IF NOT EXISTS pbr_revision_seq;
 CREATE TABLE IF NOT EXISTS pbr_states (
-    tbl oid NOT NULL, reader text NOT NULL, owner text NOT NULL, rev bigint NOT NULL,
-    state bytea NOT NULL, PRIMARY KEY (tbl, reader, owner));
+    tbl oid NOT NULL, owner text NOT NULL, reader text NOT NULL, rev bigint NOT NULL,
+    state bytea NOT NULL, PRIMARY KEY (tbl, owner, reader));
 ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL;
 CREATE OR REPLACE FUNCTION pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql AS $pbr$
 DECLARE
@@ -348,6 +348,7 @@ BEGIN
             INSERT INTO pbr_revisions VALUES (TG_RELID, TG_ARGV[0], who,
                 nextval('pbr_revision_seq'))
             ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev;
+            DELETE FROM pbr_states WHERE tbl = TG_RELID AND owner = who;
         END IF;
     END IF;
     IF TG_OP <> 'DELETE' THEN
@@ -356,6 +357,7 @@ BEGIN
             INSERT INTO pbr_revisions VALUES (TG_RELID, TG_ARGV[0], who,
                 nextval('pbr_revision_seq'))
             ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev;
+            DELETE FROM pbr_states WHERE tbl = TG_RELID AND owner = who;
         END IF;
     END IF;
     RETURN NULL;
@@ -363,6 +365,7 @@ END $pbr$;
 CREATE OR REPLACE FUNCTION pbr_truncate_revision() RETURNS trigger LANGUAGE plpgsql AS $pbr$
 BEGIN
     UPDATE pbr_revisions SET rev = nextval('pbr_revision_seq') WHERE tbl = TG_RELID;
+    DELETE FROM pbr_states WHERE tbl = TG_RELID;
     RETURN NULL;
 END $pbr$;
 """
@@ -688,18 +691,21 @@ class PgRecords:
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at
         change token ``token``, for other workers' :meth:`read_user`; written only if the
-        user's rows are still at that token (else it would describe other rows). Returns
-        whether it was written."""
+        user's rows are still at that token (else it would describe other rows). The revision
+        row is locked (``FOR SHARE``) while it is written, so a write of the user's rows
+        committing meanwhile either waits and then deletes it (the trigger deletes an owner's
+        states with every change of its rows) or makes this write find another revision: no
+        state outlives the rows it was derived from. Returns whether it was written."""
         if not self.tokens or self.owner is not None or token == "none":
             return False
         rows = self.sql(
             [
                 (
-                    "INSERT INTO pbr_states (tbl, reader, owner, rev, state) SELECT "
-                    "to_regclass(:tbl), :reader, :user, CAST(:rev AS bigint), :state WHERE "
-                    "(SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) AND "
-                    "user_key = :key AND owner = :user) = CAST(:rev AS bigint) "
-                    "ON CONFLICT (tbl, reader, owner) DO UPDATE SET rev = EXCLUDED.rev, "
+                    "INSERT INTO pbr_states (tbl, owner, reader, rev, state) SELECT r.tbl, "
+                    "r.owner, :reader, r.rev, :state FROM pbr_revisions r WHERE "
+                    "r.tbl = to_regclass(:tbl) AND r.user_key = :key AND r.owner = :user AND "
+                    "r.rev = CAST(:rev AS bigint) FOR SHARE "
+                    "ON CONFLICT (tbl, owner, reader) DO UPDATE SET rev = EXCLUDED.rev, "
                     "state = EXCLUDED.state RETURNING 1",
                     {
                         "tbl": self.table.regclass,

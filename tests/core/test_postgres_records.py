@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import pbr_core.snapshot
 from pbr_core import HistoryItem, PBRConfig, postgres
 from pbr_core.corpus import Corpus, Record
 from pbr_core.lexical import LexicalIndex
@@ -329,22 +330,50 @@ def test_a_worker_that_never_saw_a_user_takes_what_another_derived_and_ranks_ali
     assert [it.id for it in second.items] == [it.id for it in first.items]
 
 
-def test_a_state_of_other_rows_is_not_taken_and_is_shared_anew(
+def test_any_write_of_a_users_rows_removes_their_state_and_the_next_cold_read_shares_anew(
     pgvector_engine: Any, hash_embedder: Any
 ) -> None:
     engine = pgvector_engine[0]
     sql = _with_alice(engine, hash_embedder)
     _serve(_worker(engine, hash_embedder), "alice")
-    # A write that is not pbr's: the shared state no longer describes alice's rows.
+    count = "SELECT count(*) FROM pbr_states WHERE owner = 'alice'"
+    assert sql([(count, {})]) == [(1,)]
+    # A write that is not pbr's: the trigger removes the state with the revision it bumps.
     sql([("UPDATE notes SET doc = 'alice now rides trains' WHERE meta ->> 'pbr_id' = 'n3'", {})])
+    assert sql([(count, {})]) == [(0,)]
     late = _worker(engine, hash_embedder)
     history, _ = _serve(late, "alice")
     assert history.item("n3").text == "alice now rides trains"
     fresh = history.lexical().scores("rides")
-    assert fresh[history.position("n3")] > 0  # the index is of the new text, not the shared one
+    assert fresh[history.position("n3")] > 0  # the index is of the new text
     token = late.host.change_token("alice")  # type: ignore[union-attr]
     rows = sql([("SELECT rev::text FROM pbr_states WHERE owner = 'alice'", {})])
     assert rows == [(token,)]  # shared again, at the rows' token
+    # The user's rows deleted (here by plain SQL): nothing derived from them stays behind.
+    sql([("DELETE FROM notes WHERE meta ->> 'user_id' = 'alice'", {})])
+    assert sql([(count, {})]) == [(0,)]
+    assert _worker(engine, hash_embedder).history("alice") is None
+
+
+def test_a_state_of_another_revision_is_not_taken(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defence in depth behind the trigger: a state whose revision is not the rows' (written
+    by a worker racing a write, or by hand) is never used."""
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    _serve(_worker(engine, hash_embedder), "alice")
+    sql([("UPDATE pbr_states SET rev = rev - 1 WHERE owner = 'alice'", {})])
+    built: list[int] = []
+    real = pbr_core.snapshot.compute_anchor
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("pbr_core.snapshot.compute_anchor", counting)
+    _serve(_worker(engine, hash_embedder), "alice")
+    assert built == [1]
 
 
 def test_a_damaged_or_foreign_state_is_detected_warned_and_rebuilt(
