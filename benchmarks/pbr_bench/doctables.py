@@ -249,8 +249,12 @@ def fleet_postgres(results: Path) -> list[str]:
         "warm_pbr": "pbr query (`no_prf`), warm user: revision read + anchor + hybrid ranking",
         "warm_pgvector_own": "`PGVector.similarity_search_by_vector(filter={'user_id': u})`",
         "cold_plain": "plain search, next to the cold queries",
-        "cold_pbr": "pbr query, cold user (first query: rows and vectors read, state built)",
+        "cold_pbr": "pbr query, a user no worker read before (rows read, anchor and BM25 built "
+        "and shared)",
         "cold_pgvector_own": "`PGVector`'s own filtered search, next to the cold queries",
+        "shared_plain": "plain search, next to the shared-state queries",
+        "shared_pbr": "pbr query, a user new to this worker whose state another worker shared",
+        "shared_pgvector_own": "`PGVector`'s own filtered search, next to the shared-state queries",
     }
     lines = [
         "| two workers, one user of 1k items among 1,000 | n | p50 ms | p95 ms "
@@ -272,15 +276,18 @@ def fleet_postgres(results: Path) -> list[str]:
 def fleet_postgres_cold(results: Path) -> list[str]:
     """Where a cold query's time goes over PGVector (``benchmarks/fleet_postgres.py``)."""
     label = {
-        "revision_read": "the revision read",
-        "list_no_vectors_sql": "listing the user's 1k rows without vectors (SQL)",
-        "read_vectors_sql": "reading the 1k rows with their vectors (SQL, binary form)",
-        "parse_vectors": "parsing the 1k vectors (`parse_vector`)",
-        "verification_total": "the whole verification of a cold user (`Corpus.history`)",
-        "lexical_index": "then the user's lexical index (BM25) built",
-        "anchor": "then the user's anchor built (kNN graph, PageRank)",
-        "first_query_rest": "then the rest of the first query",
-        "warm_query": "a second query (warm)",
+        "first_read_user": "a user no worker read: the one read of rows, vectors, token, state",
+        "first_history": "its whole cold read (`Corpus.history`: that read, then the cache)",
+        "first_lexical_index": "then its BM25 index built",
+        "first_anchor": "then its anchor built (kNN graph, PageRank)",
+        "first_share_state": "then the derived state shared (`pbr_states`, one write)",
+        "first_query_rest": "then the rest of the query",
+        "shared_read_user": "a user another worker shared: the same one read",
+        "shared_history": "its whole cold read (the derived state taken, checked)",
+        "shared_lexical_index": "then its BM25 index (taken: nothing to build)",
+        "shared_anchor": "then its anchor (taken)",
+        "shared_share_state": "then sharing (nothing to share)",
+        "shared_query_rest": "then the rest of the query",
         "plain": "the plain owner-filtered search",
     }
     lines = ["| a cold user of 1k items, one process | n | p50 ms | × plain |", "|---|---|---|---|"]
