@@ -33,8 +33,9 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
     shared derived state in the same one statement, and builds nothing;
   - ``warm``: later queries of users it has seen (verification is one revision read);
   - next to each, on the same query vector, in alternating order: ``plain``: the owner-filtered
-    pgvector search a hand-written app runs (``ORDER BY embedding <=> q LIMIT k`` where
-    ``cmetadata ->> 'user_id' = u``, through the owner index), and, for a few queries,
+    pgvector search a hand-written app runs (the query embedded, then ``ORDER BY embedding <=> q
+    LIMIT k`` where ``cmetadata ->> 'user_id' = u``, through the owner index), and, for a few
+    queries,
     ``pgvector_own``: ``PGVector.similarity_search_by_vector(q, k, filter={"user_id": u})``,
     whose ``jsonb_path_match`` filter no index serves (a scan of the collection).
 
@@ -269,7 +270,11 @@ def worker(args: tuple[Any, ...]) -> list[dict[str, Any]]:
         vector = embed.embed_query(query)
         steps = [
             (f"{phase}_pbr", lambda: retriever.invoke(query, user_id=user)),
-            (f"{phase}_plain", lambda: _plain(engine, collection_uuid, vector, user)),
+            # embedded here too, as pbr embeds the query: like for like
+            (
+                f"{phase}_plain",
+                lambda: _plain(engine, collection_uuid, embed.embed_query(query), user),
+            ),
         ]
         if own:
             steps.append(

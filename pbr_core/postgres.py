@@ -39,6 +39,7 @@ is here:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -875,10 +876,9 @@ class _EngineSql:
         psycopg 3, or where a quoted name or literal holds a colon (the placeholders could not
         be told from it): the caller runs it through :meth:`__call__`. A connection lost
         meanwhile is a ``ConnectionError`` (the pool drops it)."""
-        if not params or any(":" in m.group() for m in _QUOTED.finditer(statement)):
+        converted = self._driver_form(statement, tuple(params))
+        if converted is None:
             return None
-        names = "|".join(re.escape(n) for n in sorted(params, key=len, reverse=True))
-        converted = re.sub(rf"(?<![:\w]):({names})\b", r"%(\1)s", statement.replace("%", "%%"))
         with self.engine.connect() as conn:
             driver = conn.connection.driver_connection
             if not hasattr(driver, "pgconn") or not hasattr(driver, "broken"):
@@ -897,6 +897,16 @@ class _EngineSql:
                     conn.invalidate()
                     raise ConnectionError(f"the PostgreSQL connection was lost: {exc}") from exc
                 raise
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def _driver_form(statement: str, names: tuple[str, ...]) -> str | None:
+        """``statement`` with psycopg's ``%(name)s`` placeholders for ``:name`` (each statement
+        is converted once); None where a quoted name or literal holds a colon."""
+        if not names or any(":" in m.group() for m in _QUOTED.finditer(statement)):
+            return None
+        pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+        return re.sub(rf"(?<![:\w]):({pattern})\b", r"%(\1)s", statement.replace("%", "%%"))
 
 
 #: A SQL string literal or quoted identifier (a doubled quote inside is part of it).
