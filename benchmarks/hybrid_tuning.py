@@ -57,7 +57,8 @@ Run (from the repository root)::
     python benchmarks/hybrid_tuning.py
 
 Writes ``benchmarks/results/hybrid/tuning.{csv,json}`` (every candidate on the tuning split;
-the choice and the default on every split; the paired tests) and prints the tables.
+the choice and the default on every split; the paired tests) and ``tuning.png`` (every
+candidate: the conversation goals against PrefEval), and prints the tables.
 """
 
 from __future__ import annotations
@@ -434,6 +435,46 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
 
 
+def plot(records: Sequence[dict[str, Any]], chosen: str, path: Path) -> None:
+    """Every hybrid candidate on the tuning split: the conversation goals' mean against PrefEval's
+    mean N@5 (N = 10..300), the trade-off one parameter set has to make."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pe = [d for d in RULE_SETS if d.startswith("prefeval")]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for stem, colour in (("plain", "tab:blue"), ("stem", "tab:orange")):
+        rows = [r for r in records if "fails" in r and r["candidate"].startswith(stem)]
+        ok = [r for r in rows if not r["sig. losses"]]
+        bad = [r for r in rows if r["sig. losses"]]
+        for group, marker, label in ((bad, "x", "significant loss"), (ok, "o", "no sig. loss")):
+            if not group:
+                continue
+            ax.scatter(
+                [np.mean([r[f"{d} N@5"] for d in pe]) for r in group],
+                [r["objective"] for r in group],
+                s=14,
+                marker=marker,
+                color=colour,
+                alpha=0.6,
+                label=f"{'stemmed' if stem == 'stem' else 'unstemmed'}, {label}",
+            )
+    for name, text in ((DEFAULT.label, "√c rule (before)"), (chosen, "chosen")):
+        r = next(x for x in records if x["candidate"] == name and "fails" in x)
+        xy = (float(np.mean([r[f"{d} N@5"] for d in pe])), r["objective"])
+        ax.annotate(text, xy, xytext=(8, -12), textcoords="offset points", fontsize=9)
+        ax.scatter(*xy, s=60, facecolors="none", edgecolors="black")
+    ax.set_xlabel("PrefEval N@5, mean of N = 10, 50, 100, 300 (tuning split)")
+    ax.set_ylabel("LoCoMo goals' mean (tuning split)")
+    ax.set_title("One parameter set: conversations against PrefEval")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def stage_b(analyzers: Sequence[int]) -> list[Candidate]:
     out = []
     for a_ix in analyzers:
@@ -537,6 +578,7 @@ def main() -> None:
             )
 
     OUT.mkdir(parents=True, exist_ok=True)
+    plot(records, chosen.label, OUT / "tuning.png")
     write_csv(OUT / "tuning.csv", records)
     (OUT / "tuning.json").write_text(
         json.dumps(
