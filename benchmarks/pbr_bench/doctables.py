@@ -805,7 +805,11 @@ def hybrid_tuning(results: Path) -> list[str]:
         for r in data["paired"]
         if r["split"] == "test"
     }
-    for d, label in [*TUNING_SETS, *ANY_DATASETS[-2:]]:
+    added = [
+        ("personabench-0.3", "PB 0.3 (added after the choice)"),
+        ("personabench-0.5", "PB 0.5 (added after the choice)"),
+    ]
+    for d, label in [*TUNING_SETS, *ANY_DATASETS[-2:], *added]:
         for metric in ("R@5", "N@5", "recall_any@5"):
             if (metric == "recall_any@5") != d.endswith("-all"):
                 continue
