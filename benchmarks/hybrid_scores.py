@@ -58,7 +58,7 @@ from scipy.stats import rankdata
 
 from pbr_bench.histories import DATASETS, Built, build, encoders
 from pbr_bench.paths import RESULTS_DIR, cache_dir
-from pbr_core.hybrid import fuse, lexical_query, lexical_weight, rank
+from pbr_core.hybrid import fuse, lexical_query, lexical_weight, rank, with_context
 from pbr_core.snapshot import UserHistory
 
 OUT = RESULTS_DIR / "hybrid"
@@ -85,7 +85,9 @@ VARIANTS: dict[str, Callable[[float, float, float, float, float], float]] = {
     "min-max (old)": lambda c, b, ce, w, f: f,
     "cosine": lambda c, b, ce, w, f: max(c, 0.0),
     "relevance (mean)": lambda c, b, ce, w, f: (max(c, 0.0) + w * _cover(b, ce)) / (1 + w),
-    "relevance (noisy-or)": lambda c, b, ce, w, f: 1 - (1 - max(c, 0.0)) * (1 - w * _cover(b, ce)),
+    "relevance (noisy-or)": lambda c, b, ce, w, f: (
+        1 - (1 - max(c, 0.0)) * (1 - min(1.0, w) * _cover(b, ce))
+    ),
 }
 
 
@@ -107,7 +109,7 @@ def top_evidence(history: UserHistory, vector: np.ndarray, query: str) -> dict[s
     index = history.lexical()
     dense, lexical = history.dense_scores(vector), index.scores(terms)
     weight = lexical_weight(lexical, index.ceiling(terms))
-    fused = float(fuse(dense, lexical, weight).max())
+    fused = float(fuse(dense, with_context(lexical), weight).max())
     args = (top.dense, float(top.lexical or 0.0), index.ceiling(terms), weight, fused)
     scores = {name: f(*args) for name, f in VARIANTS.items()}
     return {"id": history.items[top.position].id, "returned": top.score, "scores": scores}

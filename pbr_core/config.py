@@ -86,8 +86,9 @@ class PBRConfig:
         max_answer_chars: an LLM answer is cut to this many characters before it is parsed
             (10 utterances of ~40 words need ~3,000), so a runaway answer costs bounded time.
         search: how the user's items are ranked for ``q*`` (:mod:`pbr_core.hybrid`):
-            ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, BM25 weighted by
-            how much of the question its best match covers; each result returns its
+            ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, BM25 with its
+            neighbours' context and weighted by how much of the question its best match
+            covers; each result returns its
             relevance, comparable across queries: :func:`pbr_core.hybrid.relevance`),
             ``"dense"`` (cosine only, the paper's setting) or ``"lexical"`` (BM25 only).
         lexical_feedback_weight: in the lexical leg, the weight of each P-PRF text that entered

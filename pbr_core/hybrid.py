@@ -8,10 +8,16 @@ evidence:
 
     c       = max bm25 / ceiling                  (coverage: how much of the query's words the
                                                    best lexical match holds, 0..1)
-    w       = √c                                  (the lexical leg's weight)
-    fused(d) = [ (cos(d) − min cos) / (max cos − min cos) + w · bm25(d) / max bm25 ] / (1 + w)
+    w       = 1.5 · c                             (the lexical leg's weight, 0..1.5)
+    ctx(d)  = bm25(d) + 0.5 · [bm25(d−1) + bm25(d+1)] / 2
+                                                  (the item's BM25 with its neighbours' context)
+    fused(d) = [ (cos(d) − min cos) / (max cos − min cos) + w · ctx(d) / max ctx ] / (1 + w)
 
-over the items being ranked (all of the user's, or a host search's candidates). ``ceiling`` is
+over the items being ranked (all of the user's, or a host search's candidates). ``d−1`` and
+``d+1`` are the items added just before and after ``d`` in the user's history (the order of
+:class:`~pbr_core.snapshot.UserHistory`: a conversation's turns, a diary's entries), so a turn
+that answers a question asked in the turn before it shares that turn's words; BM25 itself is
+pbr's, with ``k1 = 0.5`` and ``b = 0.25`` (:data:`pbr_core.lexical.DEFAULT_K1`). ``ceiling`` is
 :meth:`pbr_core.lexical.LexicalIndex.ceiling`, ``Σ idf`` of the query's words, computed for the
 *user's own words* (LLM feedback expands the lexical query but does not lower the coverage). A
 best lexical match holding the query's rare words (a name, a place) gives BM25 as much say as
@@ -40,8 +46,10 @@ tells a question's own history from another user's (AUC .99 on LoCoMo, .68-.70 P
 The rule was chosen among min-max, z-score, distribution-based, RRF, coverage-scaled, agreement-
 and confidence-weighted fusions on a tuning split named before its numbers were read
 (``benchmarks/hybrid_adaptive.py``); the earlier equal-weight rule (``w = 1``) lost to plain dense
-on PersonaBench and PrefEval. Results and the per-question comparison against dense, BM25 and a
-LangChain-style RRF ensemble: ``docs/hybrid.md``.
+on PersonaBench and PrefEval. Its weight (``1.5 · c``, until then ``√c``), the neighbour context
+and BM25's ``k1``/``b`` were chosen in a second round, one parameter set for every data set
+(``benchmarks/hybrid_tuning.py``). Results and the per-question comparison against dense, BM25 and
+a LangChain-style RRF ensemble: ``docs/hybrid.md``.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ if TYPE_CHECKING:
     from .results import Explanation
 
 __all__ = [
+    "LEXICAL_CONTEXT",
+    "LEXICAL_SCALE",
     "SEARCH_MODES",
     "Ranked",
     "SearchMode",
@@ -72,7 +82,14 @@ __all__ = [
     "lexical_weight",
     "rank",
     "relevance",
+    "with_context",
 ]
+
+#: The lexical leg's weight at full coverage (``w = LEXICAL_SCALE · c``): above 1, a query whose
+#: best lexical match holds all of its words lets BM25 outweigh the dense leg.
+LEXICAL_SCALE = 1.5
+#: How much of its neighbours' BM25 an item takes into the fused rule (:func:`with_context`).
+LEXICAL_CONTEXT = 0.5
 
 
 @dataclass(frozen=True)
@@ -160,18 +177,35 @@ def _rank_of(scores: np.ndarray, i: int) -> int:
 
 
 def lexical_weight(lexical: np.ndarray, ceiling: float) -> float:
-    """The lexical leg's weight for one query: ``√(max bm25 / ceiling)``, in [0, 1] (0 when no
-    item matches or the query has no word with an idf)."""
+    """The lexical leg's weight for one query: :data:`LEXICAL_SCALE` ``· min(1, max bm25 /
+    ceiling)``, in [0, 1.5] (0 when no item matches or the query has no word with an idf)."""
     top = float(np.max(lexical)) if np.size(lexical) else 0.0
     if top <= 0.0 or ceiling <= 0.0:
         return 0.0
-    return float(np.sqrt(min(1.0, top / ceiling)))
+    return LEXICAL_SCALE * min(1.0, top / ceiling)
+
+
+def with_context(lexical: np.ndarray, context: float = LEXICAL_CONTEXT) -> np.ndarray:
+    """Each item's BM25 plus ``context`` times the mean of its two neighbours' (the items before
+    and after it in the user's history; a missing neighbour counts 0), float64.
+
+    Items added one after the other (a conversation's turns) share what they are about: the
+    answer to "what did you paint?" rarely repeats "paint". 0 returns the scores unchanged.
+    """
+    x = np.asarray(lexical, dtype=np.float64)
+    if context == 0.0 or x.size < 2:
+        return x
+    around = np.zeros_like(x)
+    around[1:] += x[:-1]
+    around[:-1] += x[1:]
+    return x + (0.5 * context) * around
 
 
 def fuse(dense: np.ndarray, lexical: np.ndarray, weight: float = 1.0) -> np.ndarray:
     """The hybrid score of each item in [0, 1]: the dense leg scaled to [0, 1] over the items
-    given, plus ``weight`` times BM25 / its maximum, over ``1 + weight`` (a leg that is constant,
-    e.g. no lexical match, contributes 0 to every item). ``weight`` is :func:`lexical_weight`."""
+    given, plus ``weight`` times the lexical leg / its maximum, over ``1 + weight`` (a leg that is
+    constant, e.g. no lexical match, contributes 0 to every item). ``weight`` is
+    :func:`lexical_weight`; ``lexical`` BM25, in :func:`rank` :func:`with_context` of it."""
     d = np.asarray(dense, dtype=np.float64)
     lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
     d_part = (d - lo) / (hi - lo) if hi > lo else np.zeros_like(d)
@@ -187,11 +221,11 @@ def relevance(dense: np.ndarray, lexical: np.ndarray, weight: float, ceiling: fl
     Args:
         dense: each item's cosine with the search vector, **in ranked order** (best first).
         lexical: each item's BM25 score for the lexical query, in the same order.
-        weight: the lexical leg's weight (:func:`lexical_weight`, in [0, 1]).
+        weight: the lexical leg's weight (:func:`lexical_weight`), read capped at 1.
         ceiling: :meth:`~pbr_core.lexical.LexicalIndex.ceiling` of the lexical query.
 
     Returns:
-        ``score_i = min_{j <= i} a_j`` with ``a = 1 − (1 − max(cos, 0)) · (1 − weight ·
+        ``score_i = min_{j <= i} a_j`` with ``a = 1 − (1 − max(cos, 0)) · (1 − min(1, weight) ·
         min(1, bm25 / ceiling))``: the cosine (0 for a negative one) and the share of the
         query's words the item holds, at the fused rule's weight, as a noisy-or (either raises
         it; never below the cosine). The running minimum makes it non-increasing in the given
@@ -200,7 +234,7 @@ def relevance(dense: np.ndarray, lexical: np.ndarray, weight: float, ceiling: fl
     d = np.clip(np.asarray(dense, dtype=np.float64), 0.0, 1.0)
     lx = np.asarray(lexical, dtype=np.float64)
     cover = np.clip(lx / ceiling, 0.0, 1.0) if ceiling > 0.0 else np.zeros_like(lx)
-    own = 1.0 - (1.0 - d) * (1.0 - weight * cover)
+    own = 1.0 - (1.0 - d) * (1.0 - min(1.0, weight) * cover)
     return np.minimum.accumulate(own) if own.size else own
 
 
@@ -214,6 +248,7 @@ def rank(
     candidates: Sequence[int] | None = None,
     own_terms: Mapping[str, float] | None = None,
     stemmer: str | None = None,
+    context: float = LEXICAL_CONTEXT,
 ) -> list[Ranked]:
     """The ``k`` best of the user's items (or of ``candidates``, positions from a host search
     that applied filters pbr cannot evaluate), best first.
@@ -222,7 +257,10 @@ def rank(
     which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`). Both are
     words (:func:`lexical_query`); the lexical leg analyzes them and the items with ``stemmer``
     (default: :data:`pbr_core.lexical.DEFAULT_STEMMER`; None: no stemming): the snapshot's index
-    when it was built with it, else one rebuilt with it once per snapshot.
+    when it was built with it, else one rebuilt with it once per snapshot. ``context``: how much
+    of its neighbours' BM25 an item takes into the fused rule (hybrid mode, :func:`with_context`;
+    the neighbours are the user's, also when ``candidates`` restricts the ranking; 0: none).
+    What each result reports and returns is its own BM25.
 
     Exact: every candidate is scored in both legs (one matrix-vector product and the postings
     of the query's words), so an approximate index cannot make an item unreachable.
@@ -247,7 +285,8 @@ def rank(
             for i in top_k(dense.astype(np.float64), k)
         ]
     index = history.lexical().analyzed(stemmer, lambda: [item.text for item in history.items])
-    lexical = index.scores(terms)[rows]
+    every = index.scores(terms)
+    lexical = every[rows]
     # the lexical leg's order: BM25, ties (e.g. no query word at all) in the dense order; what
     # lexical mode ranks by and what every mode's lexical_rank counts
     lexical_order = lexical.astype(np.float64) + 1e-9 * (dense.astype(np.float64) + 1.0)
@@ -259,7 +298,8 @@ def rank(
         own = terms if own_terms is None else own_terms
         own_scores = lexical if own == terms else index.scores(own)[rows]
         weight = lexical_weight(own_scores, index.ceiling(own))
-        order = top_k(fuse(dense, lexical, weight), k)  # the fused rule ranks ...
+        # the fused rule ranks, each item's BM25 with its neighbours' context ...
+        order = top_k(fuse(dense, with_context(every, context)[rows], weight), k)
         # ... and each result returns its relevance, one meaning for every query and user
         returned = relevance(dense[order], lexical[order], weight, index.ceiling(terms))
     return [

@@ -61,9 +61,12 @@ StemmerName = Literal["english"]
 STEMMERS: tuple[StemmerName, ...] = get_args(StemmerName)
 #: What :meth:`LexicalIndex.build` analyzes with unless told (None: the words as they are).
 DEFAULT_STEMMER: StemmerName | None = None
-#: BM25's term-frequency saturation and length normalisation unless told (bm25s' defaults).
-DEFAULT_K1 = 1.5
-DEFAULT_B = 0.75
+#: BM25's term-frequency saturation and length normalisation unless told: lower than bm25s'
+#: 1.5 and 0.75, so a short item holding a question word once is not outscored by a long item
+#: repeating it; chosen with the hybrid rule on the tuning split of every data set
+#: (``benchmarks/hybrid_tuning.py``, ``docs/hybrid.md``).
+DEFAULT_K1 = 0.5
+DEFAULT_B = 0.25
 
 # Alphabetical, one initial letter a line.
 _STOP_WORDS = """
@@ -244,8 +247,9 @@ class LexicalIndex:
         b: float = DEFAULT_B,
         stemmer: StemmerName | None = DEFAULT_STEMMER,
     ) -> LexicalIndex:
-        """An index over ``texts``, item ``i`` being ``texts[i]``; bm25s' defaults for k1 and b,
-        analyzed with ``stemmer`` (:data:`DEFAULT_STEMMER`; None: no stemming)."""
+        """An index over ``texts``, item ``i`` being ``texts[i]``, with BM25's ``k1`` and ``b``
+        (:data:`DEFAULT_K1`, :data:`DEFAULT_B`; bm25s' defaults are 1.5 and 0.75), analyzed with
+        ``stemmer`` (:data:`DEFAULT_STEMMER`; None: no stemming)."""
         if not (math.isfinite(k1) and k1 >= 0.0):
             raise ValueError(f"k1 must be finite and >= 0, got {k1!r}")
         if not (0.0 <= b <= 1.0):

@@ -736,6 +736,101 @@ def hybrid_stemming(results: Path) -> list[str]:
     return lines
 
 
+#: benchmarks/hybrid_tuning.py: what the tuning table shows, in order (the shipped rule and the
+#: choice, then what each of the choice's three changes does alone or left out, then the best
+#: stemmed candidates: nearest to admissible and best on the objective).
+TUNING_ROWS = [
+    "dense",
+    "bm25",
+    "rrf",
+    "plain k1=1.5 b=0.75, w=c^0.5",
+    "plain k1=0.5 b=0.25, w=c^0.5",
+    "plain k1=0.5 b=0.25, w=1.5c^1",
+    "plain k1=0.5 b=0.25, w=c^0.5, nbr α=0.5",
+    "plain k1=1.5 b=0.75, w=1.5c^1, nbr α=0.5",
+    "plain k1=0.5 b=0.25, w=1.5c^1, nbr α=0.5",
+    "stem k1=0.25 b=0.25, w=2c^1, c: default analyzer",
+    "stem k1=0.25 b=0.25, w=3c^0.5, nbr α=0.5",
+]
+TUNING_SETS = [
+    ("personabench-0.0", "PB 0.0"),
+    ("personabench-0.7", "PB 0.7"),
+    ("locomo-turn", "LoCoMo turn"),
+    ("locomo-session", "LoCoMo session"),
+    ("prefeval-explicit-n10", "PrefEval N=10"),
+    ("prefeval-explicit-n50", "PrefEval N=50"),
+    ("prefeval-explicit-n100", "PrefEval N=100"),
+    ("prefeval-explicit-n300", "PrefEval N=300"),
+]
+
+
+@table("hybrid-tuning")
+def hybrid_tuning(results: Path) -> list[str]:
+    """benchmarks/hybrid_tuning.py: candidates on the tuning split, the choice's paired test."""
+    data = json.loads((results / "hybrid" / "tuning.json").read_text())
+    recs = {r["candidate"]: r for r in data["candidates"]}
+    labels = {"plain k1=1.5 b=0.75, w=c^0.5": "default (today: plain k1=1.5 b=0.75, w=√c)"}
+    chosen = data["chosen"]["label"]
+    default_fails = data["default's fails"]
+    lines = [
+        "Tuning split: R@5 / N@5; LoCoMo on every question with evidence (`-all`):"
+        " recall_any@5; goal: the objective (mean of the four conversation numbers); fails:"
+        " cells below max(dense, bm25, rrf); sig.: significant losses (p < .05) against"
+        " dense, bm25, rrf or the default:",
+        "",
+        "| candidate | "
+        + " | ".join(label for _, label in TUNING_SETS)
+        + " | turn, all | session, all | goal | fails | sig. |",
+        "|---" * (len(TUNING_SETS) + 6) + "|",
+    ]
+    for name in TUNING_ROWS:
+        r = recs[name]
+        shown = labels.get(name, name)
+        if name == chosen:
+            shown = f"**{shown}** (chosen)"
+        cells = [f"{dec(r[f'{d} R@5'])} / {dec(r[f'{d} N@5'])}" for d, _ in TUNING_SETS]
+        cells += [dec(r[f"{d} recall_any@5"]) for d in ("locomo-turn-all", "locomo-session-all")]
+        cells.append(dec(r["objective"]))
+        cells += [str(r.get("fails", "")), str(r.get("sig. losses", ""))]
+        lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"{sum('fails' in r for r in data['candidates'])} hybrid parameter sets over"
+        f" {len(data['analyzers'])} analyzers (and BM25 alone under each); admissible (no"
+        " significant loss, at most the"
+        f" default's {default_fails} fails): {data['admissible']}. Chosen:"
+        f" **{chosen}**.",
+        "",
+        "Test split, the choice against each baseline: value vs baseline (wins / losses, sign"
+        " test p):",
+        "",
+        "| data set | metric | vs dense | vs bm25 | vs rrf | vs default |",
+        "|---|---|---|---|---|---|",
+    ]
+    paired = {
+        (r["dataset"], r["metric"], r["baseline"]): r
+        for r in data["paired"]
+        if r["split"] == "test"
+    }
+    added = [
+        ("personabench-0.3", "PB 0.3 (added after the choice)"),
+        ("personabench-0.5", "PB 0.5 (added after the choice)"),
+    ]
+    for d, label in [*TUNING_SETS, *ANY_DATASETS[-2:], *added]:
+        for metric in ("R@5", "N@5", "recall_any@5"):
+            if (metric == "recall_any@5") != d.endswith("-all"):
+                continue
+            cells = []
+            for b in ("dense", "bm25", "rrf", "default"):
+                t = paired[(d, metric, b)]
+                cells.append(
+                    f"{dec(t['value'])} vs {dec(t['baseline_value'])}"
+                    f" ({t['wins']} / {t['losses']}, {p_value(t['p_sign'])})"
+                )
+            lines.append(f"| {label} | {metric} | " + " | ".join(cells) + " |")
+    return lines
+
+
 @table("hybrid-llm")
 def hybrid_llm(results: Path) -> list[str]:
     """The default pipeline with each small local LLM against the no-LLM hybrid."""

@@ -26,12 +26,14 @@ from pbr_core import (
     Personalizer,
 )
 from pbr_core.hybrid import (
+    LEXICAL_SCALE,
     fuse,
     host_candidates,
     lexical_query,
     lexical_weight,
     rank,
     relevance,
+    with_context,
 )
 from pbr_core.lexical import LexicalIndex
 from pbr_core.snapshot import top_k
@@ -100,11 +102,44 @@ def test_fuse_gives_the_lexical_leg_its_weight_and_stays_in_unit_range() -> None
     np.testing.assert_allclose(fuse(np.array([0.1, 0.9]), np.array([3.0, 1.0]), 0.0), [0, 1])
 
 
-def test_lexical_weight_is_the_square_root_of_the_best_items_coverage() -> None:
-    assert lexical_weight(np.array([0.0, 2.0, 1.0]), 8.0) == pytest.approx(0.5)
+def test_lexical_weight_is_one_and_a_half_times_the_best_items_coverage() -> None:
+    assert lexical_weight(np.array([0.0, 2.0, 1.0]), 8.0) == pytest.approx(1.5 * 0.25)
     assert lexical_weight(np.zeros(3), 8.0) == 0.0  # no item holds a query word
     assert lexical_weight(np.array([1.0]), 0.0) == 0.0  # only stop words asked
-    assert lexical_weight(np.array([9.0]), 8.0) == 1.0  # never above 1
+    assert lexical_weight(np.array([9.0]), 8.0) == LEXICAL_SCALE == 1.5  # never above 1.5
+
+
+def test_an_item_takes_half_the_mean_of_its_neighbours_lexical_scores() -> None:
+    np.testing.assert_allclose(with_context(np.array([4.0, 0.0, 2.0, 0.0])), [4.0, 1.5, 2.0, 0.5])
+    np.testing.assert_array_equal(with_context(np.array([3.0, 1.0]), 0.0), [3.0, 1.0])
+    np.testing.assert_array_equal(with_context(np.array([3.0])), [3.0])  # no neighbour
+
+
+def test_the_answer_after_a_question_is_found_by_the_questions_words() -> None:
+    """A friend asks "did you paint at the lake?", the user answers "a sunrise, all orange": the
+    answer holds none of the query's words. Two answers as close to the query in the dense leg
+    (here: equal) are told apart by their neighbours' words; without context, by position."""
+    items = [
+        ("other", "a sunset, all purple"),
+        *((f"f{i}", f"note {i} about the weather") for i in range(10)),
+        ("asked", "did you paint at the lake?"),
+        ("answer", "a sunrise, all orange"),
+        *((f"g{i}", f"note {i} about the news") for i in range(10)),
+    ]
+    q = np.eye(DIM)[0]
+    cos = np.array([0.5 if i in ("other", "answer") else 0.2 for i, _ in items])
+    vectors = cos[:, None] * q + np.sqrt(1 - cos[:, None] ** 2) * np.eye(DIM)[1]
+    history = HistoryStore().upsert(
+        "u", [HistoryItem(id=i, text=t) for i, t in items], vectors.tolist()
+    )
+    terms = lexical_query("paint lake")
+
+    def top(**kw: float) -> list[str]:
+        return [history.items[r.position].id for r in rank(history, q, terms, 3, **kw)]
+
+    assert set(top()) == set(top(context=0.0)) == {"asked", "answer", "other"}
+    assert top().index("answer") < top().index("other")
+    assert top(context=0.0).index("other") < top(context=0.0).index("answer")
 
 
 def test_a_match_on_an_everyday_word_says_less_than_a_match_on_the_querys_rare_words() -> None:
@@ -168,7 +203,7 @@ def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
         (rank(history, q, expanded, 4, own_terms=own), w_own),
         (rank(history, q, expanded, 4), w_expanded),  # no own_terms: the expanded query's
     ):
-        order = list(top_k(fuse(dense, lexical, weight), 4))
+        order = list(top_k(fuse(dense, with_context(lexical), weight), 4))
         assert [r.position for r in got] == order
         expected = relevance(dense[order], lexical[order], weight, ceiling)
         assert [r.score for r in got] == pytest.approx(list(expected))
@@ -251,7 +286,7 @@ def test_hybrid_ranks_by_the_fused_rule_and_returns_each_results_relevance(
     index = history.lexical()
     dense, lexical = history.dense_scores(q), index.scores(terms)
     weight = lexical_weight(lexical, index.ceiling(terms))
-    order = list(top_k(fuse(dense, lexical, weight), k))
+    order = list(top_k(fuse(dense, with_context(lexical), weight), k))
     got = rank(history, q, terms, k)
     assert [r.position for r in got] == order
     scores = [r.score for r in got]

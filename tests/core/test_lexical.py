@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import pbr_core.lexical as lexical
 from pbr_core.lexical import (
+    DEFAULT_B,
+    DEFAULT_K1,
     ENGLISH_STOP_WORDS,
     LexicalIndex,
     analyze,
@@ -59,7 +61,7 @@ def bm25s_scores(texts: list[str], query: str, stemmer: str | None = None) -> np
     bm25s = pytest.importorskip("bm25s")
     stop = list(ENGLISH_STOP_WORDS)
     stem = bm25s_stemmer(stemmer)
-    retriever = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    retriever = bm25s.BM25(k1=DEFAULT_K1, b=DEFAULT_B, method="lucene")
     retriever.index(
         bm25s.tokenize(texts, stopwords=stop, stemmer=stem, show_progress=False),
         show_progress=False,
@@ -246,7 +248,7 @@ def test_stop_words_and_case_are_ignored() -> None:
 
 
 def test_items_without_terms_score_zero_and_count_in_avgdl() -> None:
-    with_empty = LexicalIndex.build(["jazz night", "", "the of it"])
+    with_empty = LexicalIndex.build(["jazz night", "", "the of it"], k1=1.5, b=0.75)
     scores = with_empty.scores("jazz")
     assert scores[1] == scores[2] == 0.0
     # dl = (2, 0, 0): avgdl = 2/3, so the one jazz item is 3 times longer than average.
