@@ -22,6 +22,8 @@ Methods:
                            equal weights) of the full dense and bm25 rankings of the user's items
     hybrid (no windows)    rank(mode="hybrid") without windows
     hybrid                 rank(mode="hybrid") with windows (the library default)
+    hybrid + neighbour context  the same with context=LEXICAL_CONTEXT (PBRConfig.lexical_context,
+                           opt-in: each item's BM25 takes half its neighbours' mean)
     dense + PBR (authors)  PersonaBench 0.0 only: q* of Personalizer (default PBRConfig, fusion
                            "safe") fed the authors' cached generations, mode dense, no windows
     hybrid + PBR (authors) the same q*, rank(mode="hybrid") with lexical_terms(explanation, 0)
@@ -75,7 +77,7 @@ from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
 from pbr_bench.runner import CachedEmbedder
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.history import HistoryStore
-from pbr_core.hybrid import Ranked, lexical_query, lexical_terms, rank
+from pbr_core.hybrid import LEXICAL_CONTEXT, Ranked, lexical_query, lexical_terms, rank
 from pbr_core.models import MiniLMEmbedder
 from pbr_core.pipeline import PseudoFeedback
 from pbr_core.snapshot import UserHistory
@@ -90,6 +92,7 @@ METHODS = [
     "ensemble RRF",
     "hybrid (no windows)",
     "hybrid",
+    "hybrid + neighbour context",
     "dense + PBR (authors)",
     "hybrid + PBR (authors)",
     # diagnostics: the lexical leg without rank()'s dense tie-break; PBR without windows
@@ -106,6 +109,8 @@ PBR_PAIRS = [
     ("hybrid + PBR (authors), lexical feedback 0.25", "dense + PBR (authors)"),
     ("hybrid + PBR (authors), lexical feedback 0.25", "hybrid + PBR (authors)"),
 ]
+# The opt-in neighbour context against the default rule, on every data set.
+CONTEXT_PAIRS = [("hybrid + neighbour context", "hybrid")]
 # PBR's pseudo utterances and reasoning in the lexical query (PBRConfig.lexical_feedback_weight)
 FEEDBACK_WEIGHTS = (0.25, 0.5)
 PLOTTED = [
@@ -161,6 +166,9 @@ def rankings_for(built: Built, cache: EmbeddingCache) -> tuple[dict[str, dict], 
         out["ensemble RRF"][q.id] = rrf([dense_all, lex_all], [0.5, 0.5])[:K]
         out["hybrid (no windows)"][q.id] = ids(hp, rank(hp, v, terms, K, mode="hybrid"))
         out["hybrid"][q.id] = ids(hw, rank(hw, v, terms, K, mode="hybrid"))
+        out["hybrid + neighbour context"][q.id] = ids(
+            hw, rank(hw, v, terms, K, mode="hybrid", context=LEXICAL_CONTEXT)
+        )
         lex = hp.lexical().scores(terms)
         top = np.argsort(-np.asarray(lex, dtype=np.float64), kind="stable")[:K]
         out["bm25 (no dense tie-break)"][q.id] = [hp.items[i].id for i in top]
@@ -301,7 +309,7 @@ def compare(
                 out.append(paired_row(built.ds.name, split_name, "hybrid", baseline, pairs))
             out.append(paired_row("all data sets", split_name, "hybrid", baseline, pooled))
         for built, rows in everything:
-            for a, b in PBR_PAIRS:
+            for a, b in [*PBR_PAIRS, *CONTEXT_PAIRS]:
                 if a in rows and b in rows:
                     qs = select(built, split_name)
                     pairs = [(r_at_5(rows[a], q), r_at_5(rows[b], q)) for q in qs]

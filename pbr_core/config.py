@@ -86,11 +86,19 @@ class PBRConfig:
         max_answer_chars: an LLM answer is cut to this many characters before it is parsed
             (10 utterances of ~40 words need ~3,000), so a runaway answer costs bounded time.
         search: how the user's items are ranked for ``q*`` (:mod:`pbr_core.hybrid`):
-            ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, BM25 with its
-            neighbours' context and weighted by how much of the question its best match
-            covers; each result returns its
+            ``"hybrid"`` (dense and BM25, each scaled to [0, 1] per query, BM25 weighted by
+            how much of the question its best match covers; each result returns its
             relevance, comparable across queries: :func:`pbr_core.hybrid.relevance`),
             ``"dense"`` (cosine only, the paper's setting) or ``"lexical"`` (BM25 only).
+        lexical_context: in hybrid mode, how much of its two neighbours' BM25 (the items added
+            just before and after it) an item takes into the fused rule
+            (:func:`pbr_core.hybrid.with_context`); 0 (default): none. For histories added in
+            the order they happened (a conversation's turns), where an answer rarely repeats
+            its question's words: :data:`pbr_core.hybrid.LEXICAL_CONTEXT` (0.5) raised LoCoMo
+            turn-level R@5 from .5586 to .5681 (docs/hybrid.md). Off by default because it reads
+            the order of the user's items, which only the process that added them knows: a
+            worker that reads a host store cold gets the rows in the store's order
+            (PostgreSQL: key order), and would rank otherwise.
         lexical_feedback_weight: in the lexical leg, the weight of each P-PRF text that entered
             ``q*`` (pseudo utterances, reasoning) next to the user's own words (weight 1): PBR's
             feedback expands the BM25 query too, not only the vector. 0 searches with the user's
@@ -139,6 +147,7 @@ class PBRConfig:
     max_answer_chars: int = 20_000
     search: SearchMode = "hybrid"
     lexical_feedback_weight: float = 0.25
+    lexical_context: float = 0.0
     explain: ExplainMode = "none"
     rerank: RerankMode = "none"
     rerank_candidates: int = 10
@@ -203,6 +212,9 @@ class PBRConfig:
         weight = self.lexical_feedback_weight
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
             problems.append(f"lexical_feedback_weight must be a number >= 0, got {weight!r}")
+        context = self.lexical_context
+        if isinstance(context, bool) or not isinstance(context, int | float) or not context >= 0:
+            problems.append(f"lexical_context must be a number >= 0, got {context!r}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

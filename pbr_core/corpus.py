@@ -584,8 +584,10 @@ class Corpus:
         mode: SearchMode = "hybrid",
         found: Sequence[tuple[str, Mapping[str, Any], float | None]] | None = None,
         own_terms: Mapping[str, float] | None = None,
+        context: float = 0.0,
     ) -> list[ScoredRecord]:
-        """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`).
+        """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`; ``context``:
+        :attr:`~pbr_core.config.PBRConfig.lexical_context`).
 
         Args:
             user_id: whose search it is.
@@ -623,7 +625,14 @@ class Corpus:
                 raw[pos] = (key, score)
         candidates = list(raw) if found is not None else None
         ranked = rank(
-            history, vector, terms, k, mode=mode, candidates=candidates, own_terms=own_terms
+            history,
+            vector,
+            terms,
+            k,
+            mode=mode,
+            candidates=candidates,
+            own_terms=own_terms,
+            context=context,
         )
         out: list[ScoredRecord] = []
         for r, hit in zip(ranked, hits(history, ranked)):

@@ -9,15 +9,18 @@ evidence:
     c       = max bm25 / ceiling                  (coverage: how much of the query's words the
                                                    best lexical match holds, 0..1)
     w       = 1.5 · c                             (the lexical leg's weight, 0..1.5)
-    ctx(d)  = bm25(d) + 0.5 · [bm25(d−1) + bm25(d+1)] / 2
-                                                  (the item's BM25 with its neighbours' context)
+    ctx(d)  = bm25(d) + γ · [bm25(d−1) + bm25(d+1)] / 2
+                                                  (the item's BM25 with its neighbours' context;
+                                                   γ = PBRConfig.lexical_context, 0 by default)
     fused(d) = [ (cos(d) − min cos) / (max cos − min cos) + w · ctx(d) / max ctx ] / (1 + w)
 
-over the items being ranked (all of the user's, or a host search's candidates). ``d−1`` and
-``d+1`` are the items added just before and after ``d`` in the user's history (the order of
-:class:`~pbr_core.snapshot.UserHistory`: a conversation's turns, a diary's entries), so a turn
-that answers a question asked in the turn before it shares that turn's words; BM25 itself is
-pbr's, with ``k1 = 0.5`` and ``b = 0.25`` (:data:`pbr_core.lexical.DEFAULT_K1`). ``ceiling`` is
+over the items being ranked (all of the user's, or a host search's candidates). BM25 is pbr's,
+with ``k1 = 0.5`` and ``b = 0.25`` (:data:`pbr_core.lexical.DEFAULT_K1`). ``d−1`` and ``d+1``
+are the items added just before and after ``d`` in the user's history (the order of
+:class:`~pbr_core.snapshot.UserHistory`: a conversation's turns, a diary's entries), so, where
+asked for (γ > 0), a turn that answers a question asked in the turn before it shares that
+turn's words; off by default, since only the process that added the items knows their order (a
+worker that reads a host store cold gets the store's order). ``ceiling`` is
 :meth:`pbr_core.lexical.LexicalIndex.ceiling`, ``Σ idf`` of the query's words, computed for the
 *user's own words* (LLM feedback expands the lexical query but does not lower the coverage). A
 best lexical match holding the query's rare words (a name, a place) gives BM25 as much say as
@@ -88,7 +91,8 @@ __all__ = [
 #: The lexical leg's weight at full coverage (``w = LEXICAL_SCALE · c``): above 1, a query whose
 #: best lexical match holds all of its words lets BM25 outweigh the dense leg.
 LEXICAL_SCALE = 1.5
-#: How much of its neighbours' BM25 an item takes into the fused rule (:func:`with_context`).
+#: How much of its neighbours' BM25 an item takes into the fused rule where asked
+#: (:func:`with_context`, ``PBRConfig(lexical_context=...)``; off by default): what was measured.
 LEXICAL_CONTEXT = 0.5
 
 
@@ -248,7 +252,7 @@ def rank(
     candidates: Sequence[int] | None = None,
     own_terms: Mapping[str, float] | None = None,
     stemmer: str | None = None,
-    context: float = LEXICAL_CONTEXT,
+    context: float = 0.0,
 ) -> list[Ranked]:
     """The ``k`` best of the user's items (or of ``candidates``, positions from a host search
     that applied filters pbr cannot evaluate), best first.

@@ -197,7 +197,15 @@ def rank_personalized(
     terms = lexical_terms(pq.explanation, config.lexical_feedback_weight)
     own = lexical_query(pq.explanation.query)
     results = corpus.search(
-        user_id, history, pq.vector, terms, k, mode=config.search, found=found, own_terms=own
+        user_id,
+        history,
+        pq.vector,
+        terms,
+        k,
+        mode=config.search,
+        found=found,
+        own_terms=own,
+        context=config.lexical_context,
     )
     pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
     return results

@@ -26,6 +26,7 @@ from pbr_core import (
     Personalizer,
 )
 from pbr_core.hybrid import (
+    LEXICAL_CONTEXT,
     LEXICAL_SCALE,
     fuse,
     host_candidates,
@@ -137,9 +138,10 @@ def test_the_answer_after_a_question_is_found_by_the_questions_words() -> None:
     def top(**kw: float) -> list[str]:
         return [history.items[r.position].id for r in rank(history, q, terms, 3, **kw)]
 
-    assert set(top()) == set(top(context=0.0)) == {"asked", "answer", "other"}
-    assert top().index("answer") < top().index("other")
-    assert top(context=0.0).index("other") < top(context=0.0).index("answer")
+    with_neighbours = top(context=LEXICAL_CONTEXT)
+    assert set(with_neighbours) == set(top()) == {"asked", "answer", "other"}
+    assert with_neighbours.index("answer") < with_neighbours.index("other")
+    assert top().index("other") < top().index("answer")  # the default: no context
 
 
 def test_a_match_on_an_everyday_word_says_less_than_a_match_on_the_querys_rare_words() -> None:
@@ -203,7 +205,7 @@ def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
         (rank(history, q, expanded, 4, own_terms=own), w_own),
         (rank(history, q, expanded, 4), w_expanded),  # no own_terms: the expanded query's
     ):
-        order = list(top_k(fuse(dense, with_context(lexical), weight), 4))
+        order = list(top_k(fuse(dense, lexical, weight), 4))
         assert [r.position for r in got] == order
         expected = relevance(dense[order], lexical[order], weight, ceiling)
         assert [r.score for r in got] == pytest.approx(list(expected))
@@ -286,7 +288,7 @@ def test_hybrid_ranks_by_the_fused_rule_and_returns_each_results_relevance(
     index = history.lexical()
     dense, lexical = history.dense_scores(q), index.scores(terms)
     weight = lexical_weight(lexical, index.ceiling(terms))
-    order = list(top_k(fuse(dense, with_context(lexical), weight), k))
+    order = list(top_k(fuse(dense, lexical, weight), k))
     got = rank(history, q, terms, k)
     assert [r.position for r in got] == order
     scores = [r.score for r in got]
@@ -639,3 +641,25 @@ def test_a_damaged_windows_file_is_named(tmp_path: Path) -> None:
     damaged.write_bytes(b"not a zip")
     with pytest.raises(PersistenceError, match=r"\.windows\.npz"):
         HistoryStore.load(tmp_path / "saved").get("u")
+
+
+def test_a_requests_config_asks_for_the_neighbours_context_and_it_is_off_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PBRConfig.lexical_context`` reaches the ranking of a request (the one path every entry
+    point takes); 0 by default, since a host store read cold may not give the items' order."""
+    seen: list[float] = []
+    real = rank
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(float(kwargs.get("context", 0.0)))  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("pbr_core.corpus.rank", spy)
+    p = Personalizer(BagOfWords(), config=PBRConfig(fusion="plain"))
+    p.add_texts("u", [t for _, t in ITEMS], ids=[i for i, _ in ITEMS])
+    p.search("u", "dentist on Thursday", k=2)
+    p.search("u", "dentist on Thursday", k=2, config=PBRConfig(fusion="plain", lexical_context=0.5))
+    assert seen == [0.0, 0.5]
+    with pytest.raises(ValueError, match="lexical_context must be a number >= 0"):
+        PBRConfig(lexical_context=-0.1)
