@@ -95,10 +95,10 @@ class PBRConfig:
             (:func:`pbr_core.hybrid.with_context`); 0 (default): none. For histories added in
             the order they happened (a conversation's turns), where an answer rarely repeats
             its question's words: :data:`pbr_core.hybrid.LEXICAL_CONTEXT` (0.5) raised LoCoMo
-            turn-level R@5 from .5586 to .5681 (docs/hybrid.md). Off by default because it reads
-            the order of the user's items, which only the process that added them knows: a
-            worker that reads a host store cold gets the rows in the store's order
-            (PostgreSQL: key order), and would rank otherwise.
+            turn-level R@5 from .5497 to .5681, all questions (docs/hybrid.md). Off by default
+            because it reads the order of the user's items, which only the process that added
+            them knows: a worker that reads a host store cold gets the rows in the store's
+            order (PostgreSQL: key order), and would rank otherwise.
         lexical_feedback_weight: in the lexical leg, the weight of each P-PRF text that entered
             ``q*`` (pseudo utterances, reasoning) next to the user's own words (weight 1): PBR's
             feedback expands the BM25 query too, not only the vector. 0 searches with the user's
