@@ -268,7 +268,7 @@ class _Known:
     token: str | None = None  # the host's change token when this view was listed
     # A snapshot this worker built from a cold read, at that token, whose derived state (anchors,
     # BM25 index) no other worker shared: written back after the request (Corpus.share_state).
-    unshared: tuple[UserHistory, str] | None = None
+    unshared: tuple[UserHistory, str, str] | None = None  # (history, token, rows' digest)
 
 
 class Corpus:
@@ -902,6 +902,19 @@ class Corpus:
             self._take_state(history, token, rows.state, known)
         return history
 
+    @staticmethod
+    def _basis(history: UserHistory, known: _Known) -> str:
+        """A digest of the rows ``history`` was built from, in its order: each item's id, host
+        key, revision (text, metadata, timestamp) and vector. What a shared derived state must
+        have been derived from to be taken (:mod:`pbr_core.derived`)."""
+        digest = hashlib.blake2b(digest_size=16)
+        for item in history.items:
+            key = known.key_of.get(item.id, "")
+            for part in (item.id, key, known.revisions.get(key, "")):
+                digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
+        digest.update(np.ascontiguousarray(history.vectors, dtype=np.float32).tobytes())
+        return digest.hexdigest()
+
     def _take_state(
         self,
         history: UserHistory,
@@ -910,10 +923,12 @@ class Corpus:
         known: _Known,
     ) -> None:
         """Give a cold-built ``history`` the derived state another worker shared at the same
-        token; else remember to share ours after the request (:meth:`share_state`)."""
+        token, of the same rows; else remember to share ours after the request
+        (:meth:`share_state`)."""
+        basis = self._basis(history, known)
         if state is not None and state[0] == token:
             try:
-                attach(history, state[1])
+                attach(history, state[1], basis)
                 return
             except DamagedState as exc:
                 log.warning(
@@ -922,7 +937,7 @@ class Corpus:
                     user_tag(history.user_id),
                     exc,
                 )
-        known.unshared = (history, token)
+        known.unshared = (history, token, basis)
 
     def has_unshared(self, user_id: str) -> bool:
         """Whether :meth:`share_state` has something to write for ``user_id``."""
@@ -946,14 +961,13 @@ class Corpus:
             if known.unshared is not unshared:
                 return
             known.unshared = None
-            history, token = unshared
+            history, token, basis = unshared
             if known.token != token or self.cache._current(user_id) is not history:
                 return  # changed since: the next cold read derives and shares anew
-        blob = pack(history)
-        if blob is None:
-            return
         try:
-            write(user_id, token, blob)
+            blob = pack(history, basis)
+            if blob is not None:
+                write(user_id, token, blob)
         except Exception as exc:  # a cache write: the query it follows already succeeded
             log.warning(
                 "pbr: could not share the derived state of user %s (%s: %s); other workers "

@@ -8,9 +8,11 @@ the first worker to build it share it: the next cold worker reads it with the ro
 the user as if warm.
 
 The blob is a cache, never a record: it is used only with the exact rows it was derived from
-(the host's change token at which they were read, and the same item ids in the same order),
-and a blob that fails its checksum, names another user or does not fit the rows is ignored
-(with a warning) and the state rebuilt from the rows, which are the truth.
+(the host's change token at which they were read, and a digest of those rows: each item's id,
+host key, revision and vector, in order, so that a write the token missed, e.g. made while the
+trigger was disabled, still makes it stale), by the same version of pbr; a blob that fails its
+checksum, names another user or does not fit the rows is ignored (with a warning) and the state
+rebuilt from the rows, which are the truth.
 
 Layout: ``b"PBRD"``, a format byte, the sha256 of the rest, then an ``.npz`` (no pickles) of
 the anchors' arrays (:func:`pbr_core.history_format.anchor_arrays`), the BM25 index's
@@ -21,9 +23,9 @@ BM25 parameters and terms).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import io
 import json
-import zipfile
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,11 @@ from .snapshot import UserHistory
 
 __all__ = ["DamagedState", "attach", "pack"]
 
+try:  # which pbr derived a state: another version may tokenize or build anchors otherwise
+    _PBR = importlib.metadata.version("personalize-before-retrieve")
+except importlib.metadata.PackageNotFoundError:  # a source tree run without installing
+    _PBR = "unknown"
+
 _MAGIC = b"PBRD"
 _FORMAT = 1
 _HEAD = len(_MAGIC) + 1 + 32
@@ -43,15 +50,18 @@ class DamagedState(ValueError):
     """A packed state that cannot be used for this user's rows (damaged, foreign or stale)."""
 
 
-def pack(history: UserHistory) -> bytes | None:
-    """``history``'s built anchors and BM25 index as one blob; None when it has built neither
-    (nothing worth sharing)."""
+def pack(history: UserHistory, basis: str) -> bytes | None:
+    """``history``'s built anchors and BM25 index as one blob, for rows of digest ``basis``
+    (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read); None when it has
+    built neither (nothing worth sharing)."""
     anchors = [(k, a) for k, a in list(history._anchors.items()) if a is not None]
     lexical = history._lexical
     if not anchors and lexical is None:
         return None
     entries, arrays = anchor_arrays(anchors, prefix="anchor")
     header: dict[str, Any] = {
+        "pbr": _PBR,
+        "basis": basis,
         "user_id": history.user_id,
         "ids": [item.id for item in history.items],
         "dim": history.dim,
@@ -73,17 +83,18 @@ def pack(history: UserHistory) -> bytes | None:
     return _MAGIC + bytes([_FORMAT]) + hashlib.sha256(body).digest() + body
 
 
-def attach(history: UserHistory, blob: bytes) -> None:
-    """Give ``history`` (just built from the rows the blob was derived from) the blob's anchors
-    and BM25 index.
+def attach(history: UserHistory, blob: bytes, basis: str) -> None:
+    """Give ``history`` (just built from rows of digest ``basis``) the blob's anchors and BM25
+    index, if the blob was derived from rows of that digest.
 
     The BM25 index is taken only if it was built with today's default parameters (what
     :meth:`UserHistory.lexical` would build); anchors are keyed by their graph parameters, so
     any may be taken.
 
     Raises:
-        DamagedState: the blob is damaged, of another format, of another user, or of other
-            items (ids or order) than ``history``'s; ``history`` is left as it was.
+        DamagedState: the blob is damaged, of another format or pbr version, of another user,
+            or of other rows (digest, ids or order) than ``history``'s; ``history`` is left as
+            it was. Whatever a malformed blob raises is this error: the state is a cache.
     """
     data = bytes(blob)
     if len(data) < _HEAD or data[:4] != _MAGIC or data[4] != _FORMAT:
@@ -95,8 +106,12 @@ def attach(history: UserHistory, blob: bytes) -> None:
         with np.load(io.BytesIO(body), allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
         header = json.loads(arrays.pop("header").tobytes().decode("utf-8"))
+        if header["pbr"] != _PBR:
+            raise DamagedState(f"derived by pbr {header['pbr']}, not {_PBR}")
         if header["user_id"] != history.user_id:
             raise DamagedState("the state of another user")
+        if header["basis"] != basis:
+            raise DamagedState("the state of other rows than the user's")
         if header["ids"] != [item.id for item in history.items] or header["dim"] != history.dim:
             raise DamagedState("the state of other items than the user's rows")
         anchors = anchors_from_arrays(
@@ -119,6 +134,6 @@ def attach(history: UserHistory, blob: bytes) -> None:
                 raise DamagedState("a BM25 index of another number of items")
     except DamagedState:
         raise
-    except (KeyError, TypeError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except Exception as exc:  # anything a crafted or damaged blob makes numpy or json raise
         raise DamagedState(f"cannot be read ({type(exc).__name__}: {exc})") from exc
     history.adopt(anchors, lexical)

@@ -338,8 +338,8 @@ CREATE SEQUENCE IF NOT EXISTS pbr_revision_seq;
 CREATE TABLE IF NOT EXISTS pbr_states (
     tbl oid NOT NULL, owner text NOT NULL, reader text NOT NULL, rev bigint NOT NULL,
     state bytea NOT NULL, PRIMARY KEY (tbl, owner, reader));
-ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL;
-CREATE OR REPLACE FUNCTION pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql AS $pbr$
+CREATE OR REPLACE FUNCTION pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $pbr$
 DECLARE
     who text;
 BEGIN
@@ -363,7 +363,8 @@ BEGIN
     END IF;
     RETURN NULL;
 END $pbr$;
-CREATE OR REPLACE FUNCTION pbr_truncate_revision() RETURNS trigger LANGUAGE plpgsql AS $pbr$
+CREATE OR REPLACE FUNCTION pbr_truncate_revision() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $pbr$
 BEGIN
     UPDATE pbr_revisions SET rev = nextval('pbr_revision_seq') WHERE tbl = TG_RELID;
     DELETE FROM pbr_states WHERE tbl = TG_RELID;
@@ -418,6 +419,7 @@ class PgRecords:
         self._rows = rows
         self._dumps = dumps
         self.tokens = False  # whether change_token reads the trigger's revisions
+        self.states = False  # whether cold reads read and share derived states (pbr_states)
         self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
         self._bulk: BulkPlan | None = None  # how pbr writes a batch (bulk_plan)
         self._bulk_known = rows is None  # whether bulk_plan has looked (nothing to look for)
@@ -431,8 +433,10 @@ class PgRecords:
         warning, and verification lists every read."""
         t, key = self.table, self.user_key
         suffix = t.suffix(key)
-        if self._installed():  # the usual case: no DDL, no lock on the table
+        armed, current = self._installed()
+        if armed and current:  # the usual case: no DDL, no lock on the table
             self.tokens = True
+            self.states = self._may_read_states()
             return
         owner = t.owner_expr(key)
         scope = f"{quote_ident(t.scope_column)}, " if t.scope_column else ""
@@ -467,30 +471,64 @@ class PgRecords:
         try:
             self.sql(statements)
         except Exception as exc:  # a read-only role: still correct, listing on every read
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if armed:  # an older pbr's install this role may not upgrade: revisions still work
+                log.warning(
+                    "pbr: could not upgrade pbr's functions on %s (%s); cold workers build each "
+                    "user's anchor and BM25 index themselves",
+                    t.qualified,
+                    why,
+                )
+                self.tokens = True
+                self.states = self._may_read_states()
+                return
             log.warning(
                 "pbr: could not create the owner index / revision trigger on %s (%s); every "
                 "query lists the user's rows instead",
                 t.qualified,
-                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                why,
             )
             return
         self.tokens = True
+        self.states = self._may_read_states()
 
-    def _installed(self) -> bool:
+    def _installed(self) -> tuple[bool, bool]:
+        """(the table's two triggers exist, pbr's functions and ``pbr_states`` are this
+        version's: security definer, deleting states)."""
         try:
             rows = self.sql(
                 [
                     (
-                        "SELECT count(*) + (to_regclass('pbr_states') IS NOT NULL)::int "
-                        "FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) "
-                        "AND tgname IN (:rev, :trunc)",
+                        "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = "
+                        "to_regclass(:tbl) AND tgname IN (:rev, :trunc)), "
+                        "(to_regclass('pbr_states') IS NOT NULL AND (SELECT count(*) FROM "
+                        "pg_proc WHERE proname IN ('pbr_bump_revision', 'pbr_truncate_revision') "
+                        "AND prosecdef AND prosrc LIKE '%pbr_states%') = 2)",
                         {"tbl": self.table.regclass, **self._trigger_names()},
                     )
                 ]
             )
         except Exception:
+            return False, False
+        if not rows:
+            return False, False
+        return rows[0][0] == 2, bool(rows[0][1])
+
+    def _may_read_states(self) -> bool:
+        """Whether this role may read ``pbr_states`` (else cold reads leave it out)."""
+        try:
+            rows = self.sql(
+                [
+                    (
+                        "SELECT to_regclass('pbr_states') IS NOT NULL AND "
+                        "has_table_privilege('pbr_states', 'SELECT')",
+                        {"pbr": 1},
+                    )
+                ]
+            )
+        except Exception:
             return False
-        return bool(rows) and rows[0][0] == 3
+        return bool(rows and rows[0][0])
 
     # -- HostRecords ---------------------------------------------------------------------------
     def validate(self, records: Sequence[Record]) -> None:
@@ -648,17 +686,25 @@ class PgRecords:
         if t.newest is not None:
             distinct = f"DISTINCT ON ({k}) "
             order = f" ORDER BY {k}, {quote_ident(t.newest)} DESC"
+        # Both aggregates in one order, ties (a key that is not unique) broken by the row's
+        # ctid; keys compared byte-wise ("C"), so every server and replica agrees on it.
+        by = 'ORDER BY k::text COLLATE "C", c'
+        state = (
+            "s.rev, s.state FROM (SELECT 1) one LEFT JOIN pbr_states s ON s.tbl = "
+            "to_regclass(:tbl) AND s.reader = :reader AND s.owner = :user"
+            if self.states
+            else "NULL, NULL"
+        )
         statement = (
-            f"WITH mine AS MATERIALIZED (SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, "
-            f"{quote_ident(t.metadata)} AS m, {vector} AS v FROM {t.qualified} "
-            f"WHERE {t.scoped()} AND {self._mine()}{order}) "
+            f"WITH mine AS MATERIALIZED (SELECT {distinct}{k} AS k, ctid AS c, "
+            f"{quote_ident(t.text)} AS t, {quote_ident(t.metadata)} AS m, {vector} AS v "
+            f"FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}) "
             "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
             "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
             "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
-            "AND tgenabled <> 'D'), (SELECT json_agg(json_build_array(k, t, m) ORDER BY k) "
-            "FROM mine), (SELECT string_agg(coalesce(v, '\\x00000000'::bytea), ''::bytea "
-            "ORDER BY k) FROM mine), s.rev, s.state FROM (SELECT 1) one LEFT JOIN pbr_states s "
-            "ON s.tbl = to_regclass(:tbl) AND s.reader = :reader AND s.owner = :user"
+            f"AND tgenabled <> 'D'), (SELECT json_agg(json_build_array(k, t, m) {by}) "
+            "FROM mine), (SELECT string_agg(coalesce(v, decode('00000000', 'hex')), "
+            f"''::bytea {by}) FROM mine), {state}"
         )
         params = t.params(
             tbl=t.regclass,
@@ -697,7 +743,7 @@ class PgRecords:
         committing meanwhile either waits and then deletes it (the trigger deletes an owner's
         states with every change of its rows) or makes this write find another revision: no
         state outlives the rows it was derived from. Returns whether it was written."""
-        if not self.tokens or self.owner is not None or token == "none":
+        if not self.tokens or not self.states or self.owner is not None or token == "none":
             return False
         rows = self.sql(
             [
@@ -705,7 +751,7 @@ class PgRecords:
                     "INSERT INTO pbr_states (tbl, owner, reader, rev, state) SELECT r.tbl, "
                     "r.owner, :reader, r.rev, :state FROM pbr_revisions r WHERE "
                     "r.tbl = to_regclass(:tbl) AND r.user_key = :key AND r.owner = :user AND "
-                    "r.rev = CAST(:rev AS bigint) FOR SHARE "
+                    "r.rev = :rev FOR SHARE "
                     "ON CONFLICT (tbl, owner, reader) DO UPDATE SET rev = EXCLUDED.rev, "
                     "state = EXCLUDED.state RETURNING 1",
                     {
@@ -713,7 +759,7 @@ class PgRecords:
                         "reader": self._reader(),
                         "user": user_id,
                         "key": self.user_key,
-                        "rev": token,
+                        "rev": int(token),  # asyncpg binds a str to a bigint as an error
                         "state": state,
                     },
                 )
@@ -883,20 +929,34 @@ class _EngineSql:
             driver = conn.connection.driver_connection
             if not hasattr(driver, "pgconn") or not hasattr(driver, "broken"):
                 return None  # psycopg2 has no binary results
+            if driver.info.transaction_status != _IDLE:
+                return None  # a transaction a hook left open: SQLAlchemy's way, not ours
+            was = bool(driver.autocommit)  # an engine made with isolation_level="AUTOCOMMIT"
             try:
-                driver.autocommit = True
-                try:
-                    with driver.cursor() as cursor:
-                        cursor.execute(converted, dict(params), binary=True)
-                        return [tuple(r) for r in cursor.fetchall()]
-                finally:
-                    if not driver.closed:
-                        driver.autocommit = False
+                if not was:
+                    driver.autocommit = True
+                with driver.cursor() as cursor:
+                    cursor.execute(converted, dict(params), binary=True)
+                    rows = [tuple(r) for r in cursor.fetchall()]
             except Exception as exc:
                 if driver.closed or driver.broken:
                     conn.invalidate()
                     raise ConnectionError(f"the PostgreSQL connection was lost: {exc}") from exc
                 raise
+            finally:
+                self._restore(conn, driver, was)
+            return rows
+
+    @staticmethod
+    def _restore(conn: Any, driver: Any, was: bool) -> None:
+        """Give the pooled connection back as it was lent (its autocommit setting); one that
+        cannot be set back is dropped from the pool, never returned changed."""
+        if driver.closed or bool(driver.autocommit) == was:
+            return
+        try:
+            driver.autocommit = was
+        except Exception:
+            conn.invalidate()
 
     @staticmethod
     @functools.lru_cache(maxsize=256)
@@ -908,6 +968,9 @@ class _EngineSql:
         pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
         return re.sub(rf"(?<![:\w]):({pattern})\b", r"%(\1)s", statement.replace("%", "%%"))
 
+
+#: psycopg's ``TransactionStatus.IDLE`` (no transaction open on the connection).
+_IDLE = 0
 
 #: A SQL string literal or quoted identifier (a doubled quote inside is part of it).
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")

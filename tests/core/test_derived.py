@@ -12,6 +12,7 @@ from pbr_core.lexical import LexicalIndex
 from pbr_core.snapshot import UserHistory
 
 CONFIG = PBRConfig()
+BASIS = "digest-of-the-rows"  # what the caller computes from the rows it read
 
 
 def _history(user: str = "alice", order: list[int] | None = None) -> UserHistory:
@@ -32,14 +33,14 @@ def _built() -> UserHistory:
 
 
 def test_a_history_that_built_nothing_has_nothing_to_pack() -> None:
-    assert pack(_history()) is None
+    assert pack(_history(), BASIS) is None
 
 
 def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     built = _built()
-    blob = pack(built)
+    blob = pack(built, BASIS)
     assert blob is not None
     fresh = _history()
 
@@ -48,7 +49,7 @@ def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
 
     monkeypatch.setattr("pbr_core.snapshot.compute_anchor", refuse)
     monkeypatch.setattr(LexicalIndex, "build", classmethod(lambda cls, *a, **k: refuse()))
-    attach(fresh, blob)
+    attach(fresh, blob, BASIS)
     anchor, original = fresh.anchor(CONFIG), built.anchor(CONFIG)
     assert anchor is not None and original is not None
     assert np.array_equal(anchor.vector, original.vector)
@@ -70,23 +71,23 @@ def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
 def test_a_damaged_blob_is_refused_and_leaves_the_history_as_it_was(
     damage: object, reason: str
 ) -> None:
-    blob = pack(_built())
+    blob = pack(_built(), BASIS)
     assert blob is not None
     fresh = _history()
     with pytest.raises(DamagedState, match=reason):
-        attach(fresh, damage(blob))  # type: ignore[operator]
+        attach(fresh, damage(blob), BASIS)  # type: ignore[operator]
     assert fresh._anchors == {} and fresh._lexical is None
 
 
 def test_another_users_or_other_items_state_is_refused() -> None:
-    blob = pack(_built())
+    blob = pack(_built(), BASIS)
     assert blob is not None
     with pytest.raises(DamagedState, match="another user"):
-        attach(_history(user="bob"), blob)
+        attach(_history(user="bob"), blob, BASIS)
     with pytest.raises(DamagedState, match="other items"):
-        attach(_history(order=[1, 0, *range(2, 30)]), blob)  # same items, another order
+        attach(_history(order=[1, 0, *range(2, 30)]), blob, BASIS)  # same items, another order
     with pytest.raises(DamagedState, match="other items"):
-        attach(_history(order=list(range(29))), blob)  # one item fewer
+        attach(_history(order=list(range(29))), blob, BASIS)  # one item fewer
 
 
 def test_a_lexical_index_whose_parts_do_not_fit_is_refused() -> None:
@@ -98,3 +99,38 @@ def test_a_lexical_index_whose_parts_do_not_fit_is_refused() -> None:
         LexicalIndex.from_parts(terms, bad, k1=1.5, b=0.75, stemmer=None)
     with pytest.raises(ValueError, match="do not fit"):
         LexicalIndex.from_parts([*terms, "extra"], parts, k1=1.5, b=0.75, stemmer=None)
+
+
+def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = pack(_built(), BASIS)
+    assert blob is not None
+    with pytest.raises(DamagedState, match="other rows"):
+        attach(_history(), blob, "the digest of rows changed since")
+    monkeypatch.setattr("pbr_core.derived._PBR", "9.9.9")
+    with pytest.raises(DamagedState, match="derived by pbr"):
+        attach(_history(), blob, BASIS)
+
+
+def test_whatever_a_malformed_blob_raises_is_a_damaged_state() -> None:
+    """A blob that passes its checksum (anyone who may write the table can make one) but holds
+    values numpy or the anchor cannot take: still DamagedState, never another error."""
+    import hashlib
+    import io
+    import json
+
+    built = _built()
+    blob = pack(built, BASIS)
+    assert blob is not None
+    with np.load(io.BytesIO(blob[37:]), allow_pickle=False) as z:
+        arrays = {name: z[name] for name in z.files}
+    header = json.loads(arrays["header"].tobytes())
+    header["anchors"][0]["iterations"] = float("inf")  # int(inf): OverflowError
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    body = buffer.getvalue()
+    crafted = blob[:5] + hashlib.sha256(body).digest() + body
+    fresh = _history()
+    with pytest.raises(DamagedState, match="OverflowError"):
+        attach(fresh, crafted, BASIS)
+    assert fresh._anchors == {}

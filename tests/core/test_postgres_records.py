@@ -414,28 +414,87 @@ def test_a_damaged_or_foreign_state_is_detected_warned_and_rebuilt(
     assert sorted(it.id for it in history.items) == ["b1", "b2"]
 
 
-def test_a_role_that_may_not_write_the_state_still_answers(
-    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("grants", "warned"),
+    [
+        ("notes, pbr_revisions, pbr_states", "could not share the derived state"),
+        ("notes, pbr_revisions", None),  # may not even read it: cold reads leave it out
+    ],
+)
+def test_a_role_that_may_not_write_or_read_the_state_still_answers(
+    pgvector_engine: Any,
+    hash_embedder: Any,
+    caplog: pytest.LogCaptureFixture,
+    grants: str,
+    warned: str | None,
 ) -> None:
     engine = pgvector_engine[0]
     sql = _with_alice(engine, hash_embedder)
     sql([("REVOKE ALL ON pbr_states FROM PUBLIC", {}), ("DROP ROLE IF EXISTS pbr_reader", {})])
-    sql(
-        [
-            ("CREATE ROLE pbr_reader LOGIN", {}),
-            ("GRANT SELECT ON notes, pbr_revisions, pbr_states TO pbr_reader", {}),
-        ]
-    )
+    sql([("CREATE ROLE pbr_reader LOGIN", {}), (f"GRANT SELECT ON {grants} TO pbr_reader", {})])
     from sqlalchemy import create_engine
 
     reader = create_engine(engine.url.set(username="pbr_reader"))
     try:
         with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
-            _, ranked = _serve(_worker(reader, hash_embedder), "alice")
-        assert "could not share the derived state" in caplog.text and len(ranked) == 5
+            worker = _worker(reader, hash_embedder)
+            _, ranked = _serve(worker, "alice")
+        assert len(ranked) == 5
+        assert worker.host.tokens  # type: ignore[union-attr]  # still verified by revision
+        if warned:
+            assert warned in caplog.text
+        else:
+            assert not worker.host.states and "pbr:" not in caplog.text  # type: ignore[union-attr]
     finally:
         reader.dispose()
         sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
+
+
+def test_a_write_the_trigger_did_not_see_makes_the_state_unusable(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the trigger disabled, a write leaves the revision and the shared state as they
+    were; the digest of the rows read tells the state is of other rows, and it is rebuilt."""
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    _serve(_worker(engine, hash_embedder), "alice")
+    sql(
+        [
+            ("ALTER TABLE notes DISABLE TRIGGER USER", {}),
+            ("UPDATE notes SET doc = 'alice rides trains' WHERE meta ->> 'pbr_id' = 'n3'", {}),
+            ("ALTER TABLE notes ENABLE TRIGGER USER", {}),
+        ]
+    )
+    assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(1,)]  # the trigger never saw it
+    history, _ = _serve(_worker(engine, hash_embedder), "alice")
+    assert history.lexical().scores("rides")[history.position("n3")] > 0
+
+
+def test_a_writer_role_needs_no_rights_on_pbrs_own_tables(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """The trigger functions run as the role that installed them (security definer): an app
+    role granted only its table can write it, and the revision still moves."""
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    sql([("DROP ROLE IF EXISTS pbr_writer", {})])
+    sql(
+        [
+            ("CREATE ROLE pbr_writer LOGIN", {}),
+            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_writer", {}),
+        ]
+    )
+    from sqlalchemy import create_engine
+
+    writer = create_engine(engine.url.set(username="pbr_writer"))
+    try:
+        before = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])
+        engine_sql(writer)([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'n1'", {})])
+        after = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])
+        assert before != after
+    finally:
+        writer.dispose()
+        sql([("DROP OWNED BY pbr_writer", {}), ("DROP ROLE pbr_writer", {})])
 
 
 def _bulk_host(sql: Any, name: str, columns: str, **table: Any) -> PgRecords:
@@ -615,3 +674,28 @@ def test_a_connection_lost_under_a_read_is_a_connection_error_and_the_next_read_
     with pytest.raises(ConnectionError, match="connection was lost"):
         host.change_token("alice")
     assert host.change_token("alice") == "none"
+
+
+def test_a_read_gives_the_pooled_connection_back_as_it_was_lent(pgvector_engine: Any) -> None:
+    """pbr's reads run in autocommit on the driver; an app's engine made with autocommit must
+    get its connections back in autocommit, one without it back without."""
+    from sqlalchemy import create_engine, text
+
+    engine = pgvector_engine[0]
+    auto = create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
+    try:
+        table, sql = _table(engine)
+        host = PgRecords(table, engine_sql(auto), "user_id", _writer(table, sql))
+        assert host.change_token("alice") == "none"
+        with auto.connect() as conn:  # the same pooled connection: no commit needed
+            assert conn.connection.driver_connection.autocommit
+            conn.execute(text("CREATE TABLE kept (x int)"))
+        assert engine_sql(engine)([("SELECT to_regclass('kept') IS NOT NULL", {"x": 1})]) == [
+            (True,)
+        ]
+        host = PgRecords(table, engine_sql(engine), "user_id", _writer(table, sql))
+        assert host.change_token("alice") == "none"
+        with engine.connect() as conn:
+            assert not conn.connection.driver_connection.autocommit
+    finally:
+        auto.dispose()
