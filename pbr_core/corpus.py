@@ -268,7 +268,8 @@ class _Known:
     token: str | None = None  # the host's change token when this view was listed
     # A snapshot this worker built from a cold read, at that token, whose derived state (anchors,
     # BM25 index) no other worker shared: written back after the request (Corpus.share_state).
-    unshared: tuple[UserHistory, str, str] | None = None  # (history, token, rows' digest)
+    # (history, token, rows' digest, what of it was taken from another worker's state)
+    unshared: tuple[UserHistory, str, str, tuple[Any, ...]] | None = None
 
 
 class Corpus:
@@ -929,7 +930,6 @@ class Corpus:
         if state is not None and state[0] == token:
             try:
                 attach(history, state[1], basis)
-                return
             except DamagedState as exc:
                 log.warning(
                     "pbr: the shared derived state of user %s is not usable (%s); rebuilt "
@@ -937,7 +937,8 @@ class Corpus:
                     user_tag(history.user_id),
                     exc,
                 )
-        known.unshared = (history, token, basis)
+        # shared after the request if it built more than it took (another anchor, the index)
+        known.unshared = (history, token, basis, _derived(history))
 
     def has_unshared(self, user_id: str) -> bool:
         """Whether :meth:`share_state` has something to write for ``user_id``."""
@@ -961,9 +962,11 @@ class Corpus:
             if known.unshared is not unshared:
                 return
             known.unshared = None
-            history, token, basis = unshared
+            history, token, basis, taken = unshared
             if known.token != token or self.cache._current(user_id) is not history:
                 return  # changed since: the next cold read derives and shares anew
+            if _derived(history) == taken:
+                return  # nothing built beyond what was read
         try:
             blob = pack(history, basis)
             if blob is not None:
@@ -1083,6 +1086,13 @@ class Corpus:
         history = self.cache._current(user_id)
         if history is not None and len(history) == 0:
             self.cache.drop_user(user_id)
+
+
+def _derived(history: UserHistory) -> tuple[Any, ...]:
+    """What of ``history``'s derived state is built: its anchors' keys and whether its BM25
+    index is (what a shared state holds)."""
+    anchors = sorted(repr(k) for k, a in list(history._anchors.items()) if a is not None)
+    return (tuple(anchors), history._lexical is not None)
 
 
 def merge_vectors(known: list[np.ndarray | None], todo: list[int], fresh: np.ndarray) -> np.ndarray:

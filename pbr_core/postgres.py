@@ -459,13 +459,21 @@ class PgRecords:
                 "FOR EACH STATEMENT EXECUTE FUNCTION pbr_truncate_revision()",
                 {},
             ),
-            # Owners whose rows were written before the trigger existed get a first stamp.
+            # Owners whose rows were written before the trigger existed get a stamp, a new one
+            # where an earlier stamp exists (a table dropped and made again may reuse its oid):
+            # nothing read or derived before this trigger is trusted after it.
             (
                 "INSERT INTO pbr_revisions SELECT to_regclass(:tbl), :key, o, "
                 f"nextval('pbr_revision_seq') FROM (SELECT DISTINCT {meta} ->> "
                 f"{quote_literal(key)} AS o FROM {t.qualified}) owners WHERE o IS NOT NULL "
-                "ON CONFLICT DO NOTHING",
+                "ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev",
                 {"tbl": t.regclass, "key": key},
+            ),
+            # Derived states of this table, and of tables dropped since: not to be kept.
+            (
+                "DELETE FROM pbr_states WHERE tbl = to_regclass(:tbl) "
+                "OR tbl NOT IN (SELECT oid FROM pg_class)",
+                {"tbl": t.regclass},
             ),
         ]
         try:

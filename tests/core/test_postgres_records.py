@@ -699,3 +699,37 @@ def test_a_read_gives_the_pooled_connection_back_as_it_was_lent(pgvector_engine:
             assert not conn.connection.driver_connection.autocommit
     finally:
         auto.dispose()
+
+
+def test_a_worker_that_builds_more_than_it_took_shares_the_fuller_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dense-only request shares anchors without a BM25 index; the next cold worker takes
+    them, builds the index for its hybrid request and shares both; a third builds nothing."""
+    engine = pgvector_engine[0]
+    _with_alice(engine, hash_embedder)
+    first = _worker(engine, hash_embedder)
+    history = first.history("alice")
+    assert history is not None
+    history.anchor(PBRConfig())  # what a dense request builds
+    first.share_state("alice")
+    second = _worker(engine, hash_embedder)
+    taken = second.history("alice")
+    assert taken is not None and taken._lexical is None and taken._anchors
+    taken.lexical()
+    second.share_state("alice")
+    _refuse_builds(monkeypatch)
+    third, _ = _serve(_worker(engine, hash_embedder), "alice")
+    assert third._lexical is not None
+
+
+def test_a_dropped_table_leaves_no_derived_state_once_pbr_sets_up_again(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    _serve(_worker(engine, hash_embedder), "alice")
+    assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(1,)]
+    sql([("DROP TABLE notes", {})])  # the item ids and words of alice's state stay behind ...
+    _records(engine, "other_notes")  # ... until pbr sets up a table again
+    assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(0,)]
