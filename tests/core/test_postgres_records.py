@@ -307,6 +307,15 @@ def _with_alice(engine: Any, embedder: Any) -> Any:
     return engine_sql(engine)
 
 
+def _alice_shared(engine: Any, embedder: Any) -> Any:
+    """alice's notes written, then read cold by a worker that shared their derived state (one
+    row of pbr_states); returns plain SQL over the database."""
+    sql = _with_alice(engine, embedder)
+    _serve(_worker(engine, embedder), "alice")
+    assert sql([("SELECT count(*) FROM pbr_states WHERE owner = 'alice'", {})]) == [(1,)]
+    return sql
+
+
 def _refuse_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("built instead of taken from the shared state")
@@ -334,10 +343,8 @@ def test_any_write_of_a_users_rows_removes_their_state_and_the_next_cold_read_sh
     pgvector_engine: Any, hash_embedder: Any
 ) -> None:
     engine = pgvector_engine[0]
-    sql = _with_alice(engine, hash_embedder)
-    _serve(_worker(engine, hash_embedder), "alice")
+    sql = _alice_shared(engine, hash_embedder)
     count = "SELECT count(*) FROM pbr_states WHERE owner = 'alice'"
-    assert sql([(count, {})]) == [(1,)]
     # A write that is not pbr's: the trigger removes the state with the revision it bumps.
     sql([("UPDATE notes SET doc = 'alice now rides trains' WHERE meta ->> 'pbr_id' = 'n3'", {})])
     assert sql([(count, {})]) == [(0,)]
@@ -361,8 +368,7 @@ def test_a_state_of_another_revision_is_not_taken(
     """Defence in depth behind the trigger: a state whose revision is not the rows' (written
     by a worker racing a write, or by hand) is never used."""
     engine = pgvector_engine[0]
-    sql = _with_alice(engine, hash_embedder)
-    _serve(_worker(engine, hash_embedder), "alice")
+    sql = _alice_shared(engine, hash_embedder)
     sql([("UPDATE pbr_states SET rev = rev - 1 WHERE owner = 'alice'", {})])
     built: list[int] = []
     real = pbr_core.snapshot.compute_anchor
@@ -456,8 +462,7 @@ def test_a_write_the_trigger_did_not_see_makes_the_state_unusable(
     """With the trigger disabled, a write leaves the revision and the shared state as they
     were; the digest of the rows read tells the state is of other rows, and it is rebuilt."""
     engine = pgvector_engine[0]
-    sql = _with_alice(engine, hash_embedder)
-    _serve(_worker(engine, hash_embedder), "alice")
+    sql = _alice_shared(engine, hash_embedder)
     sql(
         [
             ("ALTER TABLE notes DISABLE TRIGGER USER", {}),
@@ -727,9 +732,7 @@ def test_a_dropped_table_leaves_no_derived_state_once_pbr_sets_up_again(
     pgvector_engine: Any, hash_embedder: Any
 ) -> None:
     engine = pgvector_engine[0]
-    sql = _with_alice(engine, hash_embedder)
-    _serve(_worker(engine, hash_embedder), "alice")
-    assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(1,)]
+    sql = _alice_shared(engine, hash_embedder)
     sql([("DROP TABLE notes", {})])  # the item ids and words of alice's state stay behind ...
     _records(engine, "other_notes")  # ... until pbr sets up a table again
     assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(0,)]
