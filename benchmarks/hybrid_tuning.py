@@ -64,7 +64,6 @@ candidate: the conversation goals against PrefEval), and prints the tables.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import pickle
@@ -76,10 +75,23 @@ from typing import Any
 
 import numpy as np
 
+from pbr_bench import one_set
 from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.histories import build, encoders
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
+from pbr_bench.one_set import (
+    CUT,
+    METRICS,
+    RULE_SETS,
+    SHORT,
+    Row,
+    Scores,
+    objective,
+    ranks,
+    views,
+    write_csv,
+)
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query
@@ -87,44 +99,12 @@ from pbr_core.lexical import LexicalIndex, StemmerName
 
 OUT = RESULTS_DIR / "hybrid"
 CACHE = cache_dir() / "hybrid_tuning"
-CUT = 5
-METRICS = ("R@5", "N@5", "recall_any@5")
 
 #: Added after the choice had been made and read on the test split: reported for the choice and
 #: the baselines, not in the rule (PersonaBench's other two noise levels).
 ADDED_AFTER = ["personabench-0.3", "personabench-0.5"]
-#: What is loaded: LoCoMo once, on every question with evidence; the current question set is
-#: the subset without the adversarial category.
-LOADED = [
-    "personabench-0.0",
-    "personabench-0.7",
-    "locomo-turn-all",
-    "locomo-session-all",
-    "prefeval-explicit-n10",
-    "prefeval-explicit-n50",
-    "prefeval-explicit-n100",
-    "prefeval-explicit-n300",
-    *ADDED_AFTER,
-]
-#: The data sets of the rule (the -all views overlap them and only enter the objective).
-RULE_SETS = [
-    "personabench-0.0",
-    "personabench-0.7",
-    "locomo-turn",
-    "locomo-session",
-    "prefeval-explicit-n10",
-    "prefeval-explicit-n50",
-    "prefeval-explicit-n100",
-    "prefeval-explicit-n300",
-]
-VIEWS = [*RULE_SETS, "locomo-turn-all", "locomo-session-all", *ADDED_AFTER]
-#: (data set, metric) of the conversation goals: the choice's objective.
-GOALS = [
-    ("locomo-turn", "R@5"),
-    ("locomo-session", "R@5"),
-    ("locomo-turn-all", "recall_any@5"),
-    ("locomo-session-all", "recall_any@5"),
-]
+LOADED = [*one_set.LOADED, *ADDED_AFTER]
+VIEWS = [*one_set.VIEWS, *ADDED_AFTER]
 
 STEMMERS: tuple[StemmerName | None, ...] = (None, "english")
 K1S = (0.25, 0.5, 0.9, 1.2, 1.5, 2.0)
@@ -134,9 +114,6 @@ ANALYZERS: list[tuple[StemmerName | None, float, float]] = list(
 )
 DEFAULT_ANALYZER = ANALYZERS.index((None, 1.5, 0.75))
 BASELINES = ("dense", "bm25", "rrf", "default")
-
-Row = dict[str, Any]
-
 
 # ---- collecting the legs ----------------------------------------------------------------------
 
@@ -191,17 +168,6 @@ def collect(name: str) -> list[Row]:
     return rows
 
 
-def views(loaded: dict[str, list[Row]]) -> dict[str, list[Row]]:
-    """Data set name -> its questions (the LoCoMo current set is the -all set's main part)."""
-    out = {}
-    for name in VIEWS:
-        if name.startswith("locomo") and not name.endswith("-all"):
-            out[name] = [r for r in loaded[f"{name}-all"] if r["main"]]
-        else:
-            out[name] = loaded[name]
-    return out
-
-
 # ---- the candidates ---------------------------------------------------------------------------
 
 
@@ -241,13 +207,6 @@ class Candidate:
 DEFAULT = Candidate(DEFAULT_ANALYZER)
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(-x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(1, len(x) + 1)
-    return r
-
-
 def _mm(x: np.ndarray) -> np.ndarray:
     lo, hi = float(x.min()), float(x.max())
     return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
@@ -285,7 +244,7 @@ def scores_of(c: Candidate, r: Row) -> np.ndarray:
         if w == 0:
             return r["win"]
         tie = lex + 1e-9 * (r["win"] + 1)
-        return 1 / (c.rrf_k + _ranks(r["win"])) + w / (c.rrf_k + _ranks(tie))
+        return 1 / (c.rrf_k + ranks(r["win"])) + w / (c.rrf_k + ranks(tie))
     top = float(lex.max())
     return _mm(r["win"]) + (w * lex / top if top > 0 else 0.0)
 
@@ -297,7 +256,7 @@ def baseline_scores(name: str, r: Row) -> np.ndarray:
     if name == "bm25":
         return lex + 1e-9 * (r["dense"] + 1)
     if name == "rrf":
-        return 1 / (60 + _ranks(r["dense"])) + 1 / (60 + _ranks(lex + 1e-9 * (r["dense"] + 1)))
+        return 1 / (60 + ranks(r["dense"])) + 1 / (60 + ranks(lex + 1e-9 * (r["dense"] + 1)))
     if name == "default":
         return scores_of(DEFAULT, r)
     raise ValueError(name)
@@ -321,9 +280,6 @@ def per_question(r: Row, scores: np.ndarray) -> tuple[float, float, float]:
     return hit
 
 
-Scores = dict[str, np.ndarray]  # view -> (questions, 3) per-question metrics
-
-
 def evaluate(fn: Any, sets: dict[str, list[Row]], split: str) -> Scores:
     return {
         name: np.array(
@@ -331,10 +287,6 @@ def evaluate(fn: Any, sets: dict[str, list[Row]], split: str) -> Scores:
         ).reshape(-1, 3)
         for name, rows in sets.items()
     }
-
-
-def objective(s: Scores) -> float:
-    return float(np.mean([s[d][:, METRICS.index(m)].mean() for d, m in GOALS]))
 
 
 def overall(s: Scores) -> float:
@@ -377,22 +329,6 @@ def row_of(label: str, stage: str, s: Scores, verdict: dict[str, Any] | None) ->
     return out
 
 
-SHORT = {
-    "personabench-0.0": "PB0.0",
-    "personabench-0.7": "PB0.7",
-    "locomo-turn": "turn",
-    "locomo-session": "sess",
-    "prefeval-explicit-n10": "PE10",
-    "prefeval-explicit-n50": "PE50",
-    "prefeval-explicit-n100": "PE100",
-    "prefeval-explicit-n300": "PE300",
-    "locomo-turn-all": "turn-all",
-    "locomo-session-all": "sess-all",
-    "personabench-0.3": "PB0.3",
-    "personabench-0.5": "PB0.5",
-}
-
-
 def print_table(rows: Sequence[dict[str, Any]], title: str) -> None:
     print(f"\n== {title}: R@5 / N@5 (LoCoMo -all: recall_any@5) ==")
     head = f"{'candidate':58}" + "".join(f"{SHORT[d]:>12}" for d in VIEWS)
@@ -431,15 +367,6 @@ def paired_rows(split: str, s: Scores, base: dict[str, Scores], label: str) -> l
                     )
                 )
     return out
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as fh:
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def plot(records: Sequence[dict[str, Any]], chosen: str, path: Path) -> None:
@@ -507,7 +434,7 @@ def main() -> None:
     for name in LOADED:
         loaded[name] = collect(name)
         print(f"{name}: {len(loaded[name])} questions, {time.perf_counter() - t0:.0f}s", flush=True)
-    sets = views(loaded)
+    sets = views(loaded, VIEWS)
     base = {b: evaluate(lambda r, b=b: baseline_scores(b, r), sets, "tune") for b in BASELINES}
     records: list[dict[str, Any]] = []
     for b in BASELINES:

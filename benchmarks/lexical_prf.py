@@ -35,7 +35,6 @@ split, the choice's paired test-split and all-question results) and prints the t
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -50,6 +49,19 @@ from pbr_bench.compare import sign_summary
 from pbr_bench.datasets import load_named
 from pbr_bench.histories import build, encoders
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
+from pbr_bench.one_set import (
+    CUT,
+    LOADED,
+    METRICS,
+    RULE_SETS,
+    SHORT,
+    VIEWS,
+    Row,
+    objective,
+    ranks,
+    views,
+    write_csv,
+)
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query, rank
@@ -57,40 +69,9 @@ from pbr_core.lexical import LexicalIndex, tokenize
 
 OUT = RESULTS_DIR / "hybrid"
 CACHE = cache_dir() / "lexical_prf"
-CUT = 5
-METRICS = ("R@5", "N@5", "recall_any@5")
-LOADED = [
-    "personabench-0.0",
-    "personabench-0.7",
-    "locomo-turn-all",
-    "locomo-session-all",
-    "prefeval-explicit-n10",
-    "prefeval-explicit-n50",
-    "prefeval-explicit-n100",
-    "prefeval-explicit-n300",
-]
-RULE_SETS = [
-    "personabench-0.0",
-    "personabench-0.7",
-    "locomo-turn",
-    "locomo-session",
-    "prefeval-explicit-n10",
-    "prefeval-explicit-n50",
-    "prefeval-explicit-n100",
-    "prefeval-explicit-n300",
-]
-VIEWS = [*RULE_SETS, "locomo-turn-all", "locomo-session-all"]
-GOALS = [
-    ("locomo-turn", "R@5"),
-    ("locomo-session", "R@5"),
-    ("locomo-turn-all", "recall_any@5"),
-    ("locomo-session-all", "recall_any@5"),
-]
 GRID = list(itertools.product((3, 5), (5, 10), (0.1, 0.25, 0.5)))
 BASELINES = ("shipped", "dense", "bm25", "rrf")
 METHODS = [*BASELINES, *(f"prf m={m} t={t} beta={b:g}" for m, t, b in GRID)]
-
-Row = dict[str, Any]
 
 
 def feedback_terms(index: LexicalIndex, texts: list[str], own: set[str], t: int) -> list[str]:
@@ -108,13 +89,6 @@ def feedback_terms(index: LexicalIndex, texts: list[str], own: set[str], t: int)
             idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
             weight[term] = weight.get(term, 0.0) + tf * idf
     return [w for w, _ in sorted(weight.items(), key=lambda x: (-x[1], x[0]))[:t]]
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(-x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(1, len(x) + 1)
-    return r
 
 
 def _metrics(ids: list[str], order: list[int], gold: Any) -> tuple[float, float, float]:
@@ -152,7 +126,7 @@ def collect(name: str) -> list[Row]:
         lex = bm25_ix[q.user_id].scores(own).astype(np.float64) + 1e-9 * (dense + 1)
         res["dense"] = _metrics(ids, np.argsort(-dense, kind="stable").tolist(), q.gold)
         res["bm25"] = _metrics(ids, np.argsort(-lex, kind="stable").tolist(), q.gold)
-        rrf = 1 / (60 + _ranks(dense)) + 1 / (60 + _ranks(lex))
+        rrf = 1 / (60 + ranks(dense)) + 1 / (60 + ranks(lex))
         res["rrf"] = _metrics(ids, np.argsort(-rrf, kind="stable").tolist(), q.gold)
         for (m, t, beta), label in zip(GRID, METHODS[len(BASELINES) :]):
             added = feedback_terms(index, [texts[i] for i in top[:m]], set(own), t)
@@ -174,16 +148,6 @@ def collect(name: str) -> list[Row]:
     return rows
 
 
-def views(loaded: dict[str, list[Row]]) -> dict[str, list[Row]]:
-    out = {}
-    for name in VIEWS:
-        if name.startswith("locomo") and not name.endswith("-all"):
-            out[name] = [r for r in loaded[f"{name}-all"] if r["main"]]
-        else:
-            out[name] = loaded[name]
-    return out
-
-
 def scores(sets: dict[str, list[Row]], method: str, split: str) -> dict[str, np.ndarray]:
     return {
         d: np.array(
@@ -191,10 +155,6 @@ def scores(sets: dict[str, list[Row]], method: str, split: str) -> dict[str, np.
         ).reshape(-1, 3)
         for d, rows in sets.items()
     }
-
-
-def objective(s: dict[str, np.ndarray]) -> float:
-    return float(np.mean([s[d][:, METRICS.index(m)].mean() for d, m in GOALS]))
 
 
 def losses(s: dict[str, np.ndarray], ship: dict[str, np.ndarray]) -> list[str]:
@@ -218,20 +178,6 @@ def summary_row(method: str, split: str, s: dict[str, np.ndarray], ship: Any) ->
     return out
 
 
-SHORT = {
-    "personabench-0.0": "PB0.0",
-    "personabench-0.7": "PB0.7",
-    "locomo-turn": "turn",
-    "locomo-session": "sess",
-    "prefeval-explicit-n10": "PE10",
-    "prefeval-explicit-n50": "PE50",
-    "prefeval-explicit-n100": "PE100",
-    "prefeval-explicit-n300": "PE300",
-    "locomo-turn-all": "turn-all",
-    "locomo-session-all": "sess-all",
-}
-
-
 def print_table(rows: list[Row], title: str) -> None:
     print(f"\n== {title}: R@5 / N@5 (LoCoMo -all: recall_any@5) ==")
     print(f"{'method':26}" + "".join(f"{SHORT[d]:>12}" for d in VIEWS) + f"{'goal':>8}  losses")
@@ -244,15 +190,6 @@ def print_table(rows: list[Row], title: str) -> None:
         )
         lost = r.get("sig. losses vs shipped", "")
         print(f"{r['method']:26}{cells}{r['goal mean']:8.4f}  {lost}")
-
-
-def write_csv(path: Any, rows: list[Row]) -> None:
-    with path.open("w", newline="") as fh:
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def main() -> None:

@@ -1,0 +1,102 @@
+"""The one-parameter-set protocol of the hybrid rule (#42), shared by the scripts that search or
+test a rule under it (``benchmarks/hybrid_tuning.py``, ``benchmarks/lexical_prf.py``): which data
+sets are read, how LoCoMo's current question set is a view of its every-question set, the
+conversation goals a candidate is chosen by, and the table helpers.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .histories import DATASETS
+
+__all__ = [
+    "CUT",
+    "GOALS",
+    "LOADED",
+    "METRICS",
+    "RULE_SETS",
+    "SHORT",
+    "VIEWS",
+    "Row",
+    "Scores",
+    "objective",
+    "ranks",
+    "views",
+    "write_csv",
+]
+
+CUT = 5
+METRICS = ("R@5", "N@5", "recall_any@5")
+Row = dict[str, Any]
+#: view -> (questions, 3): each question's R@5, N@5 and recall_any@5.
+Scores = dict[str, np.ndarray]
+
+#: The data sets of the rule ("no worse" is judged on each; the -all views only enter the goals).
+RULE_SETS = [*DATASETS, "prefeval-explicit-n100", "prefeval-explicit-n300"]
+#: What is loaded: LoCoMo once, on every question with evidence; the current question set is
+#: the subset without the adversarial category (:func:`views`).
+LOADED = [f"{d}-all" if d.startswith("locomo") else d for d in RULE_SETS]
+VIEWS = [*RULE_SETS, "locomo-turn-all", "locomo-session-all"]
+#: (data set, metric) of the conversation goals: what a candidate is chosen by.
+GOALS = [
+    ("locomo-turn", "R@5"),
+    ("locomo-session", "R@5"),
+    ("locomo-turn-all", "recall_any@5"),
+    ("locomo-session-all", "recall_any@5"),
+]
+#: Column heads of the printed tables.
+SHORT = {
+    "personabench-0.0": "PB0.0",
+    "personabench-0.7": "PB0.7",
+    "locomo-turn": "turn",
+    "locomo-session": "sess",
+    "prefeval-explicit-n10": "PE10",
+    "prefeval-explicit-n50": "PE50",
+    "prefeval-explicit-n100": "PE100",
+    "prefeval-explicit-n300": "PE300",
+    "locomo-turn-all": "turn-all",
+    "locomo-session-all": "sess-all",
+    "personabench-0.3": "PB0.3",
+    "personabench-0.5": "PB0.5",
+}
+
+
+def views(loaded: Mapping[str, list[Row]], names: Sequence[str] = VIEWS) -> dict[str, list[Row]]:
+    """Data set name -> its questions (rows with a ``main`` flag); LoCoMo's current set is the
+    ``-all`` set's main part."""
+    out = {}
+    for name in names:
+        if name.startswith("locomo") and not name.endswith("-all"):
+            out[name] = [r for r in loaded[f"{name}-all"] if r["main"]]
+        else:
+            out[name] = loaded[name]
+    return out
+
+
+def objective(s: Scores) -> float:
+    """The mean of the four conversation goals' numbers."""
+    return float(np.mean([s[d][:, METRICS.index(m)].mean() for d, m in GOALS]))
+
+
+def ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``, best (highest) first, ties in order (RRF's ranks)."""
+    order = np.argsort(-x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(1, len(x) + 1)
+    return r
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Rows as CSV, every key a column (first-seen order), floats to 6 places."""
+    with path.open("w", newline="") as fh:
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
