@@ -899,7 +899,7 @@ class Corpus:
         known.token = token
         self._drop_if_empty(user_id)
         history = self.cache._current(user_id)
-        if rows is not None and history is not None and token is not None:
+        if rows is not None and rows.shares and history is not None and token is not None:
             self._take_state(history, token, rows.state, known)
         return history
 

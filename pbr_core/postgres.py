@@ -152,11 +152,14 @@ class UserRows:
             cannot be told.
         records: every record of the user, with vectors, in key order.
         state: ``(token it was derived at, blob)`` of the user's shared derived state, or None.
+        shares: whether this table keeps shared states at all (a role that may not read them:
+            no; nothing is then taken or offered).
     """
 
     token: str | None
     records: list[Record]
     state: tuple[str, bytes] | None
+    shares: bool = True
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,29 @@ _COLUMNS = (
 )
 _TEXT_TYPES = ("text", "varchar")
 _JSON_TYPES = ("json", "jsonb")
+
+#: The change token's two columns (:meth:`PgRecords.change_token`): the owner's revision and
+#: whether both triggers are there and enabled, read in one statement with whatever it guards.
+_TOKEN_COLUMNS = (
+    "(SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) AND user_key = :key AND "
+    "owner = :user), (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) AND "
+    "tgname IN (:rev, :trunc) AND tgenabled <> 'D')"
+)
+
+
+def _token(rev: Any, armed: Any) -> str | None:
+    """The change token of :data:`_TOKEN_COLUMNS`: None unless both triggers are armed."""
+    if armed != 2:
+        return None
+    return "none" if rev is None else str(rev)
+
+
+def _row(key: Any, text: Any, meta: Any) -> tuple[str, str, dict[str, Any]]:
+    """A row's key, text and metadata as Python reads them (JSON text parsed, NULLs empty)."""
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    return str(key), text or "", dict(meta or {})
+
 
 _FUNCTIONS = r"""
 CREATE TABLE IF NOT EXISTS pbr_revisions (
@@ -657,22 +683,14 @@ class PgRecords:
         created again, ``ALTER TABLE ... DISABLE TRIGGER``), checked in the same statement."""
         if not self.tokens or self.owner is not None:
             return None
-        statement = (
-            "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
-            "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
-            "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
-            "AND tgenabled <> 'D')"
-        )
         params = {
             "tbl": self.table.regclass,
             "key": self.user_key,
             "user": user_id,
             **self._trigger_names(),
         }
-        rev, armed = self._read_one(statement, params)
-        if armed != 2:
-            return None
-        return "none" if rev is None else str(rev)
+        rev, armed = self._read_one(f"SELECT {_TOKEN_COLUMNS}", params)
+        return _token(rev, armed)
 
     def read_user(self, user_id: str) -> UserRows | None:
         """Every row of ``user_id`` with its vector, the change token and the user's shared
@@ -690,10 +708,7 @@ class PgRecords:
             return None
         t = self.table
         k = quote_ident(t.key)
-        distinct, order = "", ""
-        if t.newest is not None:
-            distinct = f"DISTINCT ON ({k}) "
-            order = f" ORDER BY {k}, {quote_ident(t.newest)} DESC"
+        distinct, order = self._newest_only()
         # Both aggregates in one order, ties (a key that is not unique) broken by the row's
         # ctid; keys compared byte-wise ("C"), so every server and replica agrees on it.
         by = 'ORDER BY k::text COLLATE "C", c'
@@ -707,10 +722,7 @@ class PgRecords:
             f"WITH mine AS MATERIALIZED (SELECT {distinct}{k} AS k, ctid AS c, "
             f"{quote_ident(t.text)} AS t, {quote_ident(t.metadata)} AS m, {vector} AS v "
             f"FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}) "
-            "SELECT (SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) "
-            "AND user_key = :key AND owner = :user), (SELECT count(*) FROM pg_trigger "
-            "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc) "
-            f"AND tgenabled <> 'D'), (SELECT json_agg(json_build_array(k, t, m) {by}) "
+            f"SELECT {_TOKEN_COLUMNS}, (SELECT json_agg(json_build_array(k, t, m) {by}) "
             "FROM mine), (SELECT string_agg(coalesce(v, decode('00000000', 'hex')), "
             f"''::bytea {by}) FROM mine), {state}"
         )
@@ -728,20 +740,14 @@ class PgRecords:
         parsed = parse_vectors(vectors, len(listed))
         out = []
         for (key, text, meta), vec in zip(listed, parsed):
-            if isinstance(meta, str):
-                meta = json.loads(meta)
-            key, text = str(key), text or ""
-            meta = dict(meta or {})
-            if self._read_metadata is not None:
-                meta = self._read_metadata(key, meta, text)
-            record = Record.stored(key, text, meta, vec, user_key=self.user_key)
-            if record is not None and record.user_id == user_id:
+            record = self._record(user_id, *_row(key, text, meta), vec)
+            if record is not None:
                 out.append(record)
-        token = None if armed != 2 else ("none" if rev is None else str(rev))
+        token = _token(rev, armed)
         shared = None
         if token is not None and state_rev is not None and state is not None:
             shared = (str(state_rev), bytes(state))
-        return UserRows(token=token, records=out, state=shared)
+        return UserRows(token=token, records=out, state=shared, shares=self.states)
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at
@@ -829,19 +835,14 @@ class PgRecords:
         if keys is not None:
             where += f" AND {k} = ANY(:keys)"
             params["keys"] = list(keys)
-        distinct, order = "", ""
-        if t.newest is not None:  # several rows of one key: the newest is the record
-            distinct = f"DISTINCT ON ({k}) "
-            order = f" ORDER BY {k}, {quote_ident(t.newest)} DESC"
+        distinct, order = self._newest_only()
         statement = (
             f"SELECT {distinct}{k}, {quote_ident(t.text)}, {quote_ident(t.metadata)}, {vector} "
             f"FROM {t.qualified} WHERE {where}{order}"
         )
         out = []
         for key, text, meta, vec in self.sql([(statement, params)]):
-            if isinstance(meta, str):
-                meta = json.loads(meta)
-            out.append((str(key), text or "", dict(meta or {}), vec))
+            out.append((*_row(key, text, meta), vec))
         return out
 
     def _vector_select(self) -> str:
@@ -876,14 +877,29 @@ class PgRecords:
     def _read(self, user_id: str, keys: Sequence[str] | None, *, vectors: bool) -> list[Record]:
         out = []
         for key, text, meta, vec in self._select(user_id, keys, vectors):
-            if self._read_metadata is not None:
-                meta = self._read_metadata(key, meta, text)
-            record = Record.stored(
-                key, text, meta, parse_vector(vec), user_key=self.user_key, owner=self.owner
-            )
-            if record is not None and record.user_id == user_id:
+            record = self._record(user_id, key, text, meta, parse_vector(vec))
+            if record is not None:
                 out.append(record)
         return out
+
+    def _record(
+        self, user_id: str, key: str, text: str, meta: Any, vector: np.ndarray | None
+    ) -> Record | None:
+        """A row as ``user_id``'s record (metadata as the framework reads it back); None for a
+        row that is not that user's."""
+        if self._read_metadata is not None:
+            meta = self._read_metadata(key, meta, text)
+        record = Record.stored(key, text, meta, vector, user_key=self.user_key, owner=self.owner)
+        return record if record is not None and record.user_id == user_id else None
+
+    def _newest_only(self) -> tuple[str, str]:
+        """The ``DISTINCT ON`` and ``ORDER BY`` that keep a key's newest row, where the key is
+        not unique (LlamaIndex); empty otherwise."""
+        t = self.table
+        if t.newest is None:
+            return "", ""
+        k = quote_ident(t.key)
+        return f"DISTINCT ON ({k}) ", f" ORDER BY {k}, {quote_ident(t.newest)} DESC"
 
 
 def engine_sql(engine: Any) -> Sql:
