@@ -209,12 +209,10 @@ class PBRConfig:
         n = self.rerank_candidates
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             problems.append(f"rerank_candidates must be an integer >= 1, got {n!r}")
-        weight = self.lexical_feedback_weight
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
-            problems.append(f"lexical_feedback_weight must be a number >= 0, got {weight!r}")
-        context = self.lexical_context
-        if isinstance(context, bool) or not isinstance(context, int | float) or not context >= 0:
-            problems.append(f"lexical_context must be a number >= 0, got {context!r}")
+        for name in ("lexical_feedback_weight", "lexical_context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                problems.append(f"{name} must be a number >= 0, got {value!r}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 
