@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 
 import numpy as np
 from langchain_core.embeddings import Embeddings
+
+from pbr_core.salience import TokenLogProbs
 
 DIM = 256
 
@@ -38,3 +41,21 @@ class BagOfWords(Embeddings):
     def embed_query(self, text: str) -> list[float]:
         self.queries += 1
         return self.vector(text)
+
+
+class SecretScorer:
+    """log p(target | context) = −20, +5 when the context holds "secret"; counts its calls."""
+
+    model_id = "test/secret"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def logprobs(
+        self,
+        contexts: Sequence[str],
+        targets: Sequence[str],
+        conditions: Sequence[str] | None = None,
+    ) -> list[TokenLogProbs]:
+        self.calls.append(list(contexts))
+        return [TokenLogProbs(-20.0 + 5.0 * ("secret" in c), 4) for c in contexts]

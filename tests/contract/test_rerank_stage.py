@@ -8,28 +8,14 @@ wiring (the stage itself: tests/core/test_rerank.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
+from doubles import SecretScorer
 
 from pbr_core import PBRConfig
-from pbr_core.salience import TokenLogProbs
 
 NOTES = [f"note {i} about the garden" for i in range(7)] + ["the secret code is 4321"]
 QUERY = "a note about the garden"
 CONFIG = PBRConfig(fusion="plain", rerank="salience", rerank_candidates=8, explain="scores")
-
-
-class SecretScorer:
-    model_id = "test/secret"
-
-    def logprobs(
-        self,
-        contexts: Sequence[str],
-        targets: Sequence[str],
-        conditions: Sequence[str] | None = None,
-    ) -> list[TokenLogProbs]:
-        return [TokenLogProbs(-20.0 + 5.0 * ("secret" in c), 4) for c in contexts]
 
 
 @pytest.fixture

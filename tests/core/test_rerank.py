@@ -8,34 +8,15 @@ the stage must put first follows from the rule, not from a model.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
+from doubles import SecretScorer
 
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.rerank import rerank_by_salience
-from pbr_core.salience import TokenLogProbs
 
 NOTES = [f"note {i} about the garden" for i in range(11)] + ["the secret code is 4321"]
 QUERY = "a note about the garden"
-
-
-class SecretScorer:
-    """log p(target | context) = −20, +5 when the context holds "secret"; counts its calls."""
-
-    model_id = "test/secret"
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def logprobs(
-        self,
-        contexts: Sequence[str],
-        targets: Sequence[str],
-        conditions: Sequence[str] | None = None,
-    ) -> list[TokenLogProbs]:
-        self.calls.append(list(contexts))
-        return [TokenLogProbs(-20.0 + 5.0 * ("secret" in c), 4) for c in contexts]
 
 
 def personalizer(hash_embedder: object) -> Personalizer:
