@@ -37,10 +37,10 @@ def documents() -> list[Document]:
     ]
 
 
-def retriever(store: InMemoryVectorStore, history: HistoryStore) -> PBRRetriever:
+def retriever(store: Any, history: HistoryStore, embeddings: Any = EMB) -> PBRRetriever:
     return PBRRetriever(
         llm=FakeListChatModel(responses=[ANSWER]),
-        embeddings=EMB,
+        embeddings=embeddings,
         vectorstore=store,
         history=history,
         k=4,
@@ -118,14 +118,7 @@ def test_over_a_chroma_server_evicted_users_are_read_back_with_chromas_vectors(
     )
 
     def make(history: HistoryStore, embeddings: CountingEmbedding) -> PBRRetriever:
-        return PBRRetriever(
-            llm=FakeListChatModel(responses=[ANSWER]),
-            embeddings=embeddings,
-            vectorstore=store,
-            history=history,
-            k=4,
-            config=CONFIG,
-        )
+        return retriever(store, history, embeddings)
 
     counted = [CountingEmbedding(size=64), CountingEmbedding(size=64)]
     small = make(HistoryStore(max_cache_bytes=0), counted[0])
