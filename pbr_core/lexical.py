@@ -282,10 +282,11 @@ class LexicalIndex:
         indptr, indices = np.asarray(arrays["indptr"]), np.asarray(arrays["indices"])
         data, dl = np.asarray(arrays["data"]), np.asarray(arrays["dl"])
         n, m = int(dl.shape[0]) if dl.ndim == 1 else -1, len(terms)
+        vocab = dict(zip(terms, range(m)))
         ok = (
             n >= 0
-            and len(set(terms)) == m
-            and all(isinstance(t, str) for t in terms)
+            and len(vocab) == m
+            and all(type(t) is str for t in vocab)
             and indptr.shape == (m + 1,)
             and np.issubdtype(indptr.dtype, np.integer)
             and np.issubdtype(indices.dtype, np.integer)
@@ -300,7 +301,6 @@ class LexicalIndex:
         if not ok:
             raise ValueError("the lexical index's parts do not fit together")
         tf = sp.csc_matrix((data.astype(np.int32), indices, indptr), shape=(n, m))
-        vocab = {term: i for i, term in enumerate(terms)}
         return cls(vocab, tf, dl, k1=float(k1), b=float(b), stemmer=check_stemmer(stemmer))
 
     @property

@@ -3,6 +3,9 @@ by a history of exactly the items they were derived from."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -111,26 +114,55 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
         attach(_history(), blob, BASIS)
 
 
+def _crafted(blob: bytes, edit: Callable[[dict[str, Any]], None], tail: bytes = b"") -> bytes:
+    """``blob`` with its JSON header edited (and bytes appended), checksum made to match:
+    what anyone who may write the table could store."""
+    import hashlib
+    import json
+
+    body = blob[37:]
+    size = int.from_bytes(body[:4], "little")
+    header = json.loads(body[4 : 4 + size])
+    edit(header)
+    head = json.dumps(header).encode()
+    body = len(head).to_bytes(4, "little") + head + body[4 + size :] + tail
+    return blob[:5] + hashlib.sha256(body).digest() + body
+
+
 def test_whatever_a_malformed_blob_raises_is_a_damaged_state() -> None:
     """A blob that passes its checksum (anyone who may write the table can make one) but holds
     values numpy or the anchor cannot take: still DamagedState, never another error."""
-    import hashlib
-    import io
-    import json
-
     built = _built()
     blob = pack(built, BASIS)
     assert blob is not None
-    with np.load(io.BytesIO(blob[37:]), allow_pickle=False) as z:
-        arrays = {name: z[name] for name in z.files}
-    header = json.loads(arrays["header"].tobytes())
-    header["anchors"][0]["iterations"] = float("inf")  # int(inf): OverflowError
-    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    body = buffer.getvalue()
-    crafted = blob[:5] + hashlib.sha256(body).digest() + body
+
+    def overflow(header: dict[str, Any]) -> None:
+        header["anchors"][0]["iterations"] = float("inf")  # int(inf): OverflowError
+
+    crafted = _crafted(blob, overflow)
     fresh = _history()
     with pytest.raises(DamagedState, match="OverflowError"):
         attach(fresh, crafted, BASIS)
     assert fresh._anchors == {}
+
+
+@pytest.mark.parametrize(
+    ("edit", "tail", "why"),
+    [
+        (lambda h: h["arrays"][0].__setitem__(1, "|O"), b"", "type '\\|O'"),
+        (lambda h: h["arrays"][0].__setitem__(2, [10**9]), b"", "past the end"),
+        (lambda h: None, b"\x00" * 8, "8 bytes after the arrays"),
+    ],
+    ids=["object-array", "array-past-the-end", "trailing-bytes"],
+)
+def test_a_blob_whose_header_does_not_fit_its_arrays_is_a_damaged_state(
+    edit: Callable[[dict[str, Any]], None], tail: bytes, why: str
+) -> None:
+    """Arrays are read in place from what the header lists: an object type (a pickle) is never
+    read, and a header that lists more or fewer bytes than follow is refused."""
+    blob = pack(_built(), BASIS)
+    assert blob is not None
+    fresh = _history()
+    with pytest.raises(DamagedState, match=why):
+        attach(fresh, _crafted(blob, edit, tail), BASIS)
+    assert fresh._anchors == {} and fresh._lexical is None
