@@ -884,7 +884,7 @@ class Corpus:
             or history is None
             or history.position(r.item_id) is None
         ]
-        changed, unsaveable = self._saveable(user_id, changed, known)
+        changed, items, unsaveable = self._saveable(user_id, changed, known)
         for item_id in unsaveable:  # an unsaveable new version: the old one must go too
             current.pop(item_id, None)
         stale = [it.id for it in history.items if it.id not in current] if history else []
@@ -892,8 +892,8 @@ class Corpus:
             self.cache.delete(user_id, stale)
         if changed:
             vectors = self._vectors_of(user_id, changed)
-            items = [r.item() for r in changed]
-            self.cache.upsert(user_id, items, vectors, self._windows(user_id, items))
+            windows = self._windows(user_id, items)
+            self.cache.upsert(user_id, items, vectors, windows, checked=True)
         known.revisions = revisions
         known.key_of = {item_id: r.key for item_id, r in current.items()}
         known.token = token
@@ -909,10 +909,11 @@ class Corpus:
         key, revision (text, metadata, timestamp) and vector. What a shared derived state must
         have been derived from to be taken (:mod:`pbr_core.derived`)."""
         digest = hashlib.blake2b(digest_size=16)
+        parts: list[str] = []
         for item in history.items:
             key = known.key_of.get(item.id, "")
-            for part in (item.id, key, known.revisions.get(key, "")):
-                digest.update(part.encode("utf-8", "surrogatepass") + b"\x00")
+            parts += (item.id, key, known.revisions.get(key, ""))
+        digest.update("\x00".join(parts).encode("utf-8", "surrogatepass") + b"\x00")
         digest.update(np.ascontiguousarray(history.vectors, dtype=np.float32).tobytes())
         return digest.hexdigest()
 
@@ -982,23 +983,26 @@ class Corpus:
 
     def _saveable(
         self, user_id: str, records: list[Record], known: _Known
-    ) -> tuple[list[Record], list[str]]:
-        """The records pbr can keep, and the item ids of those it cannot: one it could not save
-        (a lone surrogate written to the host by someone else) is left out of the history, with
-        one warning per record revision, instead of failing every read of the user."""
+    ) -> tuple[list[Record], list[HistoryItem], list[str]]:
+        """The records pbr can keep with their items, and the item ids of those it cannot: one
+        it could not save (a lone surrogate written to the host by someone else) is left out of
+        the history, with one warning per record revision, instead of failing every read of the
+        user."""
+        items = [record.item() for record in records]
         try:  # the usual case: every record can be saved (one check for all)
-            check_serialisable(user_id, [record.item() for record in records])
+            check_serialisable(user_id, items)
         except ValueError:
             pass
         else:
             for record in records:
                 known.skipped.pop(record.key, None)
-            return list(records), []
+            return list(records), items, []
         kept: list[Record] = []
+        kept_items: list[HistoryItem] = []
         unsaveable: list[str] = []
-        for record in records:
+        for record, item in zip(records, items):
             try:
-                check_serialisable(user_id, [record.item()])
+                check_serialisable(user_id, [item])
             except ValueError:
                 unsaveable.append(record.item_id)
                 seen = revision(record)
@@ -1012,7 +1016,8 @@ class Corpus:
                 continue
             known.skipped.pop(record.key, None)
             kept.append(record)
-        return kept, unsaveable
+            kept_items.append(item)
+        return kept, kept_items, unsaveable
 
     def _vectors_of(self, user_id: str, records: list[Record]) -> np.ndarray:
         """Vectors of listed records: the listing's, else fetched, else embedded."""

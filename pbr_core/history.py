@@ -312,6 +312,8 @@ class HistoryStore:
         vectors: Any,
         windows: Mapping[str, np.ndarray] | None = None,
         host_keys: Mapping[str, str] | None = None,
+        *,
+        checked: bool = False,
     ) -> UserHistory:
         """Add items (replacing those with the same id) and return the new snapshot.
 
@@ -322,7 +324,9 @@ class HistoryStore:
 
         Everything is validated before anything changes: duplicate ids in the batch, a count
         mismatch, NaN/inf or zero vectors, a wrong dimension, or a value that could not be saved
-        (see :func:`check_serialisable`) raise and leave the store as it was.
+        (see :func:`check_serialisable`) raise and leave the store as it was. ``checked``: the
+        caller has just run :func:`check_serialisable` on exactly these items (a cold read of
+        1k items: ~2 ms not spent twice).
 
         An empty batch changes nothing: it returns the user's snapshot, or, for a user with no
         history, an empty snapshot that is *not* stored (the user stays unknown, and its first
@@ -331,7 +335,8 @@ class HistoryStore:
         if not isinstance(user_id, str) or not user_id:
             raise ValueError("user_id must be a non-empty string")
         items = list(items)
-        check_serialisable(user_id, items)
+        if not checked:
+            check_serialisable(user_id, items)
         ids = [item.id for item in items]
         if len(set(ids)) != len(ids):
             dupes = sorted({i for i in ids if ids.count(i) > 1})

@@ -349,6 +349,12 @@ def _token(rev: Any, armed: Any) -> str | None:
     return "none" if rev is None else str(rev)
 
 
+def _by_key(row: tuple[Any, ...]) -> str:
+    """A row's place in a user's rows: its key, compared by code point (PostgreSQL's ``"C"``
+    collation of UTF-8), the same on every worker."""
+    return str(row[0])
+
+
 def _row(key: Any, text: Any, meta: Any) -> tuple[str, str, dict[str, Any]]:
     """A row's key, text and metadata as Python reads them (JSON text parsed, NULLs empty)."""
     if isinstance(meta, str):
@@ -689,18 +695,18 @@ class PgRecords:
             "user": user_id,
             **self._trigger_names(),
         }
-        rev, armed = self._read_one(f"SELECT {_TOKEN_COLUMNS}", params)
+        rev, armed = self._read_all(f"SELECT {_TOKEN_COLUMNS}", params)[0]
         return _token(rev, armed)
 
     def read_user(self, user_id: str) -> UserRows | None:
         """Every row of ``user_id`` with its vector, the change token and the user's shared
         derived state (:mod:`pbr_core.derived`), in **one statement**: one round trip, one
         snapshot of the database, so the token is exactly the rows' (a write committed
-        meanwhile is either in both or in neither). Rows come in key order, so every worker
-        that reads a user cold builds the same item order. What a worker that has never seen
-        the user reads (:meth:`~pbr_core.corpus.Corpus.history`); None where this table cannot
-        (no revision trigger, a per-user table, a vector column that is not ``vector``): the
-        caller lists instead."""
+        meanwhile is either in both or in neither). Rows are put in key order (code points),
+        so every worker that reads a user cold builds the same item order. What a worker that
+        has never seen the user reads (:meth:`~pbr_core.corpus.Corpus.history`); None where
+        this table cannot (no revision trigger, a per-user table, a vector column that is not
+        ``vector``): the caller lists instead."""
         if not self.tokens or self.owner is not None:
             return None
         vector = self._vector_select()
@@ -709,22 +715,22 @@ class PgRecords:
         t = self.table
         k = quote_ident(t.key)
         distinct, order = self._newest_only()
-        # Both aggregates in one order, ties (a key that is not unique) broken by the row's
-        # ctid; keys compared byte-wise ("C"), so every server and replica agrees on it.
-        by = 'ORDER BY k::text COLLATE "C", c'
         state = (
-            "s.rev, s.state FROM (SELECT 1) one LEFT JOIN pbr_states s ON s.tbl = "
-            "to_regclass(:tbl) AND s.reader = :reader AND s.owner = :user"
+            "s.rev, s.state, NULL::text, NULL::text, NULL::text, NULL::bytea FROM (SELECT 1) "
+            "one LEFT JOIN pbr_states s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
+            "AND s.owner = :user"
             if self.states
-            else "NULL, NULL"
+            else "NULL::bigint, NULL::bytea, NULL::text, NULL::text, NULL::text, NULL::bytea"
         )
+        # The head (token, shared state) and then the rows, unsorted: a server-side sort would
+        # carry every row's vector (1.5 kB at 384-d) and spill to disk past work_mem; keys are
+        # unique (a primary key, or the newest row per key), so the order is made here.
         statement = (
-            f"WITH mine AS MATERIALIZED (SELECT {distinct}{k} AS k, ctid AS c, "
-            f"{quote_ident(t.text)} AS t, {quote_ident(t.metadata)} AS m, {vector} AS v "
-            f"FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}) "
-            f"SELECT {_TOKEN_COLUMNS}, (SELECT json_agg(json_build_array(k, t, m) {by}) "
-            "FROM mine), (SELECT string_agg(coalesce(v, decode('00000000', 'hex')), "
-            f"''::bytea {by}) FROM mine), {state}"
+            f"SELECT 0, {_TOKEN_COLUMNS}, {state} UNION ALL "
+            "SELECT 1, NULL, NULL, NULL, NULL, k::text, t, m::text, v "
+            f"FROM (SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, "
+            f"{quote_ident(t.metadata)} AS m, {vector} AS v FROM {t.qualified} "
+            f"WHERE {t.scoped()} AND {self._mine()}{order}) mine"
         )
         params = t.params(
             tbl=t.regclass,
@@ -733,13 +739,14 @@ class PgRecords:
             reader=self._reader(),
             **self._trigger_names(),
         )
-        rev, armed, listed, vectors, state_rev, state = self._read_one(statement, params)
-        if isinstance(listed, str):
-            listed = json.loads(listed)
-        listed = listed or []
-        parsed = parse_vectors(vectors, len(listed))
+        rows = self._read_all(statement, params)
+        head = next(row for row in rows if row[0] == 0)
+        _, rev, armed, state_rev, state = head[:5]
+        body = sorted((row[5:] for row in rows if row[0] == 1), key=_by_key)
+        metas = json.loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
+        parsed = parse_vectors(b"".join(v or b"\x00\x00\x00\x00" for *_, v in body), len(body))
         out = []
-        for (key, text, meta), vec in zip(listed, parsed):
+        for (key, text, _, _), meta, vec in zip(body, metas, parsed):
             record = self._record(user_id, *_row(key, text, meta), vec)
             if record is not None:
                 out.append(record)
@@ -781,14 +788,12 @@ class PgRecords:
         )
         return bool(rows)
 
-    def _read_one(self, statement: str, params: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The one row of a read-only statement: by the driver in binary form where the
+    def _read_all(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows of a read-only statement: by the driver in binary form where the
         :data:`Sql` can (:meth:`_EngineSql.binary`), else through it."""
         binary = getattr(self.sql, "binary", None)
         rows = binary(statement, params) if binary is not None else None
-        if rows is None:
-            rows = self.sql([(statement, params)])
-        return rows[0]
+        return self.sql([(statement, params)]) if rows is None else rows
 
     def _reader(self) -> str:
         """Who reads the table this way: the derived state of one reading (table, columns,
@@ -959,8 +964,9 @@ class _EngineSql:
             try:
                 if not was:
                     driver.autocommit = True
+                bound = _bindable(params, driver)  # before the cursor copies the adapters
                 with driver.cursor() as cursor:
-                    cursor.execute(converted, dict(params), binary=True)
+                    cursor.execute(converted, bound, binary=True)
                     rows = [tuple(r) for r in cursor.fetchall()]
             except Exception as exc:
                 if driver.closed or driver.broken:
