@@ -50,7 +50,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .config import SearchMode
-from .derived import DamagedState, attach, pack
+from .derived import DamagedState, OtherVersion, attach, pack
 from .errors import UnknownUserError
 from .history import HistoryStore
 from .hybrid import hits, rank
@@ -931,6 +931,13 @@ class Corpus:
         if state is not None and state[0] == token:
             try:
                 attach(history, state[1], basis)
+            except OtherVersion as exc:  # after an upgrade, once per user: not worth a warning
+                log.debug(
+                    "pbr: the shared derived state of user %s is another version's (%s); "
+                    "rebuilt and shared again",
+                    user_tag(history.user_id),
+                    exc,
+                )
             except DamagedState as exc:
                 log.warning(
                     "pbr: the shared derived state of user %s is not usable (%s); rebuilt "

@@ -35,7 +35,7 @@ from .history_format import anchor_arrays, anchors_from_arrays
 from .lexical import DEFAULT_B, DEFAULT_K1, DEFAULT_STEMMER, LexicalIndex
 from .snapshot import UserHistory
 
-__all__ = ["DamagedState", "attach", "pack"]
+__all__ = ["DamagedState", "OtherVersion", "attach", "pack"]
 
 try:  # which pbr derived a state: another version may tokenize or build anchors otherwise
     _PBR = importlib.metadata.version("personalize-before-retrieve")
@@ -49,6 +49,11 @@ _HEAD = len(_MAGIC) + 1 + 32
 
 class DamagedState(ValueError):
     """A packed state that cannot be used for this user's rows (damaged, foreign or stale)."""
+
+
+class OtherVersion(DamagedState):
+    """A state packed by another version of pbr or in another format: expected for a while
+    after an upgrade (every user's state written before it), not a sign of damage."""
 
 
 def pack(history: UserHistory, basis: str) -> bytes | None:
@@ -121,20 +126,23 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
     any may be taken.
 
     Raises:
-        DamagedState: the blob is damaged, of another format or pbr version, of another user,
+        DamagedState: the blob is damaged, of another format or pbr version (then
+            :class:`OtherVersion`), of another user,
             or of other rows (digest, ids or order) than ``history``'s; ``history`` is left as
             it was. Whatever a malformed blob raises is this error: the state is a cache.
     """
     data = bytes(blob)
-    if len(data) < _HEAD or data[:4] != _MAGIC or data[4] != _FORMAT:
-        raise DamagedState("not a packed state of this format")
+    if len(data) < _HEAD or data[:4] != _MAGIC:
+        raise DamagedState("not a packed state")
+    if data[4] != _FORMAT:
+        raise OtherVersion(f"packed in format {data[4]}, not {_FORMAT}")
     body = data[_HEAD:]
     if hashlib.sha256(body).digest() != data[5:_HEAD]:
         raise DamagedState("damaged (checksum mismatch)")
     try:
         header, arrays = _unpack(body)
         if header["pbr"] != _PBR:
-            raise DamagedState(f"derived by pbr {header['pbr']}, not {_PBR}")
+            raise OtherVersion(f"derived by pbr {header['pbr']}, not {_PBR}")
         if header["user_id"] != history.user_id:
             raise DamagedState("the state of another user")
         if header["basis"] != basis:

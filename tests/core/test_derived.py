@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pbr_core import HistoryItem, PBRConfig
-from pbr_core.derived import DamagedState, attach, pack
+from pbr_core.derived import DamagedState, OtherVersion, attach, pack
 from pbr_core.lexical import LexicalIndex
 from pbr_core.snapshot import UserHistory
 
@@ -67,8 +67,8 @@ def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
     [
         (lambda b: b[:-7] + bytes([b[-7] ^ 0xFF]) + b[-6:], "checksum"),
         (lambda b: b[:200], "checksum"),
-        (lambda b: b"XXXX" + b[4:], "format"),
-        (lambda b: b"", "format"),
+        (lambda b: b"XXXX" + b[4:], "not a packed state"),
+        (lambda b: b"", "not a packed state"),
     ],
 )
 def test_a_damaged_blob_is_refused_and_leaves_the_history_as_it_was(
@@ -109,8 +109,13 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
     assert blob is not None
     with pytest.raises(DamagedState, match="other rows"):
         attach(_history(), blob, "the digest of rows changed since")
+    with pytest.raises(DamagedState, match="not a packed state") as garbage:
+        attach(_history(), b"PNG" + blob[3:], BASIS)
+    assert not isinstance(garbage.value, OtherVersion)  # damage, not an upgrade
+    with pytest.raises(OtherVersion, match="packed in format 1, not 2"):
+        attach(_history(), blob[:4] + b"\x01" + blob[5:], BASIS)
     monkeypatch.setattr("pbr_core.derived._PBR", "9.9.9")
-    with pytest.raises(DamagedState, match="derived by pbr"):
+    with pytest.raises(OtherVersion, match="derived by pbr"):
         attach(_history(), blob, BASIS)
 
 
