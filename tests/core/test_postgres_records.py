@@ -628,6 +628,16 @@ def test_pbrs_write_stores_what_the_frameworks_write_stores(
         for r in records:
             if r.user_id == "alice":
                 assert np.array_equal(got[r.key], r.vector)
+        # a cold read through either driver: the user's rows in key order, read back exactly
+        alices = {r.key: r for r in records if r.user_id == "alice"}
+        cold = pbr.read_user("alice")
+        assert cold is not None and cold.token == pbr.change_token("alice")
+        assert [r.key for r in cold.records] == sorted(alices)  # "k1" < "k11" < "k3"
+        for r in cold.records:
+            wrote = alices[r.key]
+            assert np.array_equal(r.vector, wrote.vector)
+            assert (r.item_id, r.text) == (wrote.item_id, wrote.text)
+            assert r.metadata == {k: v for k, v in wrote.metadata.items() if k != "pbr_id"}
     finally:
         engine.dispose()
 
