@@ -82,11 +82,13 @@ def pack(history: UserHistory, basis: str) -> bytes | None:
             "terms": terms,
         }
         arrays.update({f"lexical_{name}": array for name, array in parts.items()})
+    # little-endian on every host, so a state packed on one is read on any other
+    little = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays.values()]
     header["arrays"] = [
-        [name, array.dtype.str, list(array.shape)] for name, array in arrays.items()
+        [name, array.dtype.str, list(array.shape)] for name, array in zip(arrays, little)
     ]
     head = json.dumps(header).encode("utf-8")
-    raw = [np.ascontiguousarray(array).tobytes() for array in arrays.values()]
+    raw = [array.tobytes() for array in little]
     body = b"".join([len(head).to_bytes(4, "little"), head, *raw])
     return _MAGIC + bytes([_FORMAT]) + hashlib.sha256(body).digest() + body
 
@@ -95,14 +97,20 @@ def pack(history: UserHistory, basis: str) -> bytes | None:
 _DTYPES = frozenset({"<f4", "<f8", "<i4", "<i8", "<u4", "<u8", "|u1"})
 
 
-def _unpack(body: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The header and arrays of a state's body (:func:`pack`); ``ValueError`` and its kin
-    where the body does not hold what its header lists."""
+def _header(body: bytes) -> tuple[dict[str, Any], int]:
+    """A state body's JSON header and where its arrays start."""
     size = int.from_bytes(body[:4], "little")
     header = json.loads(body[4 : 4 + size].decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    return header, 4 + size
+
+
+def _arrays(body: bytes, listed: Any, offset: int) -> dict[str, np.ndarray]:
+    """The arrays a header lists, copied out of the body (aligned, writable, and not keeping
+    the body alive); ``ValueError`` and its kin where the body does not hold them."""
     arrays: dict[str, np.ndarray] = {}
-    offset = 4 + size
-    for name, dtype, shape in header.pop("arrays"):
+    for name, dtype, shape in listed:
         if dtype not in _DTYPES:
             raise ValueError(f"array {name!r} of type {dtype!r}")
         kind = np.dtype(dtype)
@@ -110,11 +118,12 @@ def _unpack(body: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         end = offset + count * kind.itemsize
         if count < 0 or end > len(body):
             raise ValueError(f"array {name!r} runs past the end of the state")
-        arrays[name] = np.frombuffer(body, dtype=kind, count=count, offset=offset).reshape(shape)
+        view = np.frombuffer(body, dtype=kind, count=count, offset=offset)
+        arrays[name] = view.reshape(shape).astype(kind.newbyteorder("="))
         offset = end
     if offset != len(body):
         raise ValueError(f"{len(body) - offset} bytes after the arrays")
-    return header, arrays
+    return arrays
 
 
 def attach(history: UserHistory, blob: bytes, basis: str) -> None:
@@ -140,7 +149,7 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
     if hashlib.sha256(body).digest() != data[5:_HEAD]:
         raise DamagedState("damaged (checksum mismatch)")
     try:
-        header, arrays = _unpack(body)
+        header, start = _header(body)
         if header["pbr"] != _PBR:
             raise OtherVersion(f"derived by pbr {header['pbr']}, not {_PBR}")
         if header["user_id"] != history.user_id:
@@ -149,6 +158,7 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
             raise DamagedState("the state of other rows than the user's")
         if header["ids"] != [item.id for item in history.items] or header["dim"] != history.dim:
             raise DamagedState("the state of other items than the user's rows")
+        arrays = _arrays(body, header["arrays"], start)
         anchors = anchors_from_arrays(
             header["anchors"], arrays, len(history), history.dim, prefix="anchor"
         )

@@ -349,10 +349,12 @@ def _token(rev: Any, armed: Any) -> str | None:
     return "none" if rev is None else str(rev)
 
 
-def _by_key(row: tuple[Any, ...]) -> str:
-    """A row's place in a user's rows: its key, compared by code point (PostgreSQL's ``"C"``
-    collation of UTF-8), the same on every worker."""
-    return str(row[0])
+def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row's place in a user's rows, the same on every worker: its key, compared by code
+    point (PostgreSQL's ``"C"`` collation of UTF-8; a NULL key last), then, for a key that is
+    not unique, its text, metadata and vector."""
+    key, text, meta, vector = row
+    return (key is None, key or "", text or "", meta or "", bytes(vector or b""))
 
 
 def _row(key: Any, text: Any, meta: Any) -> tuple[str, str, dict[str, Any]]:
@@ -370,14 +372,6 @@ CREATE SEQUENCE IF NOT EXISTS pbr_revision_seq;
 CREATE TABLE IF NOT EXISTS pbr_states (
     tbl oid NOT NULL, owner text NOT NULL, reader text NOT NULL, rev bigint NOT NULL,
     state bytea NOT NULL, PRIMARY KEY (tbl, owner, reader));
--- A state is numbers that pglz halves at ~4.5 ms per 200 kB written (a 1k-item user's, once
--- per user and change, on a request's path): kept uncompressed, out of line.
-DO $pbr$ BEGIN
-    IF (SELECT attstorage FROM pg_attribute WHERE attrelid = 'pbr_states'::regclass
-            AND attname = 'state') <> 'e' THEN
-        ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL;
-    END IF;
-END $pbr$;
 CREATE OR REPLACE FUNCTION pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path FROM CURRENT AS $pbr$
 DECLARE
@@ -475,8 +469,7 @@ class PgRecords:
         suffix = t.suffix(key)
         armed, current = self._installed()
         if armed and current:  # the usual case: no DDL, no lock on the table
-            self.tokens = True
-            self.states = self._may_read_states()
+            self._ready()
             return
         owner = t.owner_expr(key)
         scope = f"{quote_ident(t.scope_column)}, " if t.scope_column else ""
@@ -522,13 +515,13 @@ class PgRecords:
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if armed:  # an older pbr's install this role may not upgrade: revisions still work
                 log.warning(
-                    "pbr: could not upgrade pbr's functions on %s (%s); cold workers build each "
-                    "user's anchor and BM25 index themselves",
+                    "pbr: could not upgrade pbr's functions on %s (%s); revisions still verify "
+                    "every read, and a shared derived state is taken only for the exact rows it "
+                    "was derived from",
                     t.qualified,
                     why,
                 )
-                self.tokens = True
-                self.states = self._may_read_states()
+                self._ready()
                 return
             log.warning(
                 "pbr: could not create the owner index / revision trigger on %s (%s); every "
@@ -537,12 +530,39 @@ class PgRecords:
                 why,
             )
             return
+        self._ready()
+
+    def _ready(self) -> None:
+        """Revisions are armed: read them, and the shared states this role may read."""
         self.tokens = True
         self.states = self._may_read_states()
+        if self.states:
+            self._keep_states_uncompressed()
+
+    def _keep_states_uncompressed(self) -> None:
+        """Store ``pbr_states`` uncompressed (``STORAGE EXTERNAL``) where this role owns it and
+        it is not yet: a state is numbers that pglz halves at ~4.5 ms per 200 kB written (a
+        1k-item user's share, once per user and change). Only a speed setting: a role that may
+        not change it, or a failure, changes nothing else (logged at debug level)."""
+        try:
+            rows = self.sql(
+                [
+                    (
+                        "SELECT a.attstorage, pg_has_role(c.relowner, 'USAGE') FROM "
+                        "pg_attribute a JOIN pg_class c ON c.oid = a.attrelid WHERE "
+                        "a.attrelid = to_regclass('pbr_states') AND a.attname = 'state'",
+                        {},
+                    )
+                ]
+            )
+            if rows and rows[0][0] != "e" and rows[0][1]:
+                self.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL", {})])
+        except Exception as exc:
+            log.debug("pbr: pbr_states keeps its storage (%s)", exc)
 
     def _installed(self) -> tuple[bool, bool]:
         """(the table's two triggers exist, pbr's functions and ``pbr_states`` are this
-        version's: security definer, deleting states, states stored uncompressed)."""
+        version's: security definer, deleting states)."""
         try:
             rows = self.sql(
                 [
@@ -551,9 +571,7 @@ class PgRecords:
                         "to_regclass(:tbl) AND tgname IN (:rev, :trunc)), "
                         "(to_regclass('pbr_states') IS NOT NULL AND (SELECT count(*) FROM "
                         "pg_proc WHERE proname IN ('pbr_bump_revision', 'pbr_truncate_revision') "
-                        "AND prosecdef AND prosrc LIKE '%pbr_states%') = 2 AND (SELECT "
-                        "attstorage FROM pg_attribute WHERE attrelid = to_regclass('pbr_states') "
-                        "AND attname = 'state') = 'e')",
+                        "AND prosecdef AND prosrc LIKE '%pbr_states%') = 2)",
                         {"tbl": self.table.regclass, **self._trigger_names()},
                     )
                 ]
@@ -750,10 +768,14 @@ class PgRecords:
             **self._trigger_names(),
         )
         rows = self._read_all(statement, params)
-        head = next(row for row in rows if row[0] == 0)
-        _, rev, armed, state_rev, state = head[:5]
+        heads = [row for row in rows if row[0] == 0]
+        if len(heads) != 1:
+            raise RuntimeError(f"a user's read returned {len(heads)} head rows, not 1")
+        _, rev, armed, state_rev, state = heads[0][:5]
         body = sorted((row[5:] for row in rows if row[0] == 1), key=_by_key)
-        metas = json.loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
+        # the engine's JSON decoder (create_engine(json_deserializer=...)), as a listing's
+        loads = getattr(self.sql, "loads", json.loads)
+        metas = loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
         parsed = parse_vectors(b"".join(v or b"\x00\x00\x00\x00" for *_, v in body), len(body))
         out = []
         for (key, text, _, _), meta, vec in zip(body, metas, parsed):
@@ -930,6 +952,9 @@ class _EngineSql:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        # how the engine decodes JSON (create_engine's json_deserializer), for JSON read as text
+        dialect = getattr(engine, "dialect", None)
+        self.loads = getattr(dialect, "_json_deserializer", None) or json.loads
 
     def __call__(
         self, statements: Sequence[tuple[str, Mapping[str, Any]]]

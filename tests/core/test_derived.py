@@ -119,6 +119,20 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
         attach(_history(), blob, BASIS)
 
 
+def test_a_states_arrays_are_copied_out_aligned_and_little_endian_on_disk() -> None:
+    """Read arrays own their memory (aligned, writable, native order) instead of viewing the
+    blob, which they would keep alive uncounted by the cache budget; packed little-endian."""
+    from pbr_core.derived import _arrays, _header
+
+    blob = pack(_built(), BASIS)
+    assert blob is not None
+    header, start = _header(blob[37:])
+    assert all(dtype[0] in "<|" for _, dtype, _ in header["arrays"])
+    for array in _arrays(blob[37:], header["arrays"], start).values():
+        assert array.flags.owndata and array.flags.aligned and array.flags.writeable
+        assert array.dtype.isnative
+
+
 def _crafted(blob: bytes, edit: Callable[[dict[str, Any]], None], tail: bytes = b"") -> bytes:
     """``blob`` with its JSON header edited (and bytes appended), checksum made to match:
     what anyone who may write the table could store."""

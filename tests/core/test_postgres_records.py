@@ -767,6 +767,86 @@ def test_states_are_kept_uncompressed_and_an_older_install_is_upgraded(
     assert _storage(host.sql) == "e"
 
 
+def test_a_role_that_does_not_own_pbr_states_leaves_its_storage_without_setting_up_again(
+    pgvector_engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Storage is a speed setting, not part of a current install: an app role that may only
+    read and write keeps the install as it is, with no DDL and no warning."""
+    from sqlalchemy import create_engine
+
+    engine = pgvector_engine[0]
+    host = _records(engine)
+    host.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTENDED", {})])
+    host.sql(
+        [
+            ("DROP ROLE IF EXISTS pbr_reader", {}),
+            ("CREATE ROLE pbr_reader LOGIN", {}),
+            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_reader", {}),
+            ("GRANT SELECT, INSERT, UPDATE, DELETE ON pbr_states TO pbr_reader", {}),
+            ("GRANT SELECT ON pbr_revisions TO pbr_reader", {}),
+        ]
+    )
+    app = create_engine(engine.url.set(username="pbr_reader"))
+    try:
+        app_sql = engine_sql(app)
+        with caplog.at_level(logging.DEBUG, logger="pbr.postgres"):
+            reader = PgRecords(host.table, app_sql, "user_id", _writer(host.table, app_sql))
+        assert reader.tokens and reader.states
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert _storage(host.sql) == "x"  # not this role's to change
+    finally:
+        app.dispose()
+        host.sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
+
+
+def test_a_cold_read_decodes_metadata_with_the_engines_json_decoder(pgvector_engine: Any) -> None:
+    """``create_engine(json_deserializer=...)`` reads a cold user's metadata as a listing
+    reads it (here: 0.1 as Decimal("0.1"), not a float), so both give one revision of each row."""
+    from decimal import Decimal
+
+    from sqlalchemy import create_engine
+
+    engine = create_engine(
+        pgvector_engine[0].url,
+        json_deserializer=lambda text: json.loads(text, parse_float=Decimal),
+    )
+    try:
+        host = _records(engine)
+        vector = np.ones(DIM, dtype=np.float32)
+        host._write([_record("k1", "alice", vector, price=0.1)])
+        cold = host.read_user("alice")
+        assert cold is not None
+        listed = host.list_user("alice")
+        assert cold.records[0].metadata["price"] == Decimal("0.1")  # not the float 0.1
+        assert [r.metadata for r in cold.records] == [r.metadata for r in listed]
+    finally:
+        engine.dispose()
+
+
+def test_rows_that_share_a_key_are_read_in_one_order_on_every_worker(
+    pgvector_engine: Any,
+) -> None:
+    """Keys are unique for every bundled store, but nothing enforces it: rows sharing a key come
+    in one order (then by text) whatever order the server returns them in."""
+    sql = engine_sql(pgvector_engine[0])
+    sql([(f"CREATE TABLE shared_keys (id text, doc text, meta jsonb, emb vector({DIM}))", {})])
+    spec = PgTable("public", "shared_keys", "id", "doc", "meta", "emb")
+    host = PgRecords(spec, sql, "user_id", _writer(spec, sql))
+    for text in ("b second", "a first", "c third"):  # heap order: b, a, c
+        sql(
+            [
+                (
+                    "INSERT INTO shared_keys VALUES ('k', :doc, "
+                    '\'{"user_id": "alice", "pbr_id": "x"}\', CAST(:emb AS vector))',
+                    {"doc": text, "emb": json.dumps([1.0] * DIM)},
+                )
+            ]
+        )
+    cold = host.read_user("alice")
+    assert cold is not None
+    assert [r.text for r in cold.records] == ["a first", "b second", "c third"]
+
+
 def test_a_state_of_another_pbr_version_is_rebuilt_without_a_warning(
     pgvector_engine: Any,
     hash_embedder: Any,
