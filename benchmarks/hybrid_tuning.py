@@ -77,8 +77,6 @@ import numpy as np
 
 from pbr_bench import one_set
 from pbr_bench.compare import sign_summary
-from pbr_bench.datasets import load_named
-from pbr_bench.histories import build, encoders
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
 from pbr_bench.one_set import (
     CUT,
@@ -87,13 +85,16 @@ from pbr_bench.one_set import (
     SHORT,
     Row,
     Scores,
+    built_with_main,
+    load_all,
     objective,
+    question_row,
     ranks,
+    view_cells,
     views,
     write_csv,
 )
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
-from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query
 from pbr_core.lexical import LexicalIndex, StemmerName
 
@@ -134,11 +135,7 @@ def collect(name: str) -> list[Row]:
     if path.exists():
         rows: list[Row] = pickle.loads(path.read_bytes())
         return rows
-    counter, cache, window = encoders()
-    built = build(name, cache, counter, window)
-    main_ids: set[str] | None = None
-    if name.endswith("-all"):
-        main_ids = {q.id for q in load_named(name.removesuffix("-all")).scored_queries}
+    built, main_ids = built_with_main(name)
     indexes: dict[str, list[LexicalIndex]] = {}
     rows = []
     for q in built.queries:
@@ -151,10 +148,10 @@ def collect(name: str) -> list[Row]:
         v, terms = built.qvec[q.id], lexical_query(q.text)
         ixs = indexes[q.user_id]
         rows.append(
-            dict(
-                qid=q.id,
-                split="tune" if is_tuning_question(name, q.user_id, q.id) else "test",
-                main=main_ids is None or q.id in main_ids,
+            question_row(
+                name,
+                q,
+                main_ids,
                 ids=[it.id for it in hp.items],
                 gold=q.gold,
                 win=np.asarray(hw.dense_scores(v), dtype=np.float64),
@@ -334,12 +331,7 @@ def print_table(rows: Sequence[dict[str, Any]], title: str) -> None:
     head = f"{'candidate':58}" + "".join(f"{SHORT[d]:>12}" for d in VIEWS)
     print(head + f"{'goal':>8}{'mean':>8}{'fails':>6}{'sig-':>5}")
     for r in rows:
-        cells = "".join(
-            f"{r[f'{d} recall_any@5']:12.4f}"
-            if d.endswith("-all")
-            else f"{r[f'{d} R@5']:.3f}/{r[f'{d} N@5']:.3f}".rjust(12)
-            for d in VIEWS
-        )
+        cells = view_cells(r)
         extra = f"{r.get('fails', ''):>6}{r.get('sig. losses', ''):>5}"
         print(f"{r['candidate'][:57]:58}{cells}{r['objective']:8.4f}{r['overall']:8.4f}{extra}")
 
@@ -430,10 +422,7 @@ def stage_b(analyzers: Sequence[int]) -> list[Candidate]:
 
 def main() -> None:
     t0 = time.perf_counter()
-    loaded = {}
-    for name in LOADED:
-        loaded[name] = collect(name)
-        print(f"{name}: {len(loaded[name])} questions, {time.perf_counter() - t0:.0f}s", flush=True)
+    loaded = load_all(collect)
     sets = views(loaded, VIEWS)
     base = {b: evaluate(lambda r, b=b: baseline_scores(b, r), sets, "tune") for b in BASELINES}
     records: list[dict[str, Any]] = []

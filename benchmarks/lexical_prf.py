@@ -46,24 +46,24 @@ from typing import Any
 import numpy as np
 
 from pbr_bench.compare import sign_summary
-from pbr_bench.datasets import load_named
-from pbr_bench.histories import build, encoders
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
 from pbr_bench.one_set import (
     CUT,
-    LOADED,
     METRICS,
     RULE_SETS,
     SHORT,
     VIEWS,
     Row,
+    built_with_main,
+    load_all,
     objective,
+    question_row,
     ranks,
+    view_cells,
     views,
     write_csv,
 )
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
-from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query, rank
 from pbr_core.lexical import LexicalIndex, tokenize
 
@@ -103,11 +103,7 @@ def collect(name: str) -> list[Row]:
     if path.exists():
         rows: list[Row] = pickle.loads(path.read_bytes())
         return rows
-    counter, cache, window = encoders()
-    built = build(name, cache, counter, window)
-    main_ids: set[str] | None = None
-    if name.endswith("-all"):
-        main_ids = {q.id for q in load_named(name.removesuffix("-all")).scored_queries}
+    built, main_ids = built_with_main(name)
     bm25_ix: dict[str, LexicalIndex] = {}
     rows = []
     for q in built.queries:
@@ -136,10 +132,10 @@ def collect(name: str) -> list[Row]:
             again = rank(hist, v, terms, CUT, mode="hybrid", own_terms=own)
             res[label] = _metrics(ids, [r.position for r in again], q.gold)
         rows.append(
-            dict(
-                qid=q.id,
-                split="tune" if is_tuning_question(name, q.user_id, q.id) else "test",
-                main=main_ids is None or q.id in main_ids,
+            question_row(
+                name,
+                q,
+                main_ids,
                 res=res,
             )
         )
@@ -182,22 +178,14 @@ def print_table(rows: list[Row], title: str) -> None:
     print(f"\n== {title}: R@5 / N@5 (LoCoMo -all: recall_any@5) ==")
     print(f"{'method':26}" + "".join(f"{SHORT[d]:>12}" for d in VIEWS) + f"{'goal':>8}  losses")
     for r in rows:
-        cells = "".join(
-            f"{r[f'{d} recall_any@5']:12.4f}"
-            if d.endswith("-all")
-            else f"{r[f'{d} R@5']:.3f}/{r[f'{d} N@5']:.3f}".rjust(12)
-            for d in VIEWS
-        )
+        cells = view_cells(r)
         lost = r.get("sig. losses vs shipped", "")
         print(f"{r['method']:26}{cells}{r['goal mean']:8.4f}  {lost}")
 
 
 def main() -> None:
     t0 = time.perf_counter()
-    loaded = {}
-    for name in LOADED:
-        loaded[name] = collect(name)
-        print(f"{name}: {len(loaded[name])} questions, {time.perf_counter() - t0:.0f}s", flush=True)
+    loaded = load_all(collect)
     sets = views(loaded)
 
     # the choice: tuning split only

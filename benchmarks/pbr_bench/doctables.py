@@ -753,12 +753,7 @@ TUNING_ROWS = [
     "stem k1=0.25 b=0.25, w=3c^0.5, nbr α=0.5",
 ]
 TUNING_SETS = [
-    ("personabench-0.0", "PB 0.0"),
-    ("personabench-0.7", "PB 0.7"),
-    ("locomo-turn", "LoCoMo turn"),
-    ("locomo-session", "LoCoMo session"),
-    ("prefeval-explicit-n10", "PrefEval N=10"),
-    ("prefeval-explicit-n50", "PrefEval N=50"),
+    *DATASETS,
     ("prefeval-explicit-n100", "PrefEval N=100"),
     ("prefeval-explicit-n300", "PrefEval N=300"),
 ]

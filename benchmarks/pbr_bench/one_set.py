@@ -7,13 +7,16 @@ conversation goals a candidate is chosen by, and the table helpers.
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .histories import DATASETS
+from .datasets import Query, load_named
+from .histories import DATASETS, Built, build, encoders
+from .splits import is_tuning_question
 
 __all__ = [
     "CUT",
@@ -25,8 +28,12 @@ __all__ = [
     "VIEWS",
     "Row",
     "Scores",
+    "built_with_main",
+    "load_all",
     "objective",
+    "question_row",
     "ranks",
+    "view_cells",
     "views",
     "write_csv",
 ]
@@ -65,6 +72,48 @@ SHORT = {
     "personabench-0.3": "PB0.3",
     "personabench-0.5": "PB0.5",
 }
+
+
+def built_with_main(name: str) -> tuple[Built, set[str] | None]:
+    """Data set ``name``'s histories and query vectors (:func:`pbr_bench.histories.build`), and,
+    for a LoCoMo ``-all`` set, the ids of its current question set's questions (else None)."""
+    counter, cache, window = encoders()
+    built = build(name, cache, counter, window)
+    main_ids: set[str] | None = None
+    if name.endswith("-all"):
+        main_ids = {q.id for q in load_named(name.removesuffix("-all")).scored_queries}
+    return built, main_ids
+
+
+def question_row(name: str, q: Query, main_ids: set[str] | None, **fields: Any) -> Row:
+    """One question's row: its id, split, whether it is in the current question set (what
+    :func:`views` reads), then ``fields``."""
+    return dict(
+        qid=q.id,
+        split="tune" if is_tuning_question(name, q.user_id, q.id) else "test",
+        main=main_ids is None or q.id in main_ids,
+        **fields,
+    )
+
+
+def load_all(collect: Callable[[str], list[Row]]) -> dict[str, list[Row]]:
+    """``collect`` of every :data:`LOADED` data set, with progress printed."""
+    t0 = time.perf_counter()
+    loaded = {}
+    for name in LOADED:
+        loaded[name] = collect(name)
+        print(f"{name}: {len(loaded[name])} questions, {time.perf_counter() - t0:.0f}s", flush=True)
+    return loaded
+
+
+def view_cells(r: Row) -> str:
+    """A table row's cells over :data:`VIEWS`: R@5 / N@5, recall_any@5 for LoCoMo's -all sets."""
+    return "".join(
+        f"{r[f'{d} recall_any@5']:12.4f}"
+        if d.endswith("-all")
+        else f"{r[f'{d} R@5']:.3f}/{r[f'{d} N@5']:.3f}".rjust(12)
+        for d in VIEWS
+    )
 
 
 def views(loaded: Mapping[str, list[Row]], names: Sequence[str] = VIEWS) -> dict[str, list[Row]]:
