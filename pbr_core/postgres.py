@@ -112,8 +112,9 @@ def parse_vector(text: Any) -> np.ndarray | None:
 
 
 def parse_vectors(data: Any, n: int) -> list[np.ndarray | None]:
-    """``n`` vectors of pgvector's binary form concatenated (``string_agg(vector_send(v))``,
-    a NULL vector as a zero dimension), as float32 arrays (None for NULL)."""
+    """``n`` vectors of pgvector's binary form (``vector_send``) back to back, a NULL vector
+    written as a zero dimension, as float32 arrays (None for NULL): one pass over a user's
+    vectors instead of one array per row."""
     if n == 0:
         return []
     raw = bytes(data or b"")
@@ -535,28 +536,17 @@ class PgRecords:
     def _ready(self) -> None:
         """Revisions are armed: read them, and the shared states this role may read."""
         self.tokens = True
-        self.states = self._may_read_states()
-        if self.states:
+        self.states, compressed = self._states_access()
+        if self.states and compressed:
             self._keep_states_uncompressed()
 
     def _keep_states_uncompressed(self) -> None:
-        """Store ``pbr_states`` uncompressed (``STORAGE EXTERNAL``) where this role owns it and
-        it is not yet: a state is numbers that pglz halves at ~4.5 ms per 200 kB written (a
-        1k-item user's share, once per user and change). Only a speed setting: a role that may
-        not change it, or a failure, changes nothing else (logged at debug level)."""
+        """Store ``pbr_states`` uncompressed (``STORAGE EXTERNAL``; this role owns it): a state
+        is numbers that pglz halves at ~4.5 ms per 200 kB written (a 1k-item user's share, once
+        per user and change). Only a speed setting: a failure changes nothing else (logged at
+        debug level)."""
         try:
-            rows = self.sql(
-                [
-                    (
-                        "SELECT a.attstorage, pg_has_role(c.relowner, 'USAGE') FROM "
-                        "pg_attribute a JOIN pg_class c ON c.oid = a.attrelid WHERE "
-                        "a.attrelid = to_regclass('pbr_states') AND a.attname = 'state'",
-                        {},
-                    )
-                ]
-            )
-            if rows and rows[0][0] != "e" and rows[0][1]:
-                self.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL", {})])
+            self.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL", {})])
         except Exception as exc:
             log.debug("pbr: pbr_states keeps its storage (%s)", exc)
 
@@ -582,21 +572,28 @@ class PgRecords:
             return False, False
         return rows[0][0] == 2, bool(rows[0][1])
 
-    def _may_read_states(self) -> bool:
-        """Whether this role may read ``pbr_states`` (else cold reads leave it out)."""
+    def _states_access(self) -> tuple[bool, bool]:
+        """(whether this role may read ``pbr_states``, else cold reads leave it out; whether
+        its states are stored compressed in a table this role owns, so could be changed), in
+        one statement."""
         try:
             rows = self.sql(
                 [
                     (
                         "SELECT to_regclass('pbr_states') IS NOT NULL AND "
-                        "has_table_privilege('pbr_states', 'SELECT')",
+                        "has_table_privilege('pbr_states', 'SELECT'), (SELECT a.attstorage "
+                        "<> 'e' AND pg_has_role(c.relowner, 'USAGE') FROM pg_attribute a JOIN "
+                        "pg_class c ON c.oid = a.attrelid WHERE a.attrelid = "
+                        "to_regclass('pbr_states') AND a.attname = 'state')",
                         {"pbr": 1},
                     )
                 ]
             )
         except Exception:
-            return False
-        return bool(rows and rows[0][0])
+            return False, False
+        if not rows:
+            return False, False
+        return bool(rows[0][0]), bool(rows[0][1])
 
     # -- HostRecords ---------------------------------------------------------------------------
     def validate(self, records: Sequence[Record]) -> None:
