@@ -41,7 +41,6 @@ from pbr_core.postgres import (
     UserRows,
     async_engine_sql,
     engine_sql,
-    json_dumps_of,
     record_rows,
 )
 from pbr_core.retrieval import check_score_threshold
@@ -210,7 +209,6 @@ class _PGVector(_Base):
             user_key,
             self._write,
             rows=record_rows,
-            dumps=json_dumps_of(pg._engine),
         )
 
     def _write(self, records: Sequence[Record]) -> None:

@@ -31,7 +31,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
-from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql, json_dumps_of
+from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql
 
 from ._bridge import with_keys
 
@@ -108,7 +108,6 @@ def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
         read_metadata=lambda key, meta, text: dict(_row_node(key, meta, text).metadata),
         owner=owner,
         rows=rows,
-        dumps=json_dumps_of(store._engine),
     )
 
 

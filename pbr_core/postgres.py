@@ -427,7 +427,9 @@ class PgRecords:
             with the scope) and nothing else the database does not fill itself; then pbr
             writes them in one statement (:meth:`bulk_plan`). None: always ``write``.
         dumps: how the framework turns a metadata value into JSON text (its driver's JSON
-            serializer; :func:`json_dumps_of`): a ``json`` column keeps that text as it is.
+            serializer): a ``json`` column keeps that text as it is. None: the ``sql``'s own
+            (:func:`engine_sql` carries its engine's, :func:`json_dumps_of`), else
+            ``json.dumps``.
     """
 
     can_list = True
@@ -443,7 +445,7 @@ class PgRecords:
         owner: str | None = None,
         setup: bool = True,
         rows: Callable[[Sequence[Record]], list[PgRow]] | None = None,
-        dumps: Callable[[Any], str] = json.dumps,
+        dumps: Callable[[Any], str] | None = None,
     ) -> None:
         self.table = table
         self.sql = sql
@@ -452,7 +454,9 @@ class PgRecords:
         self._read_metadata = read_metadata
         self.owner = owner
         self._rows = rows
-        self._dumps = dumps
+        self._dumps: Callable[[Any], str] = (
+            dumps if dumps is not None else getattr(sql, "dumps", json.dumps)
+        )
         self.tokens = False  # whether change_token reads the trigger's revisions
         self.states = False  # whether cold reads read and share derived states (pbr_states)
         self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
@@ -949,7 +953,9 @@ class _EngineSql:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        # how the engine decodes JSON (create_engine's json_deserializer), for JSON read as text
+        # how the engine encodes and decodes JSON (create_engine's json_serializer and
+        # json_deserializer), for JSON pbr binds or reads as text
+        self.dumps = json_dumps_of(engine)
         dialect = getattr(engine, "dialect", None)
         self.loads = getattr(dialect, "_json_deserializer", None) or json.loads
 

@@ -799,6 +799,29 @@ def test_a_role_that_does_not_own_pbr_states_leaves_its_storage_without_setting_
         host.sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
 
 
+def test_pbrs_write_encodes_metadata_with_the_engines_json_encoder(pgvector_engine: Any) -> None:
+    """``create_engine(json_serializer=...)`` is how the framework writes JSON; a ``json``
+    column keeps the text as it is, so pbr's own write uses the same encoder."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(
+        pgvector_engine[0].url,
+        json_serializer=lambda value: json.dumps(value, separators=(",", ":")),
+    )
+    try:
+        host = _bulk_host(
+            engine_sql(engine),
+            "compact_json",
+            f"id text PRIMARY KEY, doc text, meta json, emb vector({DIM})",
+        )
+        assert host.bulk_plan() is not None
+        host.upsert([_record("k1", "alice", np.ones(DIM, dtype=np.float32), note="a b")])
+        stored = host.sql([("SELECT meta::text FROM compact_json", {})])[0][0]
+        assert stored == '{"user_id":"alice","pbr_id":"k1","note":"a b"}'
+    finally:
+        engine.dispose()
+
+
 def test_a_cold_read_decodes_metadata_with_the_engines_json_decoder(pgvector_engine: Any) -> None:
     """``create_engine(json_deserializer=...)`` reads a cold user's metadata as a listing
     reads it (here: 0.1 as Decimal("0.1"), not a float), so both give one revision of each row."""
