@@ -65,6 +65,7 @@ from pbr_bench.runner import CachedEmbedder
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
+from pbr_core.lexical import StemmerName
 from pbr_core.pipeline import PseudoFeedback
 
 OUT = RESULTS_DIR / "hybrid"
@@ -72,7 +73,7 @@ OUT = RESULTS_DIR / "hybrid"
 #: The six data sets of the mean, then LoCoMo on the question set published numbers use.
 ALL_DATASETS = [*DATASETS, "locomo-turn-all", "locomo-session-all"]
 PBR_DATASET = "personabench-0.0"
-STEMMERS: dict[str, str | None] = {"unstemmed": None, "stemmed": "english"}
+STEMMERS: dict[str, StemmerName | None] = {"unstemmed": None, "stemmed": "english"}
 METHODS = ["bm25", "hybrid", "hybrid + PBR (authors)"]
 METRICS = ("R@5", "N@5", "recall_any@5")
 SPLITS = ("tune", "test", "all")

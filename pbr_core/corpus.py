@@ -55,6 +55,7 @@ from .errors import UnknownUserError
 from .history import HistoryStore
 from .hybrid import hits, rank
 from .items import HistoryItem, check_batch, check_ids, check_serialisable
+from .lexical import DEFAULT_STEMMER, StemmerName
 from .protocols import Embedder, SearchHit, model_id_of
 from .snapshot import UserHistory
 from .vectors import (
@@ -586,9 +587,11 @@ class Corpus:
         found: Sequence[tuple[str, Mapping[str, Any], float | None]] | None = None,
         own_terms: Mapping[str, float] | None = None,
         context: float = 0.0,
+        stemmer: StemmerName | None = DEFAULT_STEMMER,
     ) -> list[ScoredRecord]:
-        """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`; ``context``:
-        :attr:`~pbr_core.config.PBRConfig.lexical_context`).
+        """The user's ``k`` best items, ranked by pbr (:func:`pbr_core.hybrid.rank`; ``context``
+        and ``stemmer``: :attr:`~pbr_core.config.PBRConfig.lexical_context` and
+        :attr:`~pbr_core.config.PBRConfig.lexical_stemmer`).
 
         Args:
             user_id: whose search it is.
@@ -633,6 +636,7 @@ class Corpus:
             mode=mode,
             candidates=candidates,
             own_terms=own_terms,
+            stemmer=stemmer,
             context=context,
         )
         out: list[ScoredRecord] = []
@@ -1101,10 +1105,11 @@ class Corpus:
 
 
 def _derived(history: UserHistory) -> tuple[Any, ...]:
-    """What of ``history``'s derived state is built: its anchors' keys and whether its BM25
-    index is (what a shared state holds)."""
+    """What of ``history``'s derived state is built: its anchors' keys and the analyzers of its
+    BM25 indexes (what a shared state holds)."""
     anchors = sorted(repr(k) for k, a in list(history._anchors.items()) if a is not None)
-    return (tuple(anchors), history._lexical is not None)
+    analyzers = sorted(str(index.stemmer) for index in history.lexical_indexes())
+    return (tuple(anchors), tuple(analyzers))
 
 
 def merge_vectors(known: list[np.ndarray | None], todo: list[int], fresh: np.ndarray) -> np.ndarray:

@@ -15,9 +15,9 @@ checksum, names another user or does not fit the rows is ignored (with a warning
 rebuilt from the rows, which are the truth.
 
 Layout: ``b"PBRD"``, a format byte, the sha256 of the rest, then the length of a JSON header
-(4 bytes, little-endian), the header (user, item ids, anchor keys, BM25 parameters and terms,
-and the name, type and shape of each array) and the raw bytes of those arrays: the anchors'
-(:func:`pbr_core.history_format.anchor_arrays`) and the BM25 index's
+(4 bytes, little-endian), the header (user, item ids, anchor keys, each BM25 index's
+parameters, analyzer and terms, and the name, type and shape of each array) and the raw bytes of
+those arrays: the anchors' (:func:`pbr_core.history_format.anchor_arrays`) and each BM25 index's
 (:meth:`pbr_core.lexical.LexicalIndex.parts`). Numbers only, never a pickle; read in place,
 without an ``.npz`` container, whose per-array parsing cost a cold read ~0.7 ms.
 """
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .history_format import anchor_arrays, anchors_from_arrays
-from .lexical import DEFAULT_B, DEFAULT_K1, DEFAULT_STEMMER, LexicalIndex
+from .lexical import DEFAULT_B, DEFAULT_K1, LexicalIndex
 from .snapshot import UserHistory
 
 __all__ = ["DamagedState", "OtherVersion", "attach", "pack"]
@@ -43,7 +43,7 @@ except importlib.metadata.PackageNotFoundError:  # a source tree run without ins
     _PBR = "unknown"
 
 _MAGIC = b"PBRD"
-_FORMAT = 2  # 1: an .npz body
+_FORMAT = 3  # 1: an .npz body; 2: at most one BM25 index, unstemmed
 _HEAD = len(_MAGIC) + 1 + 32
 
 
@@ -57,12 +57,12 @@ class OtherVersion(DamagedState):
 
 
 def pack(history: UserHistory, basis: str) -> bytes | None:
-    """``history``'s built anchors and BM25 index as one blob, for rows of digest ``basis``
-    (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read); None when it has
-    built neither (nothing worth sharing)."""
+    """``history``'s built anchors and BM25 indexes (one per analyzer) as one blob, for rows of
+    digest ``basis`` (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read);
+    None when it has built neither (nothing worth sharing)."""
     anchors = [(k, a) for k, a in list(history._anchors.items()) if a is not None]
-    lexical = history._lexical
-    if not anchors and lexical is None:
+    lexical = history.lexical_indexes()
+    if not anchors and not lexical:
         return None
     entries, arrays = anchor_arrays(anchors, prefix="anchor")
     header: dict[str, Any] = {
@@ -73,15 +73,13 @@ def pack(history: UserHistory, basis: str) -> bytes | None:
         "dim": history.dim,
         "anchors": entries,
     }
-    if lexical is not None:
-        terms, parts = lexical.parts()
-        header["lexical"] = {
-            "k1": lexical.k1,
-            "b": lexical.b,
-            "stemmer": lexical.stemmer,
-            "terms": terms,
-        }
-        arrays.update({f"lexical_{name}": array for name, array in parts.items()})
+    header["lexical"] = []
+    for i, index in enumerate(lexical):
+        terms, parts = index.parts()
+        header["lexical"].append(
+            {"k1": index.k1, "b": index.b, "stemmer": index.stemmer, "terms": terms}
+        )
+        arrays.update({f"lexical{i}_{name}": array for name, array in parts.items()})
     # little-endian on every host, so a state packed on one is read on any other
     little = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays.values()]
     header["arrays"] = [
@@ -130,9 +128,9 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
     """Give ``history`` (just built from rows of digest ``basis``) the blob's anchors and BM25
     index, if the blob was derived from rows of that digest.
 
-    The BM25 index is taken only if it was built with today's default parameters (what
-    :meth:`UserHistory.lexical` would build); anchors are keyed by their graph parameters, so
-    any may be taken.
+    A BM25 index is taken only if it was built with today's ``k1`` and ``b`` (what
+    :meth:`UserHistory.lexical` would build); each is kept under its analyzer (stemmer), and
+    anchors under their graph parameters, so any of those may be taken.
 
     Raises:
         DamagedState: the blob is damaged, of another format or pbr version (then
@@ -162,21 +160,19 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
         anchors = anchors_from_arrays(
             header["anchors"], arrays, len(history), history.dim, prefix="anchor"
         )
-        lexical = None
-        spec = header.get("lexical")
-        if spec is not None and (spec["k1"], spec["b"], spec["stemmer"]) == (
-            DEFAULT_K1,
-            DEFAULT_B,
-            DEFAULT_STEMMER,
-        ):
+        lexical = []
+        for i, spec in enumerate(header["lexical"]):
+            if (spec["k1"], spec["b"]) != (DEFAULT_K1, DEFAULT_B):
+                continue
             parts = {
-                name: arrays[f"lexical_{name}"] for name in ("indptr", "indices", "data", "dl")
+                name: arrays[f"lexical{i}_{name}"] for name in ("indptr", "indices", "data", "dl")
             }
-            lexical = LexicalIndex.from_parts(
+            index = LexicalIndex.from_parts(
                 spec["terms"], parts, k1=spec["k1"], b=spec["b"], stemmer=spec["stemmer"]
             )
-            if len(lexical) != len(history):
+            if len(index) != len(history):
                 raise DamagedState("a BM25 index of another number of items")
+            lexical.append(index)
     except DamagedState:
         raise
     except Exception as exc:  # anything a crafted or damaged blob makes numpy or json raise

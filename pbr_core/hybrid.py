@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import SEARCH_MODES, SearchMode
-from .lexical import query_terms
+from .lexical import DEFAULT_STEMMER, StemmerName, query_terms
 from .protocols import SearchHit
 from .snapshot import UserHistory, top_k
 
@@ -251,7 +251,7 @@ def rank(
     mode: SearchMode = "hybrid",
     candidates: Sequence[int] | None = None,
     own_terms: Mapping[str, float] | None = None,
-    stemmer: str | None = None,
+    stemmer: StemmerName | None = DEFAULT_STEMMER,
     context: float = 0.0,
 ) -> list[Ranked]:
     """The ``k`` best of the user's items (or of ``candidates``, positions from a host search
@@ -260,8 +260,8 @@ def rank(
     ``terms`` is the lexical query; ``own_terms`` the user's own words in it (None: ``terms``),
     which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`). Both are
     words (:func:`lexical_query`); the lexical leg analyzes them and the items with ``stemmer``
-    (default: :data:`pbr_core.lexical.DEFAULT_STEMMER`; None: no stemming): the snapshot's index
-    when it was built with it, else one rebuilt with it once per snapshot. ``context``: how much
+    (:attr:`~pbr_core.config.PBRConfig.lexical_stemmer`; None: no stemming), through the
+    snapshot's index for that analyzer (:meth:`UserHistory.lexical`). ``context``: how much
     of its neighbours' BM25 an item takes into the fused rule (hybrid mode, :func:`with_context`;
     the neighbours are the user's, also when ``candidates`` restricts the ranking; 0: none).
     What each result reports and returns is its own BM25.
@@ -288,7 +288,7 @@ def rank(
             )
             for i in top_k(dense.astype(np.float64), k)
         ]
-    index = history.lexical().analyzed(stemmer, lambda: [item.text for item in history.items])
+    index = history.lexical(stemmer)
     every = index.scores(terms)
     lexical = every[rows]
     # the lexical leg's order: BM25, ties (e.g. no query word at all) in the dense order; what

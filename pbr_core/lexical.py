@@ -327,29 +327,6 @@ class LexicalIndex:
             f"postings={self._tf.nnz}, k1={self.k1}, b={self.b}, stemmer={self.stemmer!r})"
         )
 
-    def analyzed(self, stemmer: str | None, texts: Callable[[], Sequence[str]]) -> LexicalIndex:
-        """This index if it analyzes with ``stemmer``, else an index of the same items under
-        ``stemmer`` (same k1 and b), built from ``texts()`` (this index keeps no texts: the caller
-        passes the items' texts in row order) once per index and kept with it.
-
-        How a search asks for an analyzer other than the one its snapshot was indexed with (a
-        comparison, or an index unpickled from before stemming) without mixing the two: the
-        other index is a full rebuild, not derived incrementally.
-        """
-        name = check_stemmer(stemmer)
-        if name == self.stemmer:
-            return self
-        others: dict[StemmerName | None, LexicalIndex] | None = self.__dict__.get("_others")
-        if others is None:
-            others = self.__dict__.setdefault("_others", {})
-        index = others.get(name)
-        if index is None:
-            built = LexicalIndex.build(texts(), k1=self.k1, b=self.b, stemmer=name)
-            if len(built) != len(self):
-                raise ValueError(f"texts() gave {len(built)} texts for an index of {len(self)}")
-            index = others.setdefault(name, built)  # a racing thread's equal copy is dropped
-        return index
-
     def _terms(self, query: str | Mapping[str, float]) -> Mapping[str, float]:
         """``query`` as index terms -> weight: words stemmed with :attr:`stemmer`, the weights
         of words sharing a stem summed, in first-appearance order."""

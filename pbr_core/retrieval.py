@@ -206,6 +206,7 @@ def rank_personalized(
         found=found,
         own_terms=own,
         context=config.lexical_context,
+        stemmer=config.lexical_stemmer,
     )
     pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
     return results

@@ -20,7 +20,7 @@ import numpy as np
 from .anchor import AnchorResult, compute_anchor, update_anchor
 from .config import PBRConfig
 from .items import HistoryItem
-from .lexical import LexicalIndex
+from .lexical import DEFAULT_STEMMER, LexicalIndex, StemmerName, check_stemmer
 
 __all__ = ["AnchorKey", "UserHistory", "item_nbytes", "top_k"]
 
@@ -95,10 +95,11 @@ class UserHistory:
             i: k for i, k in (host_keys or {}).items() if i in self._positions
         }
         self._window_rows: tuple[np.ndarray, np.ndarray] | None = None
-        self._lexical: LexicalIndex | None = None
-        # The previous snapshot's lexical index to derive ours from, and where each of our rows
-        # was in it (-1: new or changed text).
-        self._lexical_parent: tuple[LexicalIndex, np.ndarray] | None = None
+        # The BM25 index of the items under each analyzer a search asked for (its stemmer).
+        self._lexical: dict[StemmerName | None, LexicalIndex] = {}
+        # Per analyzer, the previous snapshot's index to derive ours from, and where each of our
+        # rows was in it (-1: new or changed text).
+        self._lexical_parents: dict[StemmerName | None, tuple[LexicalIndex, np.ndarray]] = {}
         self._anchors: dict[AnchorKey, AnchorResult | None] = {}
         # Anchors of an earlier snapshot to derive ours from: key -> (anchor, old_positions),
         # old_positions[i] = row i's position in that snapshot, -1 for a new or changed row.
@@ -118,6 +119,11 @@ class UserHistory:
         self.__dict__.update(state)
         for name, default in (("_items_nbytes", None), ("_grown", 0), ("_counted", None)):
             self.__dict__.setdefault(name, default)  # pickled before the cache budget
+        if not isinstance(self.__dict__.get("_lexical"), dict):  # pickled before the analyzers
+            index = self.__dict__.get("_lexical")
+            parent = self.__dict__.pop("_lexical_parent", None)
+            self._lexical = {} if index is None else {index.stemmer: index}
+            self._lexical_parents = {} if parent is None else {parent[0].stemmer: parent}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -147,11 +153,10 @@ class UserHistory:
             held += anchor.nbytes if anchor is not None else 0
         for anchor, positions in list(self._parents.values()):
             held += anchor.nbytes + positions.nbytes
-        lexical, parent = self._lexical, self._lexical_parent
-        if lexical is not None:
+        for lexical in list(self._lexical.values()):
             held += lexical.nbytes
-        if parent is not None:
-            held += parent[0].nbytes + parent[1].nbytes
+        for lexical, positions in list(self._lexical_parents.values()):
+            held += lexical.nbytes + positions.nbytes
         self._counted = (grown, held)  # a cache built meanwhile bumped _grown: counted again
         return held
 
@@ -207,18 +212,22 @@ class UserHistory:
             self._grown += 1
         return self._window_rows
 
-    def lexical(self) -> LexicalIndex:
-        """The BM25 index of the items' texts, built once per snapshot (derived from the
-        previous snapshot's index when there is one: only changed items are tokenized)."""
-        index = self._lexical
+    def lexical(self, stemmer: StemmerName | None = DEFAULT_STEMMER) -> LexicalIndex:
+        """The BM25 index of the items' texts analyzed with ``stemmer``
+        (:attr:`~pbr_core.config.PBRConfig.lexical_stemmer`), built once per snapshot and
+        analyzer (derived from the previous snapshot's index under that analyzer when there is
+        one: only changed items are tokenized)."""
+        index = self._lexical.get(stemmer)
         if index is not None:
             return index
+        stemmer = check_stemmer(stemmer)
         with self._lock:
-            if self._lexical is None:
-                parent = self._lexical_parent
+            index = self._lexical.get(stemmer)
+            if index is None:
+                parent = self._lexical_parents.get(stemmer)
                 texts = [item.text for item in self.items]
                 if parent is None:
-                    self._lexical = LexicalIndex.build(texts)
+                    index = LexicalIndex.build(texts, stemmer=stemmer)
                 else:
                     previous, old_positions = parent
                     kept = np.flatnonzero(old_positions >= 0)
@@ -228,25 +237,33 @@ class UserHistory:
                     order[kept] = np.arange(kept.size)
                     order[added] = kept.size + np.arange(added.size)
                     identity = bool((order == np.arange(len(texts))).all())
-                    self._lexical = staged if identity else staged.derived(order, [])
-                self._lexical_parent = None  # release the previous index
+                    index = staged if identity else staged.derived(order, [])
+                self._lexical[stemmer] = index
+                self._lexical_parents.pop(stemmer, None)  # release the previous index
                 self._grown += 1
-            return self._lexical
+            return index
+
+    def lexical_indexes(self) -> list[LexicalIndex]:
+        """The BM25 indexes built so far (one per analyzer asked for): what a shared state
+        keeps (:mod:`pbr_core.derived`)."""
+        return list(self._lexical.values())
 
     def _inherit_lexical(self, previous: UserHistory, old_positions: np.ndarray) -> None:
-        """Remember ``previous``'s lexical index (built or pending) to derive ours from."""
+        """Remember ``previous``'s lexical indexes (built or pending, per analyzer) to derive
+        ours from."""
         positions = np.array(old_positions, dtype=np.int64)
         for i, p in enumerate(positions):  # same row, other text: re-tokenized
             if p >= 0 and previous.items[p].text != self.items[i].text:
                 positions[i] = -1
-        if previous._lexical is not None:
-            self._lexical_parent = (previous._lexical, positions)
-        elif previous._lexical_parent is not None:
-            index, older = previous._lexical_parent
+        for stemmer, index in list(previous._lexical.items()):
+            self._lexical_parents[stemmer] = (index, positions)
+        for stemmer, (index, older) in list(previous._lexical_parents.items()):
+            if stemmer in self._lexical_parents:
+                continue
             kept = positions >= 0
             chained = np.full(positions.shape, -1, dtype=np.int64)
             chained[kept] = older[positions[kept]]
-            self._lexical_parent = (index, chained)
+            self._lexical_parents[stemmer] = (index, chained)
         self._grown += 1
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:
@@ -274,20 +291,22 @@ class UserHistory:
             return self._anchors[key]
 
     def adopt(
-        self, anchors: Mapping[AnchorKey, AnchorResult], lexical: LexicalIndex | None
+        self, anchors: Mapping[AnchorKey, AnchorResult], lexical: Sequence[LexicalIndex] = ()
     ) -> None:
-        """Take anchors and a BM25 index built elsewhere over exactly these items, in this
+        """Take anchors and BM25 indexes built elsewhere over exactly these items, in this
         order (another worker's, :mod:`pbr_core.derived`): those not built here yet."""
+        for index in lexical:
+            if len(index) != len(self.items):
+                raise ValueError(f"a BM25 index of {len(index)} items for {len(self)}")
         with self._lock:
             for key, result in anchors.items():
                 if self._anchors.get(key) is None:
                     self._anchors[key] = result
                     self._parents.pop(key, None)
-            if lexical is not None and self._lexical is None:
-                if len(lexical) != len(self.items):
-                    raise ValueError(f"a BM25 index of {len(lexical)} items for {len(self)}")
-                self._lexical = lexical
-                self._lexical_parent = None
+            for index in lexical:
+                if index.stemmer not in self._lexical:
+                    self._lexical[index.stemmer] = index
+                    self._lexical_parents.pop(index.stemmer, None)
             self._grown += 1
 
     def _inherit_anchors(self, previous: UserHistory, old_positions: np.ndarray) -> None:

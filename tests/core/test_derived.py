@@ -62,6 +62,27 @@ def test_the_same_items_take_the_anchor_and_the_index_without_building_them(
         assert np.array_equal(fresh.lexical().scores(query), built.lexical().scores(query))
 
 
+def test_every_analyzers_index_is_shared_and_taken_under_its_own_analyzer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = _built()
+    built.lexical("english")
+    blob = pack(built, BASIS)
+    assert blob is not None
+    fresh = _history()
+    monkeypatch.setattr(
+        LexicalIndex, "build", classmethod(lambda cls, *a, **k: pytest.fail("rebuilt"))
+    )
+    attach(fresh, blob, BASIS)
+    assert {index.stemmer for index in fresh.lexical_indexes()} == {None, "english"}
+    for stemmer in (None, "english"):
+        for query in ("trained", "item7 teas"):
+            assert np.array_equal(
+                fresh.lexical(stemmer).scores(query), built.lexical(stemmer).scores(query)
+            )
+    assert fresh.lexical("english").scores("trained").any()  # "trains" and "trained": "train"
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
@@ -79,7 +100,7 @@ def test_a_damaged_blob_is_refused_and_leaves_the_history_as_it_was(
     fresh = _history()
     with pytest.raises(DamagedState, match=reason):
         attach(fresh, damage(blob), BASIS)  # type: ignore[operator]
-    assert fresh._anchors == {} and fresh._lexical is None
+    assert fresh._anchors == {} and not fresh.lexical_indexes()
 
 
 def test_another_users_or_other_items_state_is_refused() -> None:
@@ -112,8 +133,9 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
     with pytest.raises(DamagedState, match="not a packed state") as garbage:
         attach(_history(), b"PNG" + blob[3:], BASIS)
     assert not isinstance(garbage.value, OtherVersion)  # damage, not an upgrade
-    with pytest.raises(OtherVersion, match="packed in format 1, not 2"):
-        attach(_history(), blob[:4] + b"\x01" + blob[5:], BASIS)
+    for older in (1, 2):  # an .npz body; at most one BM25 index, unstemmed
+        with pytest.raises(OtherVersion, match=f"packed in format {older}, not 3"):
+            attach(_history(), blob[:4] + bytes([older]) + blob[5:], BASIS)
     monkeypatch.setattr("pbr_core.derived._PBR", "9.9.9")
     with pytest.raises(OtherVersion, match="derived by pbr"):
         attach(_history(), blob, BASIS)
@@ -184,4 +206,4 @@ def test_a_blob_whose_header_does_not_fit_its_arrays_is_a_damaged_state(
     fresh = _history()
     with pytest.raises(DamagedState, match=why):
         attach(fresh, _crafted(blob, edit, tail), BASIS)
-    assert fresh._anchors == {} and fresh._lexical is None
+    assert fresh._anchors == {} and not fresh.lexical_indexes()

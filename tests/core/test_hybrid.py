@@ -222,17 +222,20 @@ def test_items_the_query_and_the_llm_feedback_meet_under_one_stemmer() -> None:
         assert not rank(history, q, terms, 1, mode="lexical", stemmer=None)[0].lexical
     hit = rank(history, q, expanded, 1, mode="lexical", stemmer="english")[0]
     assert history.items[hit.position].id == "b" and hit.lexical  # sourdough, weekend
-    # a stemmer other than the snapshot index's gets its own index, built once per snapshot
-    stemmed = history.lexical().analyzed("english", lambda: pytest.fail("built again"))
+    # each analyzer is its own index of the snapshot, built once and kept beside the other
+    stemmed, unstemmed = history.lexical("english"), history.lexical(None)
+    assert history.lexical("english") is stemmed and history.lexical(None) is unstemmed
+    assert {i.stemmer for i in history.lexical_indexes()} == {"english", None}
     np.testing.assert_array_equal(
         stemmed.scores("trips jazz"),
         LexicalIndex.build([t for _, t in ITEMS], stemmer="english").scores("trips jazz"),
     )
-    unstemmed = history.lexical().analyzed(None, lambda: pytest.fail("built again"))
     np.testing.assert_array_equal(
         unstemmed.scores("trip jazz"),
         LexicalIndex.build([t for _, t in ITEMS], stemmer=None).scores("trip jazz"),
     )
+    with pytest.raises(ValueError, match="stemmer must be one of"):
+        history.lexical("porter")  # type: ignore[arg-type]
 
 
 def test_rank_analyzes_with_the_librarys_default_stemmer_unless_told() -> None:
@@ -465,12 +468,15 @@ def test_personalizer_search_reports_both_legs_for_every_hit() -> None:
     )
 )
 def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> None:  # type: ignore[no-untyped-def]
+    """Under each analyzer, derived incrementally through adds, replaces and deletes (with and
+    without a query in between), the index equals a rebuild to the bit."""
     emb = BagOfWords()
     store = HistoryStore()
     history = store.upsert(
         "u", [HistoryItem(id="i0", text="start here")], emb.embed_documents(["start here"])
     )
     history.lexical()
+    history.lexical("english")
     for op, n, text in ops:
         item_id = f"i{n}"
         if op == "delete":
@@ -482,10 +488,13 @@ def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> No
                 "u", [HistoryItem(id=item_id, text=body)], emb.embed_documents([body])
             )
         if n % 2:  # sometimes a query in between, sometimes a chain of pending changes
-            history.lexical()
-        built = LexicalIndex.build([it.text for it in history.items])
-        for query in ("jazz", "bread again", "thursday 3", "start"):
-            np.testing.assert_array_equal(history.lexical().scores(query), built.scores(query))
+            history.lexical(("english", None)[n % 4 == 1])
+        for stemmer in (None, "english"):
+            built = LexicalIndex.build([it.text for it in history.items], stemmer=stemmer)
+            for query in ("jazz", "bread again", "thursday 3", "start"):
+                np.testing.assert_array_equal(
+                    history.lexical(stemmer).scores(query), built.scores(query)
+                )
 
 
 # -- long items ----------------------------------------------------------------------------------
@@ -663,3 +672,21 @@ def test_a_requests_config_asks_for_the_neighbours_context_and_it_is_off_by_defa
     assert seen == [0.0, 0.5]
     with pytest.raises(ValueError, match="lexical_context must be a number >= 0"):
         PBRConfig(lexical_context=-0.1)
+
+
+def test_a_requests_config_chooses_the_lexical_analyzer_and_stemming_is_off_by_default() -> None:
+    """``PBRConfig.lexical_stemmer`` reaches the ranking of a request (the one path every entry
+    point takes): "flights" matches "flight" only when stemmed, and the user's history then
+    holds one BM25 index per analyzer it was searched with."""
+    p = Personalizer(BagOfWords(), config=PBRConfig(fusion="plain", search="lexical"))
+    p.add_texts("u", [t for _, t in ITEMS], ids=[i for i, _ in ITEMS])
+    plain = p.search("u", "flight", k=1)
+    assert (plain.hits[0].legs or {})["lexical"] == 0.0  # no item holds "flight" as written
+    stemmed_config = PBRConfig(fusion="plain", search="lexical", lexical_stemmer="english")
+    stemmed = p.search("u", "flight", k=1, config=stemmed_config)
+    assert stemmed.hits[0].id == "d" and (stemmed.hits[0].legs or {})["lexical"] > 0.0
+    history = p.store.get("u")
+    assert {index.stemmer for index in history.lexical_indexes()} == {None, "english"}
+    assert PBRConfig().lexical_stemmer is None
+    with pytest.raises(ValueError, match="lexical_stemmer must be one of"):
+        PBRConfig(lexical_stemmer="porter")  # type: ignore[arg-type]

@@ -134,26 +134,6 @@ def test_the_english_stemmer_makes_inflections_meet() -> None:
 def test_an_unknown_stemmer_is_refused() -> None:
     with pytest.raises(ValueError, match="stemmer must be one of"):
         LexicalIndex.build(CHAT, stemmer="porter")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="stemmer must be one of"):
-        LexicalIndex.build(CHAT).analyzed("porter", lambda: CHAT)
-
-
-def test_analyzed_gives_the_same_items_under_another_stemmer_once() -> None:
-    index = LexicalIndex.build(CHAT, stemmer="english")
-    assert index.analyzed("english", lambda: pytest.fail("not rebuilt")) is index
-    calls: list[int] = []
-
-    def texts() -> list[str]:
-        calls.append(1)
-        return CHAT
-
-    other = index.analyzed(None, texts)
-    assert other.stemmer is None and index.analyzed(None, texts) is other and calls == [1]
-    built = LexicalIndex.build(CHAT, stemmer=None)
-    for query in QUERIES:
-        np.testing.assert_array_equal(other.scores(query), built.scores(query))
-    with pytest.raises(ValueError, match="texts"):
-        index.derived(range(len(CHAT)), []).analyzed(None, lambda: CHAT[:3])
 
 
 def test_an_index_pickled_before_stemming_reads_as_unstemmed() -> None:
@@ -163,12 +143,6 @@ def test_an_index_pickled_before_stemming_reads_as_unstemmed() -> None:
     del old.__dict__["stemmer"]  # what an index pickled by an earlier version holds
     assert old.stemmer is None
     np.testing.assert_array_equal(old.scores("lentils kids"), index.scores("lentils kids"))
-    # asked for a stemmer, it is rebuilt rather than mixed with stemmed queries
-    fresh = old.analyzed("english", lambda: CHAT)
-    np.testing.assert_array_equal(
-        fresh.scores("lentils kids"),
-        LexicalIndex.build(CHAT, stemmer="english").scores("lentils kids"),
-    )
 
 
 # --- weighted queries ---------------------------------------------------------------------------

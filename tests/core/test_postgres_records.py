@@ -730,12 +730,12 @@ def test_a_worker_that_builds_more_than_it_took_shares_the_fuller_state(
     first.share_state("alice")
     second = _worker(engine, hash_embedder)
     taken = second.history("alice")
-    assert taken is not None and taken._lexical is None and taken._anchors
+    assert taken is not None and not taken.lexical_indexes() and taken._anchors
     taken.lexical()
     second.share_state("alice")
     _refuse_builds(monkeypatch)
     third, _ = _serve(_worker(engine, hash_embedder), "alice")
-    assert third._lexical is not None
+    assert third.lexical_indexes()
 
 
 def _storage(sql: Any) -> str:
