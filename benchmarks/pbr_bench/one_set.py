@@ -1,7 +1,8 @@
 """The one-parameter-set protocol of the hybrid rule (#42), shared by the scripts that search or
-test a rule under it (``benchmarks/hybrid_tuning.py``, ``benchmarks/lexical_prf.py``): which data
-sets are read, how LoCoMo's current question set is a view of its every-question set, the
-conversation goals a candidate is chosen by, and the table helpers.
+test a rule under it (``benchmarks/hybrid_tuning.py``; through :mod:`pbr_bench.lead`,
+``benchmarks/lexical_prf.py`` and ``benchmarks/lexical_fields.py``): which data sets are read,
+how LoCoMo's current question set is a view of its every-question set, the conversation goals a
+candidate is chosen by, and the table helpers.
 """
 
 from __future__ import annotations
