@@ -9,6 +9,9 @@ each under both analyzers:
 
     bm25                   rank(mode="lexical"), no windows
     hybrid                 rank(mode="hybrid") with windows (the library's default search)
+    hybrid + context       rank(mode="hybrid") with windows and the opt-in neighbour context
+                           (``PBRConfig(lexical_context=0.5)``): what a chat memory with both
+                           opt-ins gets (reported; not part of the choice rule)
     hybrid + PBR (authors) PersonaBench 0.0 only: q* of the default Personalizer fed the PBR
                            authors' cached gpt-4o-mini generations, the lexical query expanded
                            with that feedback at 0.25 (so the feedback is stemmed too)
@@ -64,7 +67,7 @@ from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
 from pbr_bench.runner import CachedEmbedder
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig, Personalizer
-from pbr_core.hybrid import lexical_query, lexical_terms, rank
+from pbr_core.hybrid import LEXICAL_CONTEXT, lexical_query, lexical_terms, rank
 from pbr_core.lexical import StemmerName
 from pbr_core.pipeline import PseudoFeedback
 
@@ -74,7 +77,7 @@ OUT = RESULTS_DIR / "hybrid"
 ALL_DATASETS = [*DATASETS, "locomo-turn-all", "locomo-session-all"]
 PBR_DATASET = "personabench-0.0"
 STEMMERS: dict[str, StemmerName | None] = {"unstemmed": None, "stemmed": "english"}
-METHODS = ["bm25", "hybrid", "hybrid + PBR (authors)"]
+METHODS = ["bm25", "hybrid", "hybrid + context", "hybrid + PBR (authors)"]
 METRICS = ("R@5", "N@5", "recall_any@5")
 SPLITS = ("tune", "test", "all")
 K = 10
@@ -87,11 +90,14 @@ def rankings(built: Built, cache: EmbeddingCache) -> dict[tuple[str, str], dict[
     out: dict[tuple[str, str], dict[str, list[str]]] = {}
     for label, stemmer in STEMMERS.items():
         bm25, hybrid = out.setdefault(("bm25", label), {}), out.setdefault(("hybrid", label), {})
+        context = out.setdefault(("hybrid + context", label), {})
         for q in built.queries:
             hp, hw = built.plain.get(q.user_id), built.windowed.get(q.user_id)
             v, terms = built.qvec[q.id], lexical_query(q.text)
             bm25[q.id] = item_ids(hp, rank(hp, v, terms, K, mode="lexical", stemmer=stemmer))
             hybrid[q.id] = item_ids(hw, rank(hw, v, terms, K, mode="hybrid", stemmer=stemmer))
+            with_context = rank(hw, v, terms, K, stemmer=stemmer, context=LEXICAL_CONTEXT)
+            context[q.id] = item_ids(hw, with_context)
     if built.ds.name == PBR_DATASET:
         authors = load_pbr_generations()
         personalizer = Personalizer(
