@@ -161,6 +161,8 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
             header["anchors"], arrays, len(history), history.dim, prefix="anchor"
         )
         lexical = []
+        if len({spec["stemmer"] for spec in header["lexical"]}) != len(header["lexical"]):
+            raise DamagedState("two BM25 indexes of one analyzer")
         for i, spec in enumerate(header["lexical"]):
             if (spec["k1"], spec["b"]) != (DEFAULT_K1, DEFAULT_B):
                 continue

@@ -122,7 +122,11 @@ class UserHistory:
         if not isinstance(self.__dict__.get("_lexical"), dict):  # pickled before the analyzers
             index = self.__dict__.get("_lexical")
             parent = self.__dict__.pop("_lexical_parent", None)
-            self._lexical = {} if index is None else {index.stemmer: index}
+            self._lexical = {}
+            if index is not None:  # with the other analyzers' indexes it hung on itself
+                self._lexical = {**index.__dict__.pop("_others", {}), index.stemmer: index}
+            if parent is not None:
+                parent[0].__dict__.pop("_others", None)
             self._lexical_parents = {} if parent is None else {parent[0].stemmer: parent}
         self._lock = threading.Lock()
 
@@ -249,21 +253,27 @@ class UserHistory:
         return list(self._lexical.values())
 
     def _inherit_lexical(self, previous: UserHistory, old_positions: np.ndarray) -> None:
-        """Remember ``previous``'s lexical indexes (built or pending, per analyzer) to derive
-        ours from."""
+        """Remember ``previous``'s lexical indexes to derive ours from, per analyzer.
+
+        The indexes ``previous`` built (or took from a shared state) are carried. Its pending
+        parents are chained on only when it built none (a run of changes without a query in
+        between); after a query, an analyzer that query did not ask for is dropped, so an
+        analyzer asked for once is not held (and counted against the cache budget) for good.
+        Asked for again, it is built in full.
+        """
         positions = np.array(old_positions, dtype=np.int64)
         for i, p in enumerate(positions):  # same row, other text: re-tokenized
             if p >= 0 and previous.items[p].text != self.items[i].text:
                 positions[i] = -1
-        for stemmer, index in list(previous._lexical.items()):
+        built = list(previous._lexical.items())
+        for stemmer, index in built:
             self._lexical_parents[stemmer] = (index, positions)
-        for stemmer, (index, older) in list(previous._lexical_parents.items()):
-            if stemmer in self._lexical_parents:
-                continue
-            kept = positions >= 0
-            chained = np.full(positions.shape, -1, dtype=np.int64)
-            chained[kept] = older[positions[kept]]
-            self._lexical_parents[stemmer] = (index, chained)
+        if not built:
+            for stemmer, (index, older) in list(previous._lexical_parents.items()):
+                kept = positions >= 0
+                chained = np.full(positions.shape, -1, dtype=np.int64)
+                chained[kept] = older[positions[kept]]
+                self._lexical_parents[stemmer] = (index, chained)
         self._grown += 1
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:

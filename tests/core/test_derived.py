@@ -207,3 +207,21 @@ def test_a_blob_whose_header_does_not_fit_its_arrays_is_a_damaged_state(
     with pytest.raises(DamagedState, match=why):
         attach(fresh, _crafted(blob, edit, tail), BASIS)
     assert fresh._anchors == {} and not fresh.lexical_indexes()
+
+
+def test_two_indexes_of_one_analyzer_are_a_damaged_state() -> None:
+    """Each analyzer's index is taken under its own name: a blob listing one analyzer twice
+    (one of them mislabelled) is refused, not half taken."""
+    built = _built()
+    built.lexical("english")
+    blob = pack(built, BASIS)
+    assert blob is not None
+
+    def relabel(header: dict[str, Any]) -> None:
+        for spec in header["lexical"]:
+            spec["stemmer"] = "english"
+
+    fresh = _history()
+    with pytest.raises(DamagedState, match="two BM25 indexes of one analyzer"):
+        attach(fresh, _crafted(blob, relabel), BASIS)
+    assert not fresh.lexical_indexes()

@@ -36,8 +36,8 @@ from pbr_core.hybrid import (
     relevance,
     with_context,
 )
-from pbr_core.lexical import LexicalIndex
-from pbr_core.snapshot import top_k
+from pbr_core.lexical import LexicalIndex, StemmerName
+from pbr_core.snapshot import UserHistory, top_k
 from pbr_core.windows import Window, split, window_of
 
 DIM = 64
@@ -455,21 +455,32 @@ def test_personalizer_search_reports_both_legs_for_every_hit() -> None:
 
 
 # -- the lexical index follows the snapshots ------------------------------------------------------
-@settings(max_examples=40, deadline=None)
+ANALYZERS: list[StemmerName | None] = [None, "english"]
+
+
+def _same_as_a_rebuild(history: UserHistory, stemmer: StemmerName | None) -> None:
+    built = LexicalIndex.build([it.text for it in history.items], stemmer=stemmer)
+    for query in ("jazz", "bread again", "thursday 3", "start", "flights"):
+        np.testing.assert_array_equal(history.lexical(stemmer).scores(query), built.scores(query))
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.sampled_from(["add", "replace", "delete"]),
             st.integers(0, 7),
             st.sampled_from(["jazz trip", "sourdough bread", "dentist thursday", "seat flight"]),
+            st.sampled_from([(), (None,), ("english",), (None, "english")]),
         ),
         min_size=1,
         max_size=12,
     )
 )
 def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> None:  # type: ignore[no-untyped-def]
-    """Under each analyzer, derived incrementally through adds, replaces and deletes (with and
-    without a query in between), the index equals a rebuild to the bit."""
+    """Under each analyzer, derived incrementally through adds, replaces and deletes (queried
+    after some changes with one analyzer, both or none: chains of pending changes, one analyzer
+    built while the other is pending or dropped), the index equals a rebuild to the bit."""
     emb = BagOfWords()
     store = HistoryStore()
     history = store.upsert(
@@ -477,7 +488,7 @@ def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> No
     )
     history.lexical()
     history.lexical("english")
-    for op, n, text in ops:
+    for op, n, text, queried in ops:
         item_id = f"i{n}"
         if op == "delete":
             if history.position(item_id) is not None and len(history) > 1:
@@ -487,14 +498,33 @@ def test_each_snapshots_lexical_index_equals_one_built_from_its_texts(ops) -> No
             history = store.upsert(
                 "u", [HistoryItem(id=item_id, text=body)], emb.embed_documents([body])
             )
-        if n % 2:  # sometimes a query in between, sometimes a chain of pending changes
-            history.lexical(("english", None)[n % 4 == 1])
-        for stemmer in (None, "english"):
-            built = LexicalIndex.build([it.text for it in history.items], stemmer=stemmer)
-            for query in ("jazz", "bread again", "thursday 3", "start"):
-                np.testing.assert_array_equal(
-                    history.lexical(stemmer).scores(query), built.scores(query)
-                )
+        for stemmer in queried:
+            _same_as_a_rebuild(history, stemmer)
+    for stemmer in ANALYZERS:
+        _same_as_a_rebuild(history, stemmer)
+
+
+def test_an_analyzer_the_queries_stopped_asking_for_is_not_held() -> None:
+    """A stemmed index built for one query is not carried along every later snapshot (and
+    counted against the cache budget) once the queries after a change use another analyzer;
+    through a run of changes without a query, every analyzer stays derivable."""
+    emb = BagOfWords()
+    store = HistoryStore()
+
+    def add(n: int) -> UserHistory:
+        text = f"note {n} about flights and trips"
+        return store.upsert("u", [HistoryItem(id=f"i{n}", text=text)], emb.embed_documents([text]))
+
+    history = add(0)
+    history.lexical()
+    history.lexical("english")
+    history = add(1)
+    history = add(2)  # no query in between: both analyzers chained
+    assert set(history._lexical_parents) == {None, "english"}
+    history.lexical()  # a query asking for the default analyzer only
+    history = add(3)
+    assert set(history._lexical_parents) == {None}  # the stemmed index is let go
+    _same_as_a_rebuild(history, "english")  # and built in full when asked for again
 
 
 # -- long items ----------------------------------------------------------------------------------
@@ -591,6 +621,32 @@ def test_snapshots_with_windows_pickle() -> None:
     p.add_texts("u", ["one two three four five six"], ids=["x"])
     history = pickle.loads(pickle.dumps(p.store.get("u")))
     assert len(history.windows["x"]) == 2
+
+
+def test_a_snapshot_pickled_before_the_analyzers_reads_back_with_its_indexes() -> None:
+    """An earlier version kept one BM25 index (``_lexical``), the other analyzers' indexes hung
+    on it (``_others``), and one pending parent (``_lexical_parent``): unpickled, each index is
+    kept under its analyzer, nothing hangs on an index any more, and the next change derives
+    from the pending parent."""
+    history, _ = snapshot()
+    plain, stemmed = history.lexical(None), history.lexical("english")
+    state = history.__getstate__()
+    old_index = pickle.loads(pickle.dumps(plain))
+    old_index.__dict__["_others"] = {"english": stemmed}
+    state.update(_lexical=old_index, _lexical_parent=None)
+    del state["_lexical_parents"]
+    old = UserHistory.__new__(UserHistory)
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert {i.stemmer for i in old.lexical_indexes()} == {None, "english"}
+    assert all("_others" not in i.__dict__ for i in old.lexical_indexes())
+    for stemmer in ANALYZERS:
+        _same_as_a_rebuild(old, stemmer)
+    # a pending parent of the earlier layout is what the next snapshot derives from
+    state.update(_lexical=None, _lexical_parent=(old_index, np.arange(len(ITEMS))))
+    pending = UserHistory.__new__(UserHistory)
+    pending.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert set(pending._lexical_parents) == {None} and not pending.lexical_indexes()
+    _same_as_a_rebuild(pending, None)
 
 
 def test_window_vectors_survive_a_save_and_a_lazy_load(tmp_path: Path) -> None:
