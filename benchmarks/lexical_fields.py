@@ -41,19 +41,15 @@ Writes ``benchmarks/results/hybrid/lexical_fields.{csv,json,png}`` and prints th
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 
 from pbr_bench.datasets import Query
-from pbr_bench.lead import collect, report
-from pbr_bench.one_set import CUT, load_all, views
-from pbr_bench.paths import RESULTS_DIR, cache_dir
+from pbr_bench.lead import run
+from pbr_bench.one_set import CUT
 from pbr_core.hybrid import fuse, lexical_weight
 from pbr_core.snapshot import UserHistory, top_k
 
-OUT = RESULTS_DIR / "hybrid"
-CACHE = cache_dir() / "lexical_fields"
 GRID = list(itertools.product((0.25, 0.5, 1.0), ("fields", "words")))
 CANDIDATES = [f"fields lambda={lam:g} c={source}" for lam, source in GRID]
 
@@ -90,11 +86,12 @@ def ranked(
 
 
 def main() -> None:
-    t0 = time.perf_counter()
-    sets = views(load_all(lambda name: collect(name, CACHE, ranked)))
-    extra = {"grid": [dict(lam=lam, coverage=source) for lam, source in GRID]}
-    report(sets, CANDIDATES, OUT / "lexical_fields", extra)
-    print(f"({time.perf_counter() - t0:.0f}s)")
+    run(
+        "lexical_fields",
+        CANDIDATES,
+        ranked,
+        {"grid": [dict(lam=lam, coverage=source) for lam, source in GRID]},
+    )
 
 
 if __name__ == "__main__":

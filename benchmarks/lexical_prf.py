@@ -37,21 +37,17 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections import Counter
 
 import numpy as np
 
 from pbr_bench.datasets import Query
-from pbr_bench.lead import collect, report
-from pbr_bench.one_set import CUT, load_all, views
-from pbr_bench.paths import RESULTS_DIR, cache_dir
+from pbr_bench.lead import run
+from pbr_bench.one_set import CUT
 from pbr_core.hybrid import rank
 from pbr_core.lexical import LexicalIndex, tokenize
 from pbr_core.snapshot import UserHistory
 
-OUT = RESULTS_DIR / "hybrid"
-CACHE = cache_dir() / "lexical_prf"
 GRID = list(itertools.product((3, 5), (5, 10), (0.1, 0.25, 0.5)))
 CANDIDATES = [f"prf m={m} t={t} beta={b:g}" for m, t, b in GRID]
 
@@ -92,11 +88,7 @@ def reranked(
 
 
 def main() -> None:
-    t0 = time.perf_counter()
-    sets = views(load_all(lambda name: collect(name, CACHE, reranked)))
-    extra = {"grid": [dict(m=m, t=t, beta=b) for m, t, b in GRID]}
-    report(sets, CANDIDATES, OUT / "lexical_prf", extra)
-    print(f"({time.perf_counter() - t0:.0f}s)")
+    run("lexical_prf", CANDIDATES, reranked, {"grid": [dict(m=m, t=t, beta=b) for m, t, b in GRID]})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,15 +40,17 @@ from .one_set import (
     VIEWS,
     Row,
     built_with_main,
+    load_all,
     objective,
     question_row,
     ranks,
     view_cells,
+    views,
 )
 from .one_set import write_csv as _write_csv
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, RESULTS_DIR, cache_dir
 
-__all__ = ["BASELINES", "Candidates", "baselines", "collect", "metrics_of", "report"]
+__all__ = ["BASELINES", "Candidates", "baselines", "collect", "metrics_of", "report", "run"]
 
 #: The shipped rule and the fixed baselines of ``benchmarks/hybrid_tuning.py``.
 BASELINES = ("shipped", "dense", "bm25", "rrf")
@@ -280,3 +283,12 @@ def report(
     out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     _plot(tuning, chosen, out.with_suffix(".png"))
     print(f"\nwrote {out.with_suffix('.json').relative_to(REPO_ROOT)}")
+
+
+def run(name: str, candidates: Sequence[str], ranked: Candidates, extra: dict[str, Any]) -> None:
+    """A lead script's whole run: every data set's rows (cached in ``$PBR_CACHE_DIR/<name>``),
+    then :func:`report` to ``benchmarks/results/hybrid/<name>.{csv,json,png}``."""
+    t0 = time.perf_counter()
+    sets = views(load_all(lambda data_set: collect(data_set, cache_dir() / name, ranked)))
+    report(sets, candidates, RESULTS_DIR / "hybrid" / name, extra)
+    print(f"({time.perf_counter() - t0:.0f}s)")
