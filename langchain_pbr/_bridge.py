@@ -128,10 +128,12 @@ def underlying_model(llm: Any) -> Any:
     """The model inside Runnable wrappers (``bound``, ``runnable``, ``default``), for its
     identity (cache key) and ``prompt_style``; the wrapper itself is what gets invoked."""
     for _ in range(8):
+        if isinstance(llm, BaseLanguageModel):  # a model: no wrapper attributes to probe (a
+            return llm  # missing attribute of a pydantic model costs microseconds per probe)
         inner = next(
             (getattr(llm, a) for a in ("bound", "runnable", "default") if hasattr(llm, a)), None
         )
-        if inner is None or isinstance(llm, BaseLanguageModel):
+        if inner is None:
             return llm
         llm = inner
     return llm

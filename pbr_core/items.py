@@ -85,6 +85,17 @@ class HistoryItem:
         )
 
 
+def _where(item: HistoryItem, user_id: str) -> str:
+    """How an error names an item (built only for an error: a check of every item of a cold
+    read must not format one string per item)."""
+    return f"item {item.id!r} of user {user_id!r}"
+
+
+def _plain_dict(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` as the dict :meth:`HistoryItem.to_dict` writes, without copying a dict."""
+    return metadata if type(metadata) is dict else dict(metadata)
+
+
 def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
     """Raise ``ValueError`` unless ``user_id`` and every item can be saved exactly as given.
 
@@ -114,24 +125,27 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
                 f"item {n} for user {user_id!r} has a {type(item.id).__name__} id {item.id!r}; "
                 "ids are strings: pass str(id)"
             )
-        where = f"item {item.id!r} of user {user_id!r}"
         if not isinstance(item.text, str):
             raise ValueError(
-                f"{where} has a {type(item.text).__name__} text; the text must be a string"
+                f"{_where(item, user_id)} has a {type(item.text).__name__} text; the text must "
+                "be a string"
             )
-        _check_timestamp(item.timestamp, where)
+        if item.timestamp is not None:
+            _check_timestamp(item.timestamp, _where(item, user_id))
         if not isinstance(item.metadata, Mapping):
             raise ValueError(
-                f"{where} has metadata of type {type(item.metadata).__name__}; pass a dict"
+                f"{_where(item, user_id)} has metadata of type {type(item.metadata).__name__}; "
+                "pass a dict"
             )
-    try:  # the fast path: every item, exactly as save() will write it, in one encoder call
-        _check_encoder.encode([item.to_dict() for item in items]).encode("utf-8")
+    try:  # the fast path: every item's fields as save() will write them, in one encoder call
+        rows = [(i.id, i.text, _plain_dict(i.metadata), i.timestamp) for i in items]
+        _check_encoder.encode(rows).encode("utf-8")
     except (TypeError, ValueError, RecursionError):
         for item in items:  # find the first item that cannot be saved, and say why
             try:
                 _check_encoder.encode(item.to_dict()).encode("utf-8")
             except (TypeError, ValueError, RecursionError):
-                _explain_unserialisable(item, f"item {item.id!r} of user {user_id!r}")
+                _explain_unserialisable(item, _where(item, user_id))
         # every item encodes on its own (the list's one more level of nesting failed): fine
 
 

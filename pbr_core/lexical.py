@@ -286,7 +286,7 @@ class LexicalIndex:
         ok = (
             n >= 0
             and len(vocab) == m
-            and all(type(t) is str for t in vocab)
+            and set(map(type, vocab)) <= {str}
             and indptr.shape == (m + 1,)
             and np.issubdtype(indptr.dtype, np.integer)
             and np.issubdtype(indices.dtype, np.integer)
