@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -111,10 +112,12 @@ def _arrays(body: bytes, listed: Any, offset: int) -> dict[str, np.ndarray]:
     for name, dtype, shape in listed:
         if dtype not in _DTYPES:
             raise ValueError(f"array {name!r} of type {dtype!r}")
+        if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
+            raise ValueError(f"array {name!r} of shape {shape!r}")
         kind = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # exact (numpy's product would wrap a crafted huge shape)
         end = offset + count * kind.itemsize
-        if count < 0 or end > len(body):
+        if end > len(body):
             raise ValueError(f"array {name!r} runs past the end of the state")
         view = np.frombuffer(body, dtype=kind, count=count, offset=offset)
         arrays[name] = view.reshape(shape).astype(kind.newbyteorder("="))

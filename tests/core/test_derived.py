@@ -193,8 +193,10 @@ def test_whatever_a_malformed_blob_raises_is_a_damaged_state() -> None:
         (lambda h: h["arrays"][0].__setitem__(1, "|O"), b"", "type '\\|O'"),
         (lambda h: h["arrays"][0].__setitem__(2, [10**9]), b"", "past the end"),
         (lambda h: None, b"\x00" * 8, "8 bytes after the arrays"),
+        (lambda h: h["arrays"][0].__setitem__(2, [-2, -3]), b"", "of shape"),
+        (lambda h: h["arrays"][0].__setitem__(2, [2.5]), b"", "of shape"),
     ],
-    ids=["object-array", "array-past-the-end", "trailing-bytes"],
+    ids=["object-array", "array-past-the-end", "trailing-bytes", "negative-dims", "float-dim"],
 )
 def test_a_blob_whose_header_does_not_fit_its_arrays_is_a_damaged_state(
     edit: Callable[[dict[str, Any]], None], tail: bytes, why: str
