@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -83,15 +84,36 @@ def block_for(user_id: str, **kwargs: Any) -> PBRMemoryBlock:
     return PBRMemoryBlock(user_id=user_id, embed_model=HashEmbedding(dim=256), **kwargs)
 
 
+#: The ``Memory`` objects a test made, closed after it (:func:`_close_memories`).
+_MEMORIES: list[Memory] = []
+
+
 def memory_for(block: PBRMemoryBlock, session_id: str) -> Memory:
     # A small short-term budget: a few turns in, the oldest messages flush into the block.
-    return Memory.from_defaults(
+    memory = Memory.from_defaults(
         session_id=session_id,
         memory_blocks=[block],
         token_limit=120,
         chat_history_token_ratio=0.5,
         token_flush_size=30,
     )
+    _MEMORIES.append(memory)
+    return memory
+
+
+@pytest.fixture(autouse=True)
+def _close_memories() -> Iterator[None]:
+    """Close each ``Memory``'s chat store (an in-memory aiosqlite database) after the test.
+
+    LlamaIndex gives the store no close; left to the garbage collector, aiosqlite stops its
+    worker thread from ``__del__`` on whatever event loop the thread last set, which a later
+    test may already have closed ("Event loop is closed" in that thread, reported as a warning
+    against an unrelated test)."""
+    yield
+    while _MEMORIES:
+        engine = getattr(_MEMORIES.pop().sql_store, "_async_engine", None)
+        if engine is not None:
+            asyncio.run(engine.dispose())
 
 
 def chat(memory: Memory, facts: list[str]) -> None:
