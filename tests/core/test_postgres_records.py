@@ -682,8 +682,11 @@ def test_a_connection_lost_under_a_read_is_a_connection_error_and_the_next_read_
         engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
         autocommit=True,
     ) as admin:
+        # with a timeout (ms), pg_terminate_backend waits until each backend is gone; without
+        # one it only signals, and on a loaded machine the next read could reach a backend
+        # that has not exited yet
         admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
     with pytest.raises(ConnectionError, match="connection was lost"):
