@@ -76,7 +76,6 @@ from typing import Any
 import numpy as np
 
 from pbr_bench import one_set
-from pbr_bench.compare import sign_summary
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
 from pbr_bench.one_set import (
     CUT,
@@ -291,26 +290,9 @@ def overall(s: Scores) -> float:
 
 
 def judge(s: Scores, base: dict[str, Scores]) -> dict[str, Any]:
-    """The admissibility test of the protocol (one split)."""
-    best = {
-        (d, j): max(float(base[b][d][:, j].mean()) for b in ("dense", "bm25", "rrf"))
-        for d in RULE_SETS
-        for j in (0, 1)
-    }
-    fails = [
-        f"{d} {METRICS[j]}"
-        for d in RULE_SETS
-        for j in (0, 1)
-        if float(s[d][:, j].mean()) < best[(d, j)] - 1e-12
-    ]
-    losses = []
-    for b in BASELINES:
-        for d in RULE_SETS:
-            for j in (0, 1):
-                w, l_, _, p = sign_summary(s[d][:, j] - base[b][d][:, j])
-                if p < 0.05 and l_ > w:
-                    losses.append(f"{d} {METRICS[j]} vs {b} ({w}/{l_})")
-    return {"fails": fails, "losses": losses}
+    """The admissibility test of the protocol (one split): :func:`pbr_bench.one_set.judge`
+    against every baseline and the default."""
+    return one_set.judge(s, base, BASELINES)
 
 
 def row_of(label: str, stage: str, s: Scores, verdict: dict[str, Any] | None) -> dict[str, Any]:
@@ -337,28 +319,7 @@ def print_table(rows: Sequence[dict[str, Any]], title: str) -> None:
 
 
 def paired_rows(split: str, s: Scores, base: dict[str, Scores], label: str) -> list[dict]:
-    out = []
-    for b in BASELINES:
-        for d in VIEWS:
-            for j, m in enumerate(METRICS):
-                w, l_, mean, p = sign_summary(s[d][:, j] - base[b][d][:, j])
-                out.append(
-                    dict(
-                        split=split,
-                        candidate=label,
-                        baseline=b,
-                        dataset=d,
-                        metric=m,
-                        n=int(s[d].shape[0]),
-                        value=float(s[d][:, j].mean()),
-                        baseline_value=float(base[b][d][:, j].mean()),
-                        wins=w,
-                        losses=l_,
-                        mean_delta=mean,
-                        p_sign=p,
-                    )
-                )
-    return out
+    return one_set.paired_rows(split, s, base, label, BASELINES, VIEWS)
 
 
 def plot(records: Sequence[dict[str, Any]], chosen: str, path: Path) -> None:
@@ -422,7 +383,7 @@ def stage_b(analyzers: Sequence[int]) -> list[Candidate]:
 
 def main() -> None:
     t0 = time.perf_counter()
-    loaded = load_all(collect)
+    loaded = load_all(collect, LOADED)
     sets = views(loaded, VIEWS)
     base = {b: evaluate(lambda r, b=b: baseline_scores(b, r), sets, "tune") for b in BASELINES}
     records: list[dict[str, Any]] = []

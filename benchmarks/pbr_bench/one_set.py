@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .compare import sign_summary
 from .datasets import Query, load_named
 from .histories import DATASETS, Built, build, encoders
 from .splits import is_tuning_question
@@ -30,8 +31,10 @@ __all__ = [
     "Row",
     "Scores",
     "built_with_main",
+    "judge",
     "load_all",
     "objective",
+    "paired_rows",
     "question_row",
     "ranks",
     "view_cells",
@@ -97,11 +100,13 @@ def question_row(name: str, q: Query, main_ids: set[str] | None, **fields: Any) 
     )
 
 
-def load_all(collect: Callable[[str], list[Row]]) -> dict[str, list[Row]]:
-    """``collect`` of every :data:`LOADED` data set, with progress printed."""
+def load_all(
+    collect: Callable[[str], list[Row]], names: Sequence[str] = LOADED
+) -> dict[str, list[Row]]:
+    """``collect`` of every data set in ``names`` (:data:`LOADED`), with progress printed."""
     t0 = time.perf_counter()
     loaded = {}
-    for name in LOADED:
+    for name in names:
         loaded[name] = collect(name)
         print(f"{name}: {len(loaded[name])} questions, {time.perf_counter() - t0:.0f}s", flush=True)
     return loaded
@@ -126,6 +131,67 @@ def views(loaded: Mapping[str, list[Row]], names: Sequence[str] = VIEWS) -> dict
             out[name] = [r for r in loaded[f"{name}-all"] if r["main"]]
         else:
             out[name] = loaded[name]
+    return out
+
+
+def judge(s: Scores, base: Mapping[str, Scores], against: Sequence[str]) -> dict[str, Any]:
+    """The protocol's admissibility evidence for scores ``s`` on one split: ``fails``, the
+    (data set, metric) cells of :data:`RULE_SETS` where ``s`` is below the best of dense, BM25
+    and RRF on the mean; ``losses``, where it is significantly below (two-sided sign test
+    p < .05, more losses than wins) one of ``against`` (names in ``base``), on R@5 or N@5."""
+    best = {
+        (d, j): max(float(base[b][d][:, j].mean()) for b in ("dense", "bm25", "rrf"))
+        for d in RULE_SETS
+        for j in (0, 1)
+    }
+    fails = [
+        f"{d} {METRICS[j]}"
+        for d in RULE_SETS
+        for j in (0, 1)
+        if float(s[d][:, j].mean()) < best[(d, j)] - 1e-12
+    ]
+    losses = []
+    for b in against:
+        for d in RULE_SETS:
+            for j in (0, 1):
+                w, l_, _, p = sign_summary(s[d][:, j] - base[b][d][:, j])
+                if p < 0.05 and l_ > w:
+                    losses.append(f"{d} {METRICS[j]} vs {b} ({w}/{l_})")
+    return {"fails": fails, "losses": losses}
+
+
+def paired_rows(
+    split: str,
+    s: Scores,
+    base: Mapping[str, Scores],
+    label: str,
+    against: Sequence[str],
+    names: Sequence[str] = VIEWS,
+) -> list[Row]:
+    """Scores ``s`` of candidate ``label`` paired with each of ``against`` (names in ``base``)
+    on every view in ``names`` and metric: means, per-question wins / losses, the mean
+    difference and the two-sided sign test's p."""
+    out = []
+    for b in against:
+        for d in names:
+            for j, m in enumerate(METRICS):
+                w, l_, mean, p = sign_summary(s[d][:, j] - base[b][d][:, j])
+                out.append(
+                    dict(
+                        split=split,
+                        candidate=label,
+                        baseline=b,
+                        dataset=d,
+                        metric=m,
+                        n=int(s[d].shape[0]),
+                        value=float(s[d][:, j].mean()),
+                        baseline_value=float(base[b][d][:, j].mean()),
+                        wins=w,
+                        losses=l_,
+                        mean_delta=mean,
+                        p_sign=p,
+                    )
+                )
     return out
 
 

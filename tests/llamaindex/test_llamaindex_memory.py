@@ -111,9 +111,10 @@ def _close_memories() -> Iterator[None]:
     against an unrelated test)."""
     yield
     while _MEMORIES:
-        engine = getattr(_MEMORIES.pop().sql_store, "_async_engine", None)
-        if engine is not None:
-            asyncio.run(engine.dispose())
+        store = _MEMORIES.pop().sql_store
+        assert hasattr(store, "_async_engine"), "LlamaIndex moved the chat store's engine"
+        if store._async_engine is not None:  # None: the store was never opened
+            asyncio.run(store._async_engine.dispose())
 
 
 def chat(memory: Memory, facts: list[str]) -> None:
