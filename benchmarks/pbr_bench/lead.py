@@ -56,7 +56,7 @@ from .one_set import (
     views,
 )
 from .one_set import write_csv as _write_csv
-from .paths import REPO_ROOT, RESULTS_DIR, cache_dir
+from .paths import RESULTS_DIR, cache_dir, in_repo
 
 __all__ = ["BASELINES", "Candidates", "baselines", "collect", "metrics_of", "report", "run"]
 
@@ -263,7 +263,7 @@ def report(
     }
     out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     _plot(tuning, chosen, out.with_suffix(".png"))
-    print(f"\nwrote {out.with_suffix('.json').relative_to(REPO_ROOT)}")
+    print(f"\nwrote {in_repo(out.with_suffix('.json'))}")
 
 
 def run(name: str, candidates: Sequence[str], ranked: Candidates, extra: dict[str, Any]) -> None:
