@@ -44,7 +44,8 @@ Run (from the repository root)::
 
 Writes ``benchmarks/results/hybrid/stemming.{csv,json}`` (per data set, split, method and
 analyzer: the metrics; per data set, split, method and metric: stemmed vs unstemmed wins,
-losses, mean delta, p) and prints the tables and the rule's verdict.
+losses, mean delta, p; per data set, each analyzer's index bytes per user) and prints the
+tables and the rule's verdict.
 """
 
 from __future__ import annotations
@@ -270,6 +271,26 @@ def print_tables(summary: list[dict[str, Any]], paired: list[dict[str, Any]], sp
         )
 
 
+def index_memory(name: str, built: Built) -> dict[str, Any]:
+    """What each analyzer's BM25 index costs a user of this data set (the windowed histories the
+    hybrid rows ranked, both analyzers built by then), in bytes, mean over the users: what the
+    ``lexical_stemmer`` opt-in adds to a user's cache footprint (``UserHistory.nbytes``)."""
+    users = sorted({q.user_id for q in built.queries})
+    histories = [built.windowed.get(u) for u in users]
+    return {
+        "dataset": name,
+        "users": len(users),
+        "items per user": float(np.mean([len(h) for h in histories])),
+        "unstemmed index bytes per user": float(
+            np.mean([h.lexical(None).nbytes for h in histories])
+        ),
+        "stemmed index bytes per user": float(
+            np.mean([h.lexical("english").nbytes for h in histories])
+        ),
+        "snapshot bytes per user": float(np.mean([h.nbytes() for h in histories])),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -283,14 +304,24 @@ def main() -> None:
     counter, cache, window = encoders()
     summary: list[dict[str, Any]] = []
     paired: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
     for name in names:
         t0 = time.perf_counter()
         built = build(name, cache, counter, window)
         s, p = score(name, built, rankings(built, cache))
         summary.extend(s)
         paired.extend(p)
+        memory.append(index_memory(name, built))
         print(
             f"{name}: {len(built.queries)} questions, {time.perf_counter() - t0:.1f}s", flush=True
+        )
+    print("\n== memory: a user's BM25 index per analyzer, against the user's whole snapshot ==")
+    for m in memory:
+        print(
+            f"{m['dataset']:22} {m['users']:5d} users, {m['items per user']:7.1f} items: "
+            f"unstemmed {m['unstemmed index bytes per user']:9.0f} B, stemmed "
+            f"{m['stemmed index bytes per user']:9.0f} B, snapshot (both built) "
+            f"{m['snapshot bytes per user']:10.0f} B"
         )
     for split in SPLITS:
         print_tables(summary, paired, split)
@@ -301,7 +332,10 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     write_csv(OUT / "stemming.csv", summary)
     (OUT / "stemming.json").write_text(
-        json.dumps({"summary": summary, "paired": paired, "verdict": result}, indent=1) + "\n"
+        json.dumps(
+            {"summary": summary, "paired": paired, "verdict": result, "memory": memory}, indent=1
+        )
+        + "\n"
     )
     print(f"\nwrote {(OUT / 'stemming.json').relative_to(REPO_ROOT)}", flush=True)
 
