@@ -9,10 +9,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
+from pbr_core import PBRConfig
 from pbr_core.salience import TokenLogProbs
 
 DIM = 256
@@ -59,3 +61,46 @@ class SecretScorer:
     ) -> list[TokenLogProbs]:
         self.calls.append(list(contexts))
         return [TokenLogProbs(-20.0 + 5.0 * ("secret" in c), 4) for c in contexts]
+
+
+def langchain_notes_retriever(
+    notes: Sequence[str], config: PBRConfig, search_kwargs: dict[str, Any], user_id: str = "ann"
+) -> Any:
+    """A real LangChain ``PBRRetriever`` holding ``notes`` for ``user_id``: an in-memory vector
+    store, :class:`BagOfWords` embeddings and a fake LLM (the config decides if it is called)."""
+    from langchain_core.documents import Document
+    from langchain_core.language_models.fake import FakeListLLM
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_pbr import PBRRetriever
+
+    emb = BagOfWords()
+    retriever = PBRRetriever(
+        llm=FakeListLLM(responses=["x"]),
+        embeddings=emb,
+        vectorstore=InMemoryVectorStore(emb),
+        config=config,
+        search_kwargs=search_kwargs,
+    )
+    retriever.add_documents([Document(page_content=t) for t in notes], user_id=user_id)
+    return retriever
+
+
+def llamaindex_notes_retriever(
+    notes: Sequence[str], config: PBRConfig, top_k: int, user_id: str = "ann"
+) -> Any:
+    """A real LlamaIndex ``PBRRetriever`` over ``notes`` of ``user_id``, bound to that user:
+    hashed embeddings and a mock LLM (the config decides if it is called)."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_pbr import PBRRetriever
+    from llamaindex_pbr.testing import HashEmbedding
+
+    return PBRRetriever.from_defaults(
+        nodes=[TextNode(text=t, metadata={"user_id": user_id}) for t in notes],
+        llm=MockLLM(max_tokens=4),
+        embed_model=HashEmbedding(dim=256),
+        similarity_top_k=top_k,
+        config=config,
+    ).for_user(user_id)

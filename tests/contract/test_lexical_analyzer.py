@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from doubles import BagOfWords
+from doubles import langchain_notes_retriever, llamaindex_notes_retriever
 
 from pbr_core import PBRConfig
 
@@ -26,21 +26,7 @@ STEMMED = PLAIN.with_(lexical_stemmer="english")
 
 
 def _langchain(config: PBRConfig) -> list[tuple[str, dict[str, Any]]]:
-    from langchain_core.documents import Document
-    from langchain_core.language_models.fake import FakeListLLM
-    from langchain_core.vectorstores import InMemoryVectorStore
-
-    from langchain_pbr import PBRRetriever
-
-    emb = BagOfWords()
-    retriever = PBRRetriever(
-        llm=FakeListLLM(responses=["x"]),
-        embeddings=emb,
-        vectorstore=InMemoryVectorStore(emb),
-        config=config,
-        search_kwargs={"k": 1},
-    )
-    retriever.add_documents([Document(page_content=t) for t in NOTES], user_id="ann")
+    retriever = langchain_notes_retriever(NOTES, config, {"k": 1})
     return [
         (d.page_content, d.metadata["pbr_search"])
         for d in retriever.invoke(QUESTION, user_id="ann")
@@ -48,19 +34,7 @@ def _langchain(config: PBRConfig) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _llamaindex(config: PBRConfig) -> list[tuple[str, dict[str, Any]]]:
-    from llama_index.core.llms import MockLLM
-    from llama_index.core.schema import TextNode
-
-    from llamaindex_pbr import PBRRetriever
-    from llamaindex_pbr.testing import HashEmbedding
-
-    retriever = PBRRetriever.from_defaults(
-        nodes=[TextNode(text=t, metadata={"user_id": "ann"}) for t in NOTES],
-        llm=MockLLM(max_tokens=4),
-        embed_model=HashEmbedding(dim=256),
-        similarity_top_k=1,
-        config=config,
-    ).for_user("ann")
+    retriever = llamaindex_notes_retriever(NOTES, config, 1)
     return [
         (n.node.get_content(), n.node.metadata["pbr_search"]) for n in retriever.retrieve(QUESTION)
     ]

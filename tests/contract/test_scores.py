@@ -9,7 +9,7 @@ first and drops the second. Bag-of-words embedders make "shares words" a measura
 
 from __future__ import annotations
 
-from doubles import BagOfWords
+from doubles import langchain_notes_retriever, llamaindex_notes_retriever
 
 from pbr_core import PBRConfig
 
@@ -26,32 +26,13 @@ CUT = 0.3  # between the two questions' best scores (asserted below, not assumed
 
 
 def test_langchain_score_threshold_keeps_a_related_question_and_drops_an_unrelated_one() -> None:
-    from langchain_core.documents import Document
-    from langchain_core.language_models.fake import FakeListLLM
-    from langchain_core.vectorstores import InMemoryVectorStore
-
-    from langchain_pbr import PBRRetriever
-
-    emb = BagOfWords()
-
-    def retriever(**kwargs: object) -> PBRRetriever:
-        r = PBRRetriever(
-            llm=FakeListLLM(responses=["x"]),
-            embeddings=emb,
-            vectorstore=InMemoryVectorStore(emb),
-            config=CONFIG,
-            **kwargs,
-        )
-        r.add_documents([Document(page_content=t) for t in NOTES], user_id="ann")
-        return r
-
-    everything = retriever(search_kwargs={"k": 4})
+    everything = langchain_notes_retriever(NOTES, CONFIG, {"k": 4})
     related = [d.metadata["score"] for d in everything.invoke(RELATED, user_id="ann")]
     unrelated = [d.metadata["score"] for d in everything.invoke(UNRELATED, user_id="ann")]
     assert max(unrelated) < CUT < related[0]
     assert related == sorted(related, reverse=True)
 
-    kept = retriever(search_kwargs={"k": 4, "score_threshold": CUT})
+    kept = langchain_notes_retriever(NOTES, CONFIG, {"k": 4, "score_threshold": CUT})
     got = kept.invoke(RELATED, user_id="ann")
     assert got and got[0].page_content == NOTES[0]
     assert [d.metadata["score"] for d in got] == [s for s in related if s >= CUT]
@@ -59,21 +40,9 @@ def test_langchain_score_threshold_keeps_a_related_question_and_drops_an_unrelat
 
 
 def test_llamaindex_similarity_cutoff_keeps_a_related_question_and_drops_an_unrelated_one() -> None:
-    from llama_index.core.llms import MockLLM
     from llama_index.core.postprocessor import SimilarityPostprocessor
-    from llama_index.core.schema import TextNode
 
-    from llamaindex_pbr import PBRRetriever
-    from llamaindex_pbr.testing import HashEmbedding
-
-    base = PBRRetriever.from_defaults(
-        nodes=[TextNode(text=t, metadata={"user_id": "ann"}) for t in NOTES],
-        llm=MockLLM(max_tokens=4),
-        embed_model=HashEmbedding(dim=256),
-        similarity_top_k=4,
-        config=CONFIG,
-    )
-    ann = base.for_user("ann")
+    ann = llamaindex_notes_retriever(NOTES, CONFIG, 4)
     related, unrelated = ann.retrieve(RELATED), ann.retrieve(UNRELATED)
     scores = [n.score or 0.0 for n in related]
     assert max(n.score or 0.0 for n in unrelated) < CUT < scores[0]
