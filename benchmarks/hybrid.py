@@ -56,7 +56,6 @@ split).
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import time
@@ -74,6 +73,7 @@ from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, Built, build
 from pbr_bench.metrics import best_over_combinations, evaluate
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
+from pbr_bench.report import write_csv
 from pbr_bench.runner import CachedEmbedder
 from pbr_core import PBRConfig, Personalizer
 from pbr_core.history import HistoryStore
@@ -403,14 +403,6 @@ def print_paired(paired: list[dict[str, Any]], split_name: str) -> None:
             f"{r['wins']:6d}{r['losses']:6d}{r['ties']:6d}{r['mean_delta']:+9.4f}"
             f"{r['p_sign']:11.2e}"
         )
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:

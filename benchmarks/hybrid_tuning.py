@@ -91,9 +91,9 @@ from pbr_bench.one_set import (
     ranks,
     view_cells,
     views,
-    write_csv,
 )
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
+from pbr_bench.report import write_csv
 from pbr_core.hybrid import lexical_query
 from pbr_core.lexical import LexicalIndex, StemmerName
 

@@ -51,10 +51,8 @@ tables and the rule's verdict.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +63,7 @@ from pbr_bench.embed import EmbeddingCache
 from pbr_bench.histories import DATASETS, Built, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
+from pbr_bench.report import write_csv
 from pbr_bench.runner import CachedEmbedder
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig, Personalizer
@@ -232,14 +231,6 @@ def verdict(summary: list[dict[str, Any]], paired: list[dict[str, Any]]) -> dict
         "test split: hybrid R@5 worse on the mean or significantly (n >= 200)": test_worse,
         "stemming becomes the default": chosen and not test_worse,
     }
-
-
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def print_tables(summary: list[dict[str, Any]], paired: list[dict[str, Any]], split: str) -> None:

@@ -55,8 +55,8 @@ from .one_set import (
     view_cells,
     views,
 )
-from .one_set import write_csv as _write_csv
 from .paths import RESULTS_DIR, cache_dir, in_repo
+from .report import write_csv
 
 __all__ = ["BASELINES", "Candidates", "baselines", "collect", "metrics_of", "report", "run"]
 
@@ -250,7 +250,7 @@ def report(
             )
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_csv(out.with_suffix(".csv"), tuning + summary)
+    write_csv(out.with_suffix(".csv"), tuning + summary)
     data = {
         **extra,
         "shipped rule's cells below the best baseline (tuning split)": shipped_fails,

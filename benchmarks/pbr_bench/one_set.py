@@ -7,10 +7,8 @@ candidate is chosen by, and the table helpers.
 
 from __future__ import annotations
 
-import csv
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,6 @@ __all__ = [
     "ranks",
     "view_cells",
     "views",
-    "write_csv",
 ]
 
 CUT = 5
@@ -206,13 +203,3 @@ def ranks(x: np.ndarray) -> np.ndarray:
     r = np.empty(len(x))
     r[order] = np.arange(1, len(x) + 1)
     return r
-
-
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Rows as CSV, every key a column (first-seen order), floats to 6 places."""
-    with path.open("w", newline="") as fh:
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +30,14 @@ def write_rows(
         w.writeheader()
         w.writerows(rows)
     Path(f"{stem}.json").write_text(json.dumps(rows if payload is None else payload, indent=1))
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """``rows`` as CSV at ``path``, every key a column (first-seen order; a missing key is an
+    empty cell), floats to 6 places."""
+    with path.open("w", newline="") as fh:
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
