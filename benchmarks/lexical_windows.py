@@ -45,7 +45,7 @@ import numpy as np
 
 from pbr_bench.datasets import Query
 from pbr_bench.histories import encoders
-from pbr_bench.lead import run
+from pbr_bench.lead import per_history, run
 from pbr_bench.one_set import CUT
 from pbr_core.hybrid import fuse, lexical_weight
 from pbr_core.lexical import LexicalIndex
@@ -83,14 +83,7 @@ class WindowIndex:
         return np.maximum.reduceat(self.index.scores(terms).astype(np.float64), self.starts)
 
 
-_indexes: dict[int, tuple[UserHistory, WindowIndex]] = {}
-
-
-def _windows_of(history: UserHistory) -> WindowIndex:
-    held = _indexes.get(id(history))
-    if held is None or held[0] is not history:
-        held = _indexes[id(history)] = (history, WindowIndex(history))
-    return held[1]
+_windows_of = per_history(WindowIndex)
 
 
 def ranked(

@@ -28,7 +28,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -58,7 +58,16 @@ from .one_set import (
 from .paths import RESULTS_DIR, cache_dir, in_repo
 from .report import write_csv
 
-__all__ = ["BASELINES", "Candidates", "baselines", "collect", "metrics_of", "report", "run"]
+__all__ = [
+    "BASELINES",
+    "Candidates",
+    "baselines",
+    "collect",
+    "metrics_of",
+    "per_history",
+    "report",
+    "run",
+]
 
 #: The shipped rule and the fixed baselines of ``benchmarks/hybrid_tuning.py``.
 BASELINES = ("shipped", "dense", "bm25", "rrf")
@@ -92,6 +101,23 @@ def baselines(
     rrf = 1 / (60 + ranks(dense)) + 1 / (60 + ranks(lex))
     out["rrf"] = metrics_of(ids, np.argsort(-rrf, kind="stable").tolist(), gold)
     return out
+
+
+T = TypeVar("T")
+
+
+def per_history(build: Callable[[UserHistory], T]) -> Callable[[UserHistory], T]:
+    """``build`` kept per snapshot: what a candidate derives from a user's history (a second
+    index, a window matrix) is built once for all of that user's questions."""
+    held: dict[int, tuple[UserHistory, T]] = {}
+
+    def of(history: UserHistory) -> T:
+        entry = held.get(id(history))
+        if entry is None or entry[0] is not history:
+            entry = held[id(history)] = (history, build(history))
+        return entry[1]
+
+    return of
 
 
 #: One question's candidates: ``(query, its user's history with windows, the user's words as
