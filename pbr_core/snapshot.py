@@ -128,6 +128,7 @@ class UserHistory:
             if parent is not None:
                 parent[0].__dict__.pop("_others", None)
             self._lexical_parents = {} if parent is None else {parent[0].stemmer: parent}
+            self._counted = None  # its count held one index; the others are counted now
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

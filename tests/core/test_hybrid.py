@@ -629,8 +629,11 @@ def test_a_snapshot_pickled_before_the_analyzers_reads_back_with_its_indexes() -
     kept under its analyzer, nothing hangs on an index any more, and the next change derives
     from the pending parent."""
     history, _ = snapshot()
-    plain, stemmed = history.lexical(None), history.lexical("english")
+    plain = history.lexical(None)
+    held = history.nbytes()  # what the earlier version counted: the index it knew of
+    stemmed = LexicalIndex.build([item.text for item in history.items], stemmer="english")
     state = history.__getstate__()
+    assert state["_counted"][1] == held
     old_index = pickle.loads(pickle.dumps(plain))
     old_index.__dict__["_others"] = {"english": stemmed}
     state.update(_lexical=old_index, _lexical_parent=None)
@@ -639,6 +642,7 @@ def test_a_snapshot_pickled_before_the_analyzers_reads_back_with_its_indexes() -
     old.__setstate__(pickle.loads(pickle.dumps(state)))
     assert {i.stemmer for i in old.lexical_indexes()} == {None, "english"}
     assert all("_others" not in i.__dict__ for i in old.lexical_indexes())
+    assert old.nbytes() == held + stemmed.nbytes  # the budget counts both
     for stemmer in ANALYZERS:
         _same_as_a_rebuild(old, stemmer)
     # a pending parent of the earlier layout is what the next snapshot derives from
