@@ -518,8 +518,10 @@ class Corpus:
                 return
             keys = [self._host_key(user_id, i) for i in dict.fromkeys(ids)]
             if self.host is not None:
-                shadows = [k for i in dict.fromkeys(ids) for k in known.shadowed.pop(i, [])]
+                shadows = [k for i in dict.fromkeys(ids) for k in known.shadowed.get(i, [])]
                 self.host.delete(user_id, keys + shadows)
+                for item_id in ids:  # forgotten once deleted: a failed delete is retried whole
+                    known.shadowed.pop(item_id, None)
             self.cache.delete(user_id, ids)
             for item_id, key in zip(dict.fromkeys(ids), keys):
                 known.revisions.pop(key, None)
@@ -543,14 +545,24 @@ class Corpus:
         check_user_id(user_id)
         if not self.verified:
             return self.cache._current(user_id)
-        checked = self._verified_at.get(user_id)
-        if checked is not None and time.monotonic() - checked < self.max_staleness_s:
-            return self.cache._current(user_id)
+        if self._fresh(user_id):
+            current = self.cache._current(user_id)
+            if current is not None:
+                return current
+            # None: no history, or evicted since the check (release forgets the check, and
+            # cannot run while the user's lock is held): decided under the lock
         with self._user_lock(user_id):
+            if self._fresh(user_id):
+                return self.cache._current(user_id)
             started = time.monotonic()
             history = self._refresh(user_id)
             self._verified_at[user_id] = started
             return history
+
+    def _fresh(self, user_id: str) -> bool:
+        """Whether the user was verified less than ``max_staleness_s`` ago."""
+        checked = self._verified_at.get(user_id)
+        return checked is not None and time.monotonic() - checked < self.max_staleness_s
 
     def expire(self, user_ids: Iterable[str]) -> None:
         """Make the next read of each of ``user_ids`` list the host again, whatever
@@ -565,9 +577,7 @@ class Corpus:
 
     async def ahistory(self, user_id: str) -> UserHistory | None:
         """Async :meth:`history` (a host listing is I/O: it runs in a worker thread)."""
-        checked = self._verified_at.get(user_id)
-        fresh = checked is not None and time.monotonic() - checked < self.max_staleness_s
-        if not self.verified or fresh:
+        if not self.verified or (self._fresh(user_id) and user_id in self.cache):
             return self.history(user_id)
         return await asyncio.to_thread(self.history, user_id)
 
@@ -790,6 +800,9 @@ class Corpus:
         if not plan:
             return out
         by_user: dict[str, list[Record]] = {}
+        # Embedded before the host write: an embedder's fault then leaves nothing written (over
+        # a host that cannot list, a record pbr's history does not hold could not be deleted).
+        windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
         if self.host is not None:
             records = self._records(plan, held=not write_host)
             if write_host:
@@ -799,7 +812,6 @@ class Corpus:
         configured = self.embedder is not None and not self._default_embedder
         if self.cache.embedding_model_id is None and configured:
             self.cache.embedding_model_id = model_id_of(self.embedder)
-        windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
         # A host that cannot list: pbr's history is the only record of a key other than pbr's
         # own, so it is saved with the items (HistoryStore host_keys).
         own_keys: dict[str, dict[str, str]] = {}
@@ -892,12 +904,14 @@ class Corpus:
         for item_id in unsaveable:  # an unsaveable new version: the old one must go too
             current.pop(item_id, None)
         stale = [it.id for it in history.items if it.id not in current] if history else []
-        if stale:
-            self.cache.delete(user_id, stale)
-        if changed:
+        if changed:  # I/O (a fetch, an embedding) before the cache changes: a fault changes none
             vectors = self._vectors_of(user_id, changed)
             windows = self._windows(user_id, items)
-            self.cache.upsert(user_id, items, vectors, windows, checked=True)
+        with self.cache._lock:  # one step for readers: never the stale items gone, the new not in
+            if stale:
+                self.cache.delete(user_id, stale)
+            if changed:
+                self.cache.upsert(user_id, items, vectors, windows, checked=True)
         known.revisions = revisions
         known.key_of = {item_id: r.key for item_id, r in current.items()}
         known.token = token

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import numpy as np
 from langchain_core.embeddings import Embeddings
 
 from pbr_core import PBRConfig
+from pbr_core.corpus import ITEM_ID_KEY, Record
 from pbr_core.salience import TokenLogProbs
 
 DIM = 256
@@ -104,3 +106,39 @@ def llamaindex_notes_retriever(
         similarity_top_k=top_k,
         config=config,
     ).for_user(user_id)
+
+
+class ListingHost:
+    """A host store that lists its records and returns their vectors (a dict): a
+    :class:`~pbr_core.corpus.HostRecords` for tests of the corpus itself."""
+
+    can_list = True
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Record] = {}
+        self.listed: list[str] = []
+
+    def validate(self, records: Sequence[Record]) -> None:
+        return None
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        for r in records:  # held as a store holds it: pbr's id key is read back, not kept
+            meta = {k: v for k, v in r.metadata.items() if k != ITEM_ID_KEY}
+            self.rows[r.key] = dataclasses.replace(r, metadata=meta, extra=None)
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.rows.pop(key, None)
+
+    def list_user(self, user_id: str) -> list[Record]:
+        self.listed.append(user_id)
+        return [r for r in self.rows.values() if r.user_id == user_id]
+
+    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
+        return [self.rows[k] for k in keys if k in self.rows]
+
+
+class SilentHost(ListingHost):
+    """A host store that cannot list: pbr's history is the only record."""
+
+    can_list = False

@@ -8,57 +8,21 @@ nothing that cannot be read back is evicted, and an explicit budget is refused.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
 from conftest import HashEmbedder, ScriptedGenerator
+from doubles import ListingHost, SilentHost
 
 from pbr_core import HistoryStore, PBRConfig, Personalizer
-from pbr_core.corpus import ITEM_ID_KEY, Corpus, Record
+from pbr_core.corpus import Corpus
 from pbr_core.history_format import Saved
 
 UTTER = '["rust ownership", "borrow checker"]'
 REASON = "The user writes systems code and asks about memory safety."
 WORDS = ["rust", "python", "borrow", "garbage", "async", "tokio", "numpy", "pandas"]
 WORDS += ["memory", "thread", "lock", "vector"]
-
-
-class ListingHost:
-    """A host store that lists its records and returns their vectors (a dict)."""
-
-    can_list = True
-
-    def __init__(self) -> None:
-        self.rows: dict[str, Record] = {}
-        self.listed: list[str] = []
-
-    def validate(self, records: Sequence[Record]) -> None:
-        return None
-
-    def upsert(self, records: Sequence[Record]) -> None:
-        for r in records:  # held as a store holds it: pbr's id key is read back, not kept
-            meta = {k: v for k, v in r.metadata.items() if k != ITEM_ID_KEY}
-            self.rows[r.key] = dataclasses.replace(r, metadata=meta, extra=None)
-
-    def delete(self, user_id: str, keys: Sequence[str]) -> None:
-        for key in keys:
-            self.rows.pop(key, None)
-
-    def list_user(self, user_id: str) -> list[Record]:
-        self.listed.append(user_id)
-        return [r for r in self.rows.values() if r.user_id == user_id]
-
-    def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
-        return [self.rows[k] for k in keys if k in self.rows]
-
-
-class SilentHost(ListingHost):
-    """A host store that cannot list: pbr's history is the only record."""
-
-    can_list = False
 
 
 def texts_of(user: int, n: int = 12) -> list[str]:
@@ -306,3 +270,32 @@ def test_a_personalizer_loaded_lazily_takes_a_budget_and_an_eager_one_refuses_it
     assert lazy.store.evictions == 2 and lazy.store.users() == ["u0", "u1", "u2"]
     with pytest.raises(ValueError, match="lazily"):
         Personalizer.load(str(tmp_path), HashEmbedder(), max_cache_bytes=0)
+
+
+class _EvictOnCheck(dict):  # type: ignore[type-arg]
+    """``Corpus._verified_at`` that runs ``then`` once, right after a check of ``user`` has
+    read its time: another request landing between the check and the cache read."""
+
+    def __init__(self, held: dict[str, float], user: str, then: object) -> None:
+        super().__init__(held)
+        self.user, self.then = user, then
+
+    def get(self, key: str, default: object = None) -> object:
+        value = super().get(key, default)
+        if key == self.user and self.then is not None:
+            then, self.then = self.then, None
+            then()  # type: ignore[operator]
+        return value
+
+
+def test_a_user_evicted_between_the_staleness_check_and_the_read_is_read_back() -> None:
+    corpus = listing_corpus(0)
+    corpus.max_staleness_s = 60.0
+    corpus.add_texts("a", texts_of(1, 3))
+    assert len(corpus.history("a") or []) == 3
+    corpus._verified_at = _EvictOnCheck(
+        corpus._verified_at, "a", lambda: corpus.add_texts("b", texts_of(2, 3))
+    )
+    history = corpus.history("a")  # "a" is evicted by b's write during the check
+    assert history is not None and len(history) == 3
+    assert corpus.history("nobody") is None  # a user without history is still None

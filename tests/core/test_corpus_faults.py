@@ -1,0 +1,138 @@
+"""A fault in the middle of a corpus operation leaves a state the next call heals, and a reader
+never sees an operation half applied.
+
+The host stores are dict-backed doubles (:class:`doubles.ListingHost`), the unit under test
+being the corpus: a host that fails once where asked, with or without a change token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from conftest import HashEmbedder
+from doubles import ListingHost, SilentHost
+
+from pbr_core import HistoryItem, HistoryStore
+from pbr_core.corpus import Corpus, Record
+from pbr_core.windows import Window
+
+
+class TokenHost(ListingHost):
+    """A listing host with a change token (as PostgreSQL has) whose next delete can fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = 0
+        self.fail_next_delete = False
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        super().upsert(records)
+        self.token += 1
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        if self.fail_next_delete:
+            self.fail_next_delete = False
+            raise ConnectionError("connection lost")
+        super().delete(user_id, keys)
+        self.token += 1
+
+    def change_token(self, user_id: str) -> str:
+        return str(self.token)
+
+
+class WindowedEmbedder(HashEmbedder):
+    """Reads 8 words at a time (long items get windows); its ``fail_at``-th call fails."""
+
+    fail_at: int | None = None
+
+    def window(self) -> Window:
+        return Window(max_tokens=8, count=lambda text: len(text.split()))
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            self.fail_at = None
+            raise ConnectionError("embedding API timed out")
+        return super().embed_documents(texts)
+
+
+def ids_of(corpus: Corpus, user: str) -> list[str]:
+    history = corpus.history(user)
+    return [] if history is None else sorted(item.id for item in history.items)
+
+
+def test_a_retried_delete_removes_the_record_written_before_pbr_too() -> None:
+    host = TokenHost()
+    vector = np.full(16, 0.25, dtype=np.float32)
+    # written to the store before pbr wrapped it: its own key, no pbr id
+    host.rows["x"] = Record("x", "alice", "x", "old secret", {"user_id": "alice"}, vector)
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore())
+    corpus.add("alice", [HistoryItem("x", "new text")])  # shadows the old record
+    assert [i.text for i in corpus.history("alice").items] == ["new text"]  # type: ignore[union-attr]
+    host.fail_next_delete = True
+    with pytest.raises(ConnectionError):
+        corpus.delete("alice", ["x"])
+    corpus.delete("alice", ["x"])  # the retry
+    assert host.rows == {}
+    assert corpus.history("alice") is None
+
+
+def test_an_embedder_fault_on_a_long_items_windows_writes_nothing() -> None:
+    host = SilentHost()  # pbr's history is the only record of what the host holds
+    embedder = WindowedEmbedder()
+    corpus = Corpus(host, embedder=embedder, cache=HistoryStore())
+    corpus.add_texts("alice", ["short note"], ids=["s"])
+    embedder.fail_at = len(embedder.calls) + 1  # the item embeds, its windows do not
+    with pytest.raises(ConnectionError):
+        corpus.add_texts("alice", [" ".join(f"w{i}" for i in range(30))], ids=["long"])
+    assert sorted(r.item_id for r in host.rows.values()) == ["s"] == ids_of(corpus, "alice")
+    corpus.add_texts("alice", [" ".join(f"w{i}" for i in range(30))], ids=["long"])  # retried
+    assert sorted(r.item_id for r in host.rows.values()) == ["long", "s"]
+    corpus.delete("alice", ["long"])
+    assert ids_of(corpus, "alice") == ["s"]
+
+
+def _renamed_elsewhere(host: ListingHost, corpus: Corpus) -> None:
+    """Another worker replaces item x of user a by y, through the same store."""
+    other = Corpus(host, embedder=corpus.embedder, cache=HistoryStore())
+    other.add_texts("a", ["one, edited"], ids=["y"])
+    other.delete("a", ["x"])
+
+
+def test_a_reader_sees_another_workers_change_whole_or_not_at_all() -> None:
+    host = ListingHost()
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore(), max_staleness_s=60.0)
+    corpus.add_texts("a", ["one", "two", "three"], ids=["x", "k1", "k2"])
+    corpus.history("a")  # verified: reads within 60 s are served from the cache
+    _renamed_elsewhere(host, corpus)
+    seen: list[list[str]] = []
+    fetch = corpus._vectors_of
+
+    def concurrent_read(user_id: str, records: list[Record]) -> np.ndarray:
+        seen.append(ids_of(corpus, user_id))  # a request while the change is being applied
+        return fetch(user_id, records)
+
+    corpus._vectors_of = concurrent_read  # type: ignore[method-assign]
+    corpus.delete("a", ["k2"])  # applies the other worker's change first
+    assert seen == [["k1", "k2", "x"]]  # the view before it, not half of it
+    assert ids_of(corpus, "a") == ["k1", "y"]
+
+
+def test_a_fault_while_applying_another_workers_change_leaves_the_cache_as_it_was() -> None:
+    host = ListingHost()
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore(), max_staleness_s=60.0)
+    corpus.add_texts("a", ["one", "two", "three"], ids=["x", "k1", "k2"])
+    corpus.history("a")
+    _renamed_elsewhere(host, corpus)
+
+    def lost(user_id: str, records: list[Record]) -> np.ndarray:
+        raise ConnectionError("fetch failed")
+
+    corpus._vectors_of = lost  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        corpus.delete("a", ["k2"])
+    del corpus._vectors_of
+    assert ids_of(corpus, "a") == ["k1", "k2", "x"]  # the last verified view, whole
+    corpus.max_staleness_s = 0.0
+    assert ids_of(corpus, "a") == ["k1", "k2", "y"]  # the next verified read heals
