@@ -105,7 +105,7 @@ from pbr_core.corpus import Corpus, scoped_key
 from pbr_core.history_format import anchors_from_arrays
 from pbr_core.hybrid import fuse, lexical_query, lexical_weight
 from pbr_core.lexical import LexicalIndex
-from pbr_core.postgres import _TOKEN_COLUMNS, quote_ident
+from pbr_core.postgres import quote_ident, token_columns
 from pbr_core.snapshot import top_k
 
 DIM = 384
@@ -430,8 +430,8 @@ class _Lead:
         t = pg.table
         self.pg, self.config, self.embed = pg, config, embed
         head = (
-            f"SELECT 0, {_TOKEN_COLUMNS}, s.rev, s.state, NULL::text, NULL::float8 FROM "
-            "(SELECT 1) one LEFT JOIN pbr_states s ON s.tbl = to_regclass(:tbl) AND "
+            f"SELECT 0, {token_columns(t)}, s.rev, s.state, NULL::text, NULL::float8 FROM "
+            f"(SELECT 1) one LEFT JOIN {t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND "
             "s.reader = :reader AND s.owner = :user"
         )
         self.cosines = (

@@ -21,8 +21,12 @@ is here:
   :meth:`PgRecords.change_token` reads that one row by primary key; :class:`~pbr_core.corpus.Corpus`
   lists the user again only when it changed. The stamp is written in the writer's transaction,
   so it becomes visible together with the rows; a sequence never repeats a value, so a token
-  seen once cannot come back after other changes. Where the role may not create the trigger (no
-  ``CREATE`` / ownership of the table), the token is None and every read lists, as for Chroma.
+  seen once cannot come back after other changes. The triggers fire for every session
+  (``ENABLE ALWAYS``), and the token also holds their catalog rows' versions, so turning them
+  off and on around a write changes it. pbr's tables, sequence and functions live in the
+  guarded table's schema, named in full (:meth:`PgTable.own`). Where the role may not create
+  the trigger (no ``CREATE`` / ownership of the table) or read the revisions, the token is None
+  and every read lists, as for Chroma.
 * **Ownership in SQL too.** Deletes and reads name the owner in their ``WHERE`` clause
   (defence in depth behind :func:`~pbr_core.corpus.scoped_key`).
 * **Writes in one statement.** Where the adapter says what row its framework writes for a
@@ -69,6 +73,7 @@ __all__ = [
     "quote_ident",
     "quote_literal",
     "record_rows",
+    "token_columns",
 ]
 
 log = logging.getLogger("pbr.postgres")
@@ -194,6 +199,12 @@ class PgTable:
     @property
     def qualified(self) -> str:
         return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+    def own(self, name: str) -> str:
+        """pbr's own table, sequence or function ``name`` guarding this table: in its schema,
+        named in full wherever it is used, so that neither a session's ``search_path`` nor a
+        temporary table of the same name can put another in its place."""
+        return f"{quote_ident(self.schema)}.{name}"
 
     @property
     def regclass(self) -> str:
@@ -334,20 +345,35 @@ _COLUMNS = (
 _TEXT_TYPES = ("text", "varchar")
 _JSON_TYPES = ("json", "jsonb")
 
-#: The change token's two columns (:meth:`PgRecords.change_token`): the owner's revision and
-#: whether both triggers are there and enabled, read in one statement with whatever it guards.
-_TOKEN_COLUMNS = (
-    "(SELECT rev FROM pbr_revisions WHERE tbl = to_regclass(:tbl) AND user_key = :key AND "
-    "owner = :user), (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) AND "
-    "tgname IN (:rev, :trunc) AND tgenabled <> 'D')"
-)
+
+# The change token's two columns (:meth:`PgRecords.change_token`): the owner's revision and
+# the two triggers' state (how each is enabled, and the version of its catalog row), read in
+# one statement with whatever it guards.
+def token_columns(table: PgTable) -> str:
+    """The two columns, over ``table`` (its schema holds pbr's own tables)."""
+    return (
+        f"(SELECT rev FROM {table.own('pbr_revisions')} WHERE tbl = to_regclass(:tbl) AND "
+        "user_key = :key AND owner = :user), (SELECT string_agg(tgenabled::text || "
+        "xmin::text, ',' ORDER BY tgname) FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) "
+        "AND tgname IN (:rev, :trunc))"
+    )
 
 
-def _token(rev: Any, armed: Any) -> str | None:
-    """The change token of :data:`_TOKEN_COLUMNS`: None unless both triggers are armed."""
-    if armed != 2:
+def _token(rev: Any, triggers: Any) -> str | None:
+    """The change token of :func:`token_columns`: the revision and the triggers' row versions,
+    so that a trigger disabled and enabled again (``pg_restore --disable-triggers``, a bulk
+    load) changes it, whatever was written meanwhile; None unless both triggers fire for every
+    session (``ENABLE ALWAYS``: a replication apply worker or a session with
+    ``session_replication_role = replica`` skips an ordinary trigger)."""
+    parts = triggers.split(",") if isinstance(triggers, str) else []
+    if len(parts) != 2 or not all(part.startswith("A") for part in parts):
         return None
-    return "none" if rev is None else str(rev)
+    return f"{'none' if rev is None else rev}@{triggers}"
+
+
+def _revision(token: str) -> str:
+    """The owner's revision in a change token (``"none"``: no row yet)."""
+    return token.split("@", 1)[0]
 
 
 def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -365,44 +391,51 @@ def _row(key: Any, text: Any, meta: Any) -> tuple[str, str, dict[str, Any]]:
     return str(key), text or "", dict(meta or {})
 
 
+#: pbr's tables and trigger functions, in the schema ``@S@`` of the table they guard; the
+#: functions run with that schema first and ``pg_temp`` last (a temporary table named like
+#: pbr's cannot catch their writes).
 _FUNCTIONS = r"""
-CREATE TABLE IF NOT EXISTS pbr_revisions (
+CREATE TABLE IF NOT EXISTS @S@.pbr_revisions (
     tbl oid NOT NULL, user_key text NOT NULL, owner text NOT NULL, rev bigint NOT NULL,
     PRIMARY KEY (tbl, user_key, owner));
-CREATE SEQUENCE IF NOT EXISTS pbr_revision_seq;
-CREATE TABLE IF NOT EXISTS pbr_states (
+CREATE SEQUENCE IF NOT EXISTS @S@.pbr_revision_seq;
+CREATE TABLE IF NOT EXISTS @S@.pbr_states (
     tbl oid NOT NULL, owner text NOT NULL, reader text NOT NULL, rev bigint NOT NULL,
     state bytea NOT NULL, PRIMARY KEY (tbl, owner, reader));
-CREATE OR REPLACE FUNCTION pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path FROM CURRENT AS $pbr$
+CREATE OR REPLACE FUNCTION @S@.pbr_bump_revision() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = @S@, pg_temp AS $pbr$
 DECLARE
     who text;
+    -- the table pbr reads: a partition's rows are its partitioned table's
+    rel oid := COALESCE(pg_partition_root(TG_RELID), TG_RELID);
 BEGIN
     IF TG_OP <> 'INSERT' THEN
         EXECUTE format('SELECT ($1).%I ->> %L', TG_ARGV[1], TG_ARGV[0]) INTO who USING OLD;
         IF who IS NOT NULL THEN
-            INSERT INTO pbr_revisions VALUES (TG_RELID, TG_ARGV[0], who,
+            INSERT INTO pbr_revisions VALUES (rel, TG_ARGV[0], who,
                 nextval('pbr_revision_seq'))
             ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev;
-            DELETE FROM pbr_states WHERE tbl = TG_RELID AND owner = who;
+            DELETE FROM pbr_states WHERE tbl = rel AND owner = who;
         END IF;
     END IF;
     IF TG_OP <> 'DELETE' THEN
         EXECUTE format('SELECT ($1).%I ->> %L', TG_ARGV[1], TG_ARGV[0]) INTO who USING NEW;
         IF who IS NOT NULL THEN
-            INSERT INTO pbr_revisions VALUES (TG_RELID, TG_ARGV[0], who,
+            INSERT INTO pbr_revisions VALUES (rel, TG_ARGV[0], who,
                 nextval('pbr_revision_seq'))
             ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev;
-            DELETE FROM pbr_states WHERE tbl = TG_RELID AND owner = who;
+            DELETE FROM pbr_states WHERE tbl = rel AND owner = who;
         END IF;
     END IF;
     RETURN NULL;
 END $pbr$;
-CREATE OR REPLACE FUNCTION pbr_truncate_revision() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path FROM CURRENT AS $pbr$
+CREATE OR REPLACE FUNCTION @S@.pbr_truncate_revision() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = @S@, pg_temp AS $pbr$
+DECLARE
+    rel oid := COALESCE(pg_partition_root(TG_RELID), TG_RELID);
 BEGIN
-    UPDATE pbr_revisions SET rev = nextval('pbr_revision_seq') WHERE tbl = TG_RELID;
-    DELETE FROM pbr_states WHERE tbl = TG_RELID;
+    UPDATE pbr_revisions SET rev = nextval('pbr_revision_seq') WHERE tbl = rel;
+    DELETE FROM pbr_states WHERE tbl = rel;
     RETURN NULL;
 END $pbr$;
 """
@@ -485,31 +518,35 @@ class PgRecords:
                 f"CREATE INDEX IF NOT EXISTS pbr_owner_{suffix} ON {t.qualified} ({scope}{owner})",
                 {},
             ),
-            (_FUNCTIONS, {}),
+            (_FUNCTIONS.replace("@S@", quote_ident(t.schema)), {}),
             (
                 f"CREATE OR REPLACE TRIGGER pbr_rev_{suffix} AFTER INSERT OR UPDATE OR DELETE "
-                f"ON {t.qualified} FOR EACH ROW EXECUTE FUNCTION pbr_bump_revision("
-                f"{quote_literal(key)}, {quote_literal(t.metadata)})",
+                f"ON {t.qualified} FOR EACH ROW EXECUTE FUNCTION "
+                f"{t.own('pbr_bump_revision')}({quote_literal(key)}, {quote_literal(t.metadata)})",
                 {},
             ),
             (
                 f"CREATE OR REPLACE TRIGGER pbr_trunc_{suffix} AFTER TRUNCATE ON {t.qualified} "
-                "FOR EACH STATEMENT EXECUTE FUNCTION pbr_truncate_revision()",
+                f"FOR EACH STATEMENT EXECUTE FUNCTION {t.own('pbr_truncate_revision')}()",
                 {},
             ),
+            # Fired for every session, a replication apply worker's included.
+            (f"ALTER TABLE {t.qualified} ENABLE ALWAYS TRIGGER pbr_rev_{suffix}", {}),
+            (f"ALTER TABLE {t.qualified} ENABLE ALWAYS TRIGGER pbr_trunc_{suffix}", {}),
             # Owners whose rows were written before the trigger existed get a stamp, a new one
             # where an earlier stamp exists (a table dropped and made again may reuse its oid):
             # nothing read or derived before this trigger is trusted after it.
             (
-                "INSERT INTO pbr_revisions SELECT to_regclass(:tbl), :key, o, "
-                f"nextval('pbr_revision_seq') FROM (SELECT DISTINCT {meta} ->> "
+                f"INSERT INTO {t.own('pbr_revisions')} SELECT to_regclass(:tbl), :key, o, "
+                f"nextval({quote_literal(t.own('pbr_revision_seq'))}) FROM (SELECT DISTINCT "
+                f"{meta} ->> "
                 f"{quote_literal(key)} AS o FROM {t.qualified}) owners WHERE o IS NOT NULL "
                 "ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev",
                 {"tbl": t.regclass, "key": key},
             ),
             # Derived states of this table, and of tables dropped since: not to be kept.
             (
-                "DELETE FROM pbr_states WHERE tbl = to_regclass(:tbl) "
+                f"DELETE FROM {t.own('pbr_states')} WHERE tbl = to_regclass(:tbl) "
                 "OR tbl NOT IN (SELECT oid FROM pg_class)",
                 {"tbl": t.regclass},
             ),
@@ -538,10 +575,18 @@ class PgRecords:
         self._ready()
 
     def _ready(self) -> None:
-        """Revisions are armed: read them, and the shared states this role may read."""
-        self.tokens = True
-        self.states, compressed = self._states_access()
-        if self.states and compressed:
+        """Revisions are armed: read them where this role may (else every read lists, with a
+        warning), and the shared states this role may read."""
+        revisions, states, compressed = self._access()
+        if not revisions:
+            log.warning(
+                "pbr: this role may not read pbr_revisions (GRANT SELECT ON pbr_revisions, "
+                "pbr_states TO it); every query of %s lists the user's rows instead",
+                self.table.qualified,
+            )
+            return
+        self.tokens, self.states = True, states
+        if states and compressed:
             self._keep_states_uncompressed()
 
     def _keep_states_uncompressed(self) -> None:
@@ -550,23 +595,36 @@ class PgRecords:
         per user and change). Only a speed setting: a failure changes nothing else (logged at
         debug level)."""
         try:
-            self.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTERNAL", {})])
+            states = self.table.own("pbr_states")
+            self.sql([(f"ALTER TABLE {states} ALTER COLUMN state SET STORAGE EXTERNAL", {})])
         except Exception as exc:
             log.debug("pbr: pbr_states keeps its storage (%s)", exc)
 
     def _installed(self) -> tuple[bool, bool]:
-        """(the table's two triggers exist, pbr's functions and ``pbr_states`` are this
-        version's: security definer, deleting states)."""
+        """(the table's two triggers exist, they and pbr's functions and ``pbr_states`` are
+        this version's: in the table's schema, triggers enabled ALWAYS, functions security
+        definer with ``pg_temp`` last, stamping a partition's writes as its partitioned
+        table's)."""
         try:
             rows = self.sql(
                 [
                     (
                         "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = "
                         "to_regclass(:tbl) AND tgname IN (:rev, :trunc)), "
-                        "(to_regclass('pbr_states') IS NOT NULL AND (SELECT count(*) FROM "
-                        "pg_proc WHERE proname IN ('pbr_bump_revision', 'pbr_truncate_revision') "
-                        "AND prosecdef AND prosrc LIKE '%pbr_states%') = 2)",
-                        {"tbl": self.table.regclass, **self._trigger_names()},
+                        "(to_regclass(:states) IS NOT NULL AND (SELECT count(*) FROM "
+                        "pg_proc WHERE pronamespace = to_regnamespace(:schema) AND proname IN "
+                        "('pbr_bump_revision', 'pbr_truncate_revision') AND prosecdef AND "
+                        "prosrc LIKE '%pg_partition_root%' AND array_to_string(proconfig, ',') "
+                        "LIKE '%pg_temp%') = 2 AND (SELECT count(*) FROM pg_trigger t JOIN "
+                        "pg_proc f ON f.oid = t.tgfoid WHERE t.tgrelid = to_regclass(:tbl) AND "
+                        "t.tgname IN (:rev, :trunc) AND t.tgenabled = 'A' AND f.pronamespace = "
+                        "to_regnamespace(:schema)) = 2)",
+                        {
+                            "tbl": self.table.regclass,
+                            "states": self.table.own("pbr_states"),
+                            "schema": quote_ident(self.table.schema),
+                            **self._trigger_names(),
+                        },
                     )
                 ]
             )
@@ -576,28 +634,34 @@ class PgRecords:
             return False, False
         return rows[0][0] == 2, bool(rows[0][1])
 
-    def _states_access(self) -> tuple[bool, bool]:
-        """(whether this role may read ``pbr_states``, else cold reads leave it out; whether
-        its states are stored compressed in a table this role owns, so could be changed), in
-        one statement."""
+    def _access(self) -> tuple[bool, bool, bool]:
+        """(whether this role may read ``pbr_revisions``, else it cannot verify by revision;
+        whether it may read ``pbr_states``, else cold reads leave it out; whether its states
+        are stored compressed in a table this role owns, so could be changed), in one
+        statement."""
         try:
             rows = self.sql(
                 [
                     (
-                        "SELECT to_regclass('pbr_states') IS NOT NULL AND "
-                        "has_table_privilege('pbr_states', 'SELECT'), (SELECT a.attstorage "
+                        "SELECT to_regclass(:revisions) IS NOT NULL AND "
+                        "has_table_privilege(:revisions, 'SELECT'), "
+                        "to_regclass(:states) IS NOT NULL AND "
+                        "has_table_privilege(:states, 'SELECT'), (SELECT a.attstorage "
                         "<> 'e' AND pg_has_role(c.relowner, 'USAGE') FROM pg_attribute a JOIN "
                         "pg_class c ON c.oid = a.attrelid WHERE a.attrelid = "
-                        "to_regclass('pbr_states') AND a.attname = 'state')",
-                        {"pbr": 1},
+                        "to_regclass(:states) AND a.attname = 'state')",
+                        {
+                            "revisions": self.table.own("pbr_revisions"),
+                            "states": self.table.own("pbr_states"),
+                        },
                     )
                 ]
             )
         except Exception:
-            return False, False
+            return False, False, False
         if not rows:
-            return False, False
-        return bool(rows[0][0]), bool(rows[0][1])
+            return False, False, False
+        return bool(rows[0][0]), bool(rows[0][1]), bool(rows[0][2])
 
     # -- HostRecords ---------------------------------------------------------------------------
     def validate(self, records: Sequence[Record]) -> None:
@@ -724,7 +788,7 @@ class PgRecords:
             "user": user_id,
             **self._trigger_names(),
         }
-        rev, armed = self._read_all(f"SELECT {_TOKEN_COLUMNS}", params)[0]
+        rev, armed = self._read_all(f"SELECT {token_columns(self.table)}", params)[0]
         return _token(rev, armed)
 
     def read_user(self, user_id: str) -> UserRows | None:
@@ -746,8 +810,8 @@ class PgRecords:
         distinct, order = self._newest_only()
         state = (
             "s.rev, s.state, NULL::text, NULL::text, NULL::text, NULL::bytea FROM (SELECT 1) "
-            "one LEFT JOIN pbr_states s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
-            "AND s.owner = :user"
+            f"one LEFT JOIN {t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND "
+            "s.reader = :reader AND s.owner = :user"
             if self.states
             else "NULL::bigint, NULL::bytea, NULL::text, NULL::text, NULL::text, NULL::bytea"
         )
@@ -755,7 +819,7 @@ class PgRecords:
         # carry every row's vector (1.5 kB at 384-d) and spill to disk past work_mem; keys are
         # unique (a primary key, or the newest row per key), so the order is made here.
         statement = (
-            f"SELECT 0, {_TOKEN_COLUMNS}, {state} UNION ALL "
+            f"SELECT 0, {token_columns(t)}, {state} UNION ALL "
             "SELECT 1, NULL, NULL, NULL, NULL, k::text, t, m::text, v "
             f"FROM (SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, "
             f"{quote_ident(t.metadata)} AS m, {vector} AS v FROM {t.qualified} "
@@ -786,7 +850,8 @@ class PgRecords:
         token = _token(rev, armed)
         shared = None
         if token is not None and state_rev is not None and state is not None:
-            shared = (str(state_rev), bytes(state))
+            # at the rows' revision: under the token they are read with, else another's
+            shared = (token if state_rev == rev else str(state_rev), bytes(state))
         return UserRows(token=token, records=out, state=shared, shares=self.states)
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
@@ -797,13 +862,15 @@ class PgRecords:
         committing meanwhile either waits and then deletes it (the trigger deletes an owner's
         states with every change of its rows) or makes this write find another revision: no
         state outlives the rows it was derived from. Returns whether it was written."""
-        if not self.tokens or not self.states or self.owner is not None or token == "none":
+        rev = _revision(token)
+        if not self.tokens or not self.states or self.owner is not None or rev == "none":
             return False
         rows = self.sql(
             [
                 (
-                    "INSERT INTO pbr_states (tbl, owner, reader, rev, state) SELECT r.tbl, "
-                    "r.owner, :reader, r.rev, :state FROM pbr_revisions r WHERE "
+                    f"INSERT INTO {self.table.own('pbr_states')} (tbl, owner, reader, rev, "
+                    f"state) SELECT r.tbl, r.owner, :reader, r.rev, :state FROM "
+                    f"{self.table.own('pbr_revisions')} r WHERE "
                     "r.tbl = to_regclass(:tbl) AND r.user_key = :key AND r.owner = :user AND "
                     "r.rev = :rev FOR SHARE "
                     "ON CONFLICT (tbl, owner, reader) DO UPDATE SET rev = EXCLUDED.rev, "
@@ -813,7 +880,7 @@ class PgRecords:
                         "reader": self._reader(),
                         "user": user_id,
                         "key": self.user_key,
-                        "rev": int(token),  # asyncpg binds a str to a bigint as an error
+                        "rev": int(rev),  # asyncpg binds a str to a bigint as an error
                         "state": state,
                     },
                 )

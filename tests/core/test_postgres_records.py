@@ -83,10 +83,20 @@ def _add(corpus: Corpus, user: str, texts: dict[str, str]) -> None:
     corpus.add(user, [HistoryItem(id=i, text=t) for i, t in texts.items()])
 
 
+def _ids(corpus: Corpus, user: str) -> list[str]:
+    history = corpus.history(user)
+    return [] if history is None else sorted(item.id for item in history.items)
+
+
+def _revision_of(token: str | None) -> str | None:
+    """The owner's revision in a change token (``rev@triggers``)."""
+    return None if token is None else token.split("@", 1)[0]
+
+
 def test_the_change_token_moves_on_every_write_whoever_makes_it(pgvector_engine: Any) -> None:
     host = _records(pgvector_engine[0])
     sql = host.sql
-    assert host.tokens and host.change_token("alice") == "none"
+    assert host.tokens and _revision_of(host.change_token("alice")) == "none"
     seen = [host.change_token("alice")]
     vec = json.dumps([1.0] + [0.0] * (DIM - 1))
     writes = [
@@ -103,7 +113,93 @@ def test_the_change_token_moves_on_every_write_whoever_makes_it(pgvector_engine:
     before = host.change_token("alice")
     sql([("INSERT INTO notes VALUES ('c', 'bob', '{\"user_id\": \"bob\"}', :v)", {"v": vec})])
     assert host.change_token("alice") == before  # another user's write leaves alice's alone
-    assert host.change_token("bob") not in (None, "none")
+    assert _revision_of(host.change_token("bob")) not in (None, "none")
+
+
+@pytest.mark.parametrize(
+    "enable",
+    ["ENABLE TRIGGER USER", "ENABLE ALWAYS TRIGGER {rev}, ENABLE ALWAYS TRIGGER {trunc}"],
+)
+def test_a_write_made_while_the_trigger_was_off_is_seen_once_it_is_on_again(
+    pgvector_engine: Any, hash_embedder: Any, enable: str
+) -> None:
+    """``pg_restore --disable-triggers`` and bulk loads turn the triggers off and on around
+    their writes: the revision does not move, but the triggers' catalog rows do, and the token
+    with them (turned on the plain way, they give no token at all: every read lists)."""
+    corpus, _ = _corpus(_records(pgvector_engine[0]), hash_embedder)
+    _add(corpus, "alice", {"x": "alice one", "y": "alice two"})
+    assert _ids(corpus, "alice") == ["x", "y"]
+    names = corpus.host._trigger_names()  # type: ignore[union-attr]
+    corpus.host.sql(  # type: ignore[union-attr]
+        [
+            ("ALTER TABLE notes DISABLE TRIGGER USER", {}),
+            ("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {}),
+            ("ALTER TABLE notes " + enable.format(**names), {}),
+        ]
+    )
+    assert _ids(corpus, "alice") == ["y"]
+    armed = corpus.host.change_token("alice") is not None  # type: ignore[union-attr]
+    assert armed == ("ALWAYS" in enable)
+
+
+def test_a_partitioned_tables_writes_move_its_revision(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """Row triggers on a partitioned table run on its partitions; the revision they stamp is
+    the partitioned table's, the one pbr reads."""
+    sql = engine_sql(pgvector_engine[0])
+    sql(
+        [
+            (
+                f"CREATE TABLE notes (id text PRIMARY KEY, doc text, meta jsonb, "
+                f"emb vector({DIM})) PARTITION BY HASH (id)",
+                {},
+            ),
+            (
+                "CREATE TABLE notes_0 PARTITION OF notes FOR VALUES WITH (MODULUS 2, REMAINDER 0)",
+                {},
+            ),
+            (
+                "CREATE TABLE notes_1 PARTITION OF notes FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
+                {},
+            ),
+        ]
+    )
+    table = PgTable("public", "notes", "id", "doc", "meta", "emb")
+    corpus, _ = _corpus(PgRecords(table, sql, "user_id", _writer(table, sql)), hash_embedder)
+    _add(corpus, "alice", {"x": "alice one", "y": "alice two", "z": "alice three"})
+    assert corpus.host.change_token("alice") is not None  # type: ignore[union-attr]
+    assert _ids(corpus, "alice") == ["x", "y", "z"]
+    sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' IN ('x', 'y')", {})])
+    assert _ids(corpus, "alice") == ["z"]
+
+
+def test_a_replication_sessions_write_moves_the_revision(pgvector_engine: Any) -> None:
+    """A logical replication apply worker writes with ``session_replication_role = replica``,
+    which skips ordinary triggers; pbr's fire ALWAYS."""
+    host = _records(pgvector_engine[0])
+    before = host.change_token("alice")
+    vec = json.dumps([1.0] + [0.0] * (DIM - 1))
+    host.sql(
+        [
+            ("SET LOCAL session_replication_role = replica", {}),
+            ("INSERT INTO notes VALUES ('a', 'x', '{\"user_id\": \"alice\"}', :v)", {"v": vec}),
+        ]
+    )
+    assert host.change_token("alice") not in (None, before)
+
+
+def test_triggers_that_fire_only_for_ordinary_sessions_are_not_trusted_until_set_up_again(
+    pgvector_engine: Any,
+) -> None:
+    """An install from before ``ENABLE ALWAYS`` (or one a DBA re-enabled the plain way) gives
+    no token, so reads list; the next setup by a role that may arms the triggers again."""
+    host = _records(pgvector_engine[0])
+    names = host._trigger_names()
+    host.sql([(f"ALTER TABLE notes ENABLE TRIGGER {name}", {}) for name in names.values()])
+    assert host.change_token("alice") is None
+    again = PgRecords(host.table, host.sql, "user_id", _writer(host.table, host.sql))
+    assert again.change_token("alice") is not None and host.change_token("alice") is not None
 
 
 def test_an_unchanged_user_is_verified_without_listing_and_a_change_is_seen(
@@ -355,7 +451,7 @@ def test_any_write_of_a_users_rows_removes_their_state_and_the_next_cold_read_sh
     assert fresh[history.position("n3")] > 0  # the index is of the new text
     token = late.host.change_token("alice")  # type: ignore[union-attr]
     rows = sql([("SELECT rev::text FROM pbr_states WHERE owner = 'alice'", {})])
-    assert rows == [(token,)]  # shared again, at the rows' token
+    assert rows == [(_revision_of(token),)]  # shared again, at the rows' revision
     # The user's rows deleted (here by plain SQL): nothing derived from them stays behind.
     sql([("DELETE FROM notes WHERE meta ->> 'user_id' = 'alice'", {})])
     assert sql([(count, {})]) == [(0,)]
@@ -456,6 +552,38 @@ def test_a_role_that_may_not_write_or_read_the_state_still_answers(
         sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
 
 
+def test_a_role_that_may_not_read_the_revisions_lists_every_read(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The trigger is installed (by another role) but this one may only use the table: it
+    cannot read a revision, so every read lists the user, as where there is no trigger."""
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    sql([("DROP ROLE IF EXISTS pbr_app", {})])
+    sql(
+        [
+            ("CREATE ROLE pbr_app LOGIN", {}),
+            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_app", {}),
+        ]
+    )
+    from sqlalchemy import create_engine
+
+    app = create_engine(engine.url.set(username="pbr_app"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="pbr.postgres"):
+            worker = _worker(app, hash_embedder)
+        host = worker.host
+        assert not host.tokens and not host.states  # type: ignore[union-attr]
+        assert "may not read pbr_revisions" in caplog.text
+        _, ranked = _serve(worker, "alice")
+        assert len(ranked) == 5
+        sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'n1'", {})])
+        assert "n1" not in [i.id for i in worker.history("alice").items]  # type: ignore[union-attr]
+    finally:
+        app.dispose()
+        sql([("DROP OWNED BY pbr_app", {}), ("DROP ROLE pbr_app", {})])
+
+
 def test_a_write_the_trigger_did_not_see_makes_the_state_unusable(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -473,6 +601,68 @@ def test_a_write_the_trigger_did_not_see_makes_the_state_unusable(
     assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(1,)]  # the trigger never saw it
     history, _ = _serve(_worker(engine, hash_embedder), "alice")
     assert history.lexical().scores("rides")[history.position("n3")] > 0
+
+
+def test_a_temporary_table_named_like_pbrs_cannot_catch_the_revision(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """A session's temporary tables come first in its search_path; the trigger functions
+    search them last, so a writer cannot make a delete invisible to the workers."""
+    engine = pgvector_engine[0]
+    sql = _with_alice(engine, hash_embedder)
+    before = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])
+    engine_sql(engine)(
+        [
+            (
+                "CREATE TEMP TABLE pbr_revisions (tbl oid, user_key text, owner text, rev bigint)",
+                {},
+            ),
+            ("CREATE TEMP TABLE pbr_states (tbl oid, owner text)", {}),
+            ("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'n1'", {}),
+        ]
+    )
+    assert sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})]) != before
+
+
+def test_pbrs_tables_are_the_guarded_tables_schemas_whatever_a_workers_search_path(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """A table in another schema gets pbr's tables there; a worker whose search_path does not
+    name that schema (or names another with pbr's tables) still reads and stamps the right
+    ones."""
+    from sqlalchemy import create_engine
+
+    engine = pgvector_engine[0]
+    sql = engine_sql(engine)
+    sql(
+        [
+            ("CREATE SCHEMA elsewhere", {}),
+            ("CREATE SCHEMA other", {}),
+            (
+                f"CREATE TABLE other.notes (id text PRIMARY KEY, doc text, meta jsonb, "
+                f"emb vector({DIM}))",
+                {},
+            ),
+        ]
+    )
+    table = PgTable("other", "notes", "id", "doc", "meta", "emb")
+    _records(engine)  # pbr's tables in public too, for public.notes
+    apart = create_engine(engine.url, connect_args={"options": "-csearch_path=elsewhere,public"})
+    try:
+        for_worker = engine_sql(apart)
+        corpus, listed = _corpus(
+            PgRecords(table, for_worker, "user_id", _writer(table, for_worker)), hash_embedder
+        )
+        _add(corpus, "alice", {"x": "alice one", "y": "alice two"})
+        assert sql([("SELECT to_regclass('other.pbr_revisions') IS NOT NULL", {})]) == [(True,)]
+        assert _ids(corpus, "alice") == ["x", "y"]
+        sql([("DELETE FROM other.notes WHERE meta ->> 'pbr_id' = 'x'", {})])
+        assert _ids(corpus, "alice") == ["y"]
+        n = len(listed)
+        assert _ids(corpus, "alice") == ["y"] and len(listed) == n  # unchanged: not listed
+        assert corpus.host.change_token("alice") is not None  # type: ignore[union-attr]
+    finally:
+        apart.dispose()
 
 
 def test_a_writer_role_needs_no_rights_on_pbrs_own_tables(
@@ -675,7 +865,7 @@ def test_a_connection_lost_under_a_read_is_a_connection_error_and_the_next_read_
     connection in the pool."""
     engine = pgvector_engine[0]
     host = _records(engine)
-    assert host.change_token("alice") == "none"  # a pooled connection, in binary form
+    assert _revision_of(host.change_token("alice")) == "none"  # pooled, in binary form
     import psycopg
 
     with psycopg.connect(
@@ -691,7 +881,7 @@ def test_a_connection_lost_under_a_read_is_a_connection_error_and_the_next_read_
         )
     with pytest.raises(ConnectionError, match="connection was lost"):
         host.change_token("alice")
-    assert host.change_token("alice") == "none"
+    assert _revision_of(host.change_token("alice")) == "none"
 
 
 def test_a_read_gives_the_pooled_connection_back_as_it_was_lent(pgvector_engine: Any) -> None:
@@ -704,7 +894,7 @@ def test_a_read_gives_the_pooled_connection_back_as_it_was_lent(pgvector_engine:
     try:
         table, sql = _table(engine)
         host = PgRecords(table, engine_sql(auto), "user_id", _writer(table, sql))
-        assert host.change_token("alice") == "none"
+        assert _revision_of(host.change_token("alice")) == "none"
         with auto.connect() as conn:  # the same pooled connection: no commit needed
             assert conn.connection.driver_connection.autocommit
             conn.execute(text("CREATE TABLE kept (x int)"))
@@ -712,7 +902,7 @@ def test_a_read_gives_the_pooled_connection_back_as_it_was_lent(pgvector_engine:
             (True,)
         ]
         host = PgRecords(table, engine_sql(engine), "user_id", _writer(table, sql))
-        assert host.change_token("alice") == "none"
+        assert _revision_of(host.change_token("alice")) == "none"
         with engine.connect() as conn:
             assert not conn.connection.driver_connection.autocommit
     finally:
