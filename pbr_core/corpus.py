@@ -758,6 +758,8 @@ class Corpus:
                         f"item {item.id!r}: metadata key {ITEM_ID_KEY!r} is pbr's (the item's "
                         "own id in the host store); rename that metadata key"
                     )
+            if self.verified:  # kept as every worker reads it back
+                items = [self._as_stored(user_id, item) for item in items]
             check_serialisable(user_id, items)
             given = (vectors or {}).get(user_id)
             rows = self._embed(user_id, items) if given is None else given
@@ -773,6 +775,28 @@ class Corpus:
         if self.host is not None and plan:
             self.host.validate(self._records(plan))
         return plan
+
+    def _as_stored(self, user_id: str, item: HistoryItem) -> HistoryItem:
+        """``item`` as a host that lists gives it back (:meth:`Record.stored`): the owner and
+        the timestamp in its metadata, the timestamp read from there. What this worker keeps,
+        so that it returns what a worker reading the user cold (or after an eviction) returns.
+
+        Raises:
+            ValueError: ``metadata["timestamp"]`` and ``timestamp`` disagree (the host keeps
+                one, in that key).
+        """
+        meta = self.item_metadata(self.host_metadata(user_id, item))
+        stamp = meta.get("timestamp")
+        timestamp = float(stamp) if isinstance(stamp, (int, float)) else None
+        if item.timestamp is not None and timestamp != item.timestamp:
+            raise ValueError(
+                f"item {item.id!r} of user {user_id!r}: metadata['timestamp'] = {stamp!r} and "
+                f"timestamp = {item.timestamp!r} disagree; give one of them (a host store "
+                "keeps the timestamp in that metadata key)"
+            )
+        if meta == item.metadata and timestamp == item.timestamp:
+            return item
+        return HistoryItem(id=item.id, text=item.text, metadata=meta, timestamp=timestamp)
 
     def _records(self, plan: list[_Group], *, held: bool = False) -> list[Record]:
         """The host records of ``plan``; ``held``: the host holds them already, under the

@@ -33,7 +33,7 @@ def texts_of(user: int, n: int = 12) -> list[str]:
 def user_bytes(n: int = 12) -> int:
     """What one fresh user of :func:`texts_of` holds (before its first query)."""
     store = HistoryStore()
-    Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("probe", texts_of(0, n))
+    Corpus(ListingHost(), embedder=HashEmbedder(), cache=store).add_texts("probe", texts_of(0, n))
     return store.cached_bytes
 
 
@@ -299,3 +299,34 @@ def test_a_user_evicted_between_the_staleness_check_and_the_read_is_read_back() 
     history = corpus.history("a")  # "a" is evicted by b's write during the check
     assert history is not None and len(history) == 3
     assert corpus.history("nobody") is None  # a user without history is still None
+
+
+def test_an_item_reads_back_as_this_worker_keeps_it_metadata_and_timestamp_included() -> None:
+    """What a worker returns for an item does not depend on whether it wrote it, read it
+    cold or read it back after an eviction: the owner and the timestamp are in its metadata,
+    as the host store holds them."""
+    from pbr_core import HistoryItem
+
+    corpus = listing_corpus(0)
+    corpus.add("a", [HistoryItem("n1", "a note", {"k": 1}, timestamp=5.0)])
+    corpus.add("a", [HistoryItem("n2", "another note", {"timestamp": 7})])
+    written = [(i.id, dict(i.metadata), i.timestamp) for i in corpus.history("a").items]  # type: ignore[union-attr]
+    assert written == [
+        ("n1", {"k": 1, "user_id": "a", "timestamp": 5.0}, 5.0),
+        ("n2", {"timestamp": 7, "user_id": "a"}, 7.0),
+    ]
+    corpus.add_texts("b", texts_of(2))  # evicts a (budget 0)
+    assert "a" not in corpus.cache
+    back = [(i.id, dict(i.metadata), i.timestamp) for i in corpus.history("a").items]  # type: ignore[union-attr]
+    assert back == written
+
+
+def test_a_timestamp_its_metadata_contradicts_is_refused_before_anything_is_written() -> None:
+    from pbr_core import HistoryItem
+
+    host = ListingHost()
+    corpus = listing_corpus(None, host)
+    for metadata in ({"timestamp": "2024-05-01"}, {"timestamp": 3}):
+        with pytest.raises(ValueError, match="disagree"):
+            corpus.add("a", [HistoryItem("n1", "a note", metadata, timestamp=1714521600.0)])
+    assert host.rows == {} and corpus.history("a") is None
