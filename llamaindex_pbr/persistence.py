@@ -28,9 +28,9 @@ from pbr_core import HistoryStore, PBRConfig, PersistenceError, PromptSet
 from pbr_core.persist import (
     MANIFEST_CHECKSUM,
     check_manifest,
-    current_snapshot,
     file_records,
     manifest_digest,
+    read_current,
     verify_files,
     write_atomically,
 )
@@ -114,9 +114,23 @@ def load(
     vector_store_loader: VectorStoreLoader | None = None,
     callback_manager: CallbackManager | None = None,
 ) -> Saved:
-    """Read a save of :func:`persist` (see ``PBRRetriever.from_persist_dir``)."""
+    """Read a save of :func:`persist` (see ``PBRRetriever.from_persist_dir``); started again on
+    the new snapshot where saves meanwhile pruned the one being read."""
+    return read_current(
+        persist_dir,
+        lambda root: _load_snapshot(root, embed_model, vector_store_loader, callback_manager),
+        legacy_marker=_MANIFEST,
+        what="saved PBRRetriever",
+    )
+
+
+def _load_snapshot(
+    root: Path,
+    embed_model: BaseEmbedding | None,
+    vector_store_loader: VectorStoreLoader | None,
+    callback_manager: CallbackManager | None,
+) -> Saved:
     takes_user = vector_store_loader is not None and _takes_two(vector_store_loader)
-    root = current_snapshot(persist_dir, legacy_marker=_MANIFEST, what="saved PBRRetriever")
     manifest = _read_manifest(root)
     verify_files(root, manifest.get("files") or {})  # version 1: no records, nothing to check
     callback_manager = callback_manager or Settings.callback_manager

@@ -44,7 +44,7 @@ from .history_format import (
     write_user,
 )
 from .items import HistoryItem, check_batch, check_ids, check_serialisable, checked_windows
-from .persist import current_snapshot, write_atomically
+from .persist import read_current, write_atomically
 from .snapshot import UserHistory, top_k
 from .vectors import as_unit_rows
 
@@ -577,18 +577,12 @@ class HistoryStore:
             PersistenceError: the folder is missing or a file in it is damaged; the message
                 names the file.
         """
-        folder = Path(path)
-        for attempt in range(_LOAD_ATTEMPTS):
-            snapshot = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
-            try:
-                return cls._load_snapshot(snapshot, lazy, max_cache_bytes)
-            except PersistenceError:
-                # Saves to the same folder meanwhile (a save prunes all but the newest two
-                # snapshots) can remove the one being read: that is no damage, read the new one.
-                moved = current_snapshot(folder, legacy_marker=MANIFEST_NAME, what="saved history")
-                if moved == snapshot or attempt == _LOAD_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        return read_current(
+            path,
+            lambda snapshot: cls._load_snapshot(snapshot, lazy, max_cache_bytes),
+            legacy_marker=MANIFEST_NAME,
+            what="saved history",
+        )
 
     @classmethod
     def _load_snapshot(
@@ -610,7 +604,3 @@ class HistoryStore:
                     store._users[user_id] = read_user(snapshot, entry, store.dim)
                     store._touch(user_id)
         return store
-
-
-#: How often :meth:`HistoryStore.load` starts again when saves replaced the snapshot it read.
-_LOAD_ATTEMPTS = 5

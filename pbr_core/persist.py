@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import PersistenceError
 
@@ -45,8 +45,11 @@ __all__ = [
     "SNAPSHOT_PREFIX",
     "current_snapshot",
     "new_snapshot_name",
+    "read_current",
     "write_atomically",
 ]
+
+T = TypeVar("T")
 
 #: The pointer file: one line, the name of the active snapshot subfolder.
 POINTER_NAME = "CURRENT"
@@ -109,8 +112,10 @@ def current_snapshot(
             return folder
         if any(_snapshot_folders(folder)):
             raise PersistenceError(
-                f"{folder} holds no complete {what}: {pointer} is missing and the snapshot "
-                "folders in it are unfinished (a first save was interrupted); save again"
+                f"{folder} holds no loadable {what}: {pointer} is missing. Its "
+                f"{SNAPSHOT_PREFIX}* folders are unfinished (a first save was interrupted: save "
+                f"again) or complete ({pointer} deleted: write the name of the newest complete "
+                "one into it); a save keeps them"
             ) from None
         expected = f"neither {POINTER_NAME} nor {legacy_marker}" if legacy_marker else POINTER_NAME
         raise PersistenceError(
@@ -129,6 +134,33 @@ def current_snapshot(
             f"write the name of another complete snapshot-* folder of {folder} into {pointer}"
         )
     return snapshot
+
+
+def read_current(
+    path: str | os.PathLike[str],
+    read: Callable[[Path], T],
+    *,
+    legacy_marker: str | None = None,
+    what: str = "saved state",
+) -> T:
+    """``read`` of the snapshot ``CURRENT`` names (:func:`current_snapshot`), started again on
+    the new one where saves to the same folder meanwhile pruned it (a save keeps only the newest
+    two snapshots): that is no damage. A :class:`PersistenceError` of a snapshot that is still
+    current is raised."""
+    folder = Path(path)
+    for attempt in range(_READ_ATTEMPTS):
+        snapshot = current_snapshot(folder, legacy_marker=legacy_marker, what=what)
+        try:
+            return read(snapshot)
+        except PersistenceError:
+            moved = current_snapshot(folder, legacy_marker=legacy_marker, what=what)
+            if moved == snapshot or attempt == _READ_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+#: How often :func:`read_current` starts again when saves replaced the snapshot it read.
+_READ_ATTEMPTS = 5
 
 
 def write_atomically(
@@ -185,6 +217,7 @@ def write_atomically(
                 f"{SNAPSHOT_PREFIX}*"
             )
     folder = Path(path)
+    _not_inside_a_save(folder)
     if folder.exists() and not folder.is_dir():
         raise PersistenceError(
             f"cannot save to {folder}: it is a file, not a folder; remove it or pick another path"
@@ -221,6 +254,17 @@ def write_atomically(
 
 
 # -- internals -------------------------------------------------------------------------------
+def _not_inside_a_save(folder: Path) -> None:
+    """PersistenceError if ``folder`` is a snapshot folder of a save (its parent has
+    ``CURRENT``): it loads (read as a save of the older layout), but a save to it would remove
+    its files as that layout's."""
+    if _SNAPSHOT_NAME.match(folder.name) and (folder.parent / POINTER_NAME).exists():
+        raise PersistenceError(
+            f"cannot save to {folder}: it is a snapshot folder inside the save folder "
+            f"{folder.parent}; save to {folder.parent}"
+        )
+
+
 def _parse_pointer(pointer: Path, raw: bytes) -> str:
     """The snapshot name in a pointer file's bytes; PersistenceError if it is not one."""
     try:
@@ -248,11 +292,13 @@ def _named_by(pointer: Path) -> str | None:
 def _previous_snapshot(folder: Path) -> tuple[str | None, bool]:
     """(name ``CURRENT`` holds or None, whether the pointer is trustworthy for pruning).
 
-    No ``CURRENT`` is trustworthy (nothing to keep); a damaged or dangling one is not.
+    No ``CURRENT`` in a folder without snapshots is trustworthy (nothing to keep); beside
+    snapshot folders it is not (they may be complete, the pointer deleted), nor is a damaged
+    or dangling one.
     """
     pointer = folder / POINTER_NAME
     if not pointer.exists():
-        return None, True
+        return None, not any(_snapshot_folders(folder))
     name = _named_by(pointer)
     if name is None or not (folder / name).is_dir():
         return None, False
@@ -342,9 +388,11 @@ def _writer_lock(folder: Path) -> Iterator[None]:
             return
         try:
             fh = (folder / _LOCK_NAME).open("a+b")
-        except OSError:  # a read-only lock file or folder: the write below will say so
-            yield
-            return
+        except OSError as exc:  # never an unserialised save: two could interleave
+            raise PersistenceError(
+                f"cannot lock the save folder {folder} ({folder / _LOCK_NAME}: {exc}); make "
+                "the folder writable by this user, or remove what is in the way"
+            ) from exc
         with fh:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:

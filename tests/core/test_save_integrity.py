@@ -210,3 +210,80 @@ def test_a_save_without_checksums_loads_and_is_saved_again_with_them(tmp_path, l
     change_a_text(path)
     with pytest.raises(PersistenceError, match=mismatch(path)):
         HistoryStore.load(folder, lazy=lazy).get("alice")
+
+
+def flip_a_byte(offset: int | Callable[[bytes], int]) -> Callable[[Path], None]:
+    def apply(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        at = offset if isinstance(offset, int) else offset(bytes(data))
+        data[at] ^= 0x01
+        path.write_bytes(bytes(data))
+
+    return apply
+
+
+def _central_entry(data: bytes) -> int:
+    return data.rfind(b"PK\x01\x02")  # the last entry of a zip's central directory
+
+
+UNREADABLE = {  # damage the parsers meet before the checksum: each raised its own error
+    "a .npy header": (".npy", flip_a_byte(68)),
+    "a windows zip marked encrypted": (
+        ".windows.npz",
+        flip_a_byte(lambda d: _central_entry(d) + 8),
+    ),
+    "an anchors zip of another compression": (
+        ".anchors.npz",
+        flip_a_byte(lambda d: _central_entry(d) + 10),
+    ),
+    "a truncated windows zip": (".windows.npz", lambda p: p.write_bytes(p.read_bytes()[:-30])),
+}
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("damage", list(UNREADABLE))
+def test_a_file_damaged_past_parsing_is_a_persistence_error_naming_it(
+    tmp_path, damage, lazy
+) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    suffix, apply = UNREADABLE[damage]
+    path = user_file(folder, "alice", suffix)
+    apply(path)
+    with pytest.raises(PersistenceError, match=re.escape(path.name)):
+        HistoryStore.load(folder, lazy=lazy).get("alice")
+
+
+def test_a_save_beside_snapshots_whose_current_was_deleted_keeps_them(tmp_path) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    complete = current_snapshot(folder)
+    (folder / "CURRENT").unlink()
+    with pytest.raises(PersistenceError, match="complete"):  # says both possible causes
+        HistoryStore.load(folder)
+    HistoryStore().save(folder)  # a new, empty save
+    assert complete.is_dir()  # the only copy of the old state is kept
+    (folder / "CURRENT").write_text(complete.name + "\n")
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
+
+
+def test_a_snapshot_folder_loads_but_is_not_a_save_folder(tmp_path) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    inner = current_snapshot(folder)
+    assert sorted(HistoryStore.load(inner).users()) == ["alice", "bob"]  # reading is harmless
+    with pytest.raises(PersistenceError, match="snapshot folder inside"):
+        HistoryStore().save(inner)
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
+
+
+def test_a_save_that_cannot_lock_its_folder_writes_nothing(tmp_path) -> None:
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    (folder / ".write.lock").unlink()
+    (folder / ".write.lock").mkdir()  # in the way: the lock cannot be opened
+    with pytest.raises(PersistenceError, match="cannot lock"):
+        HistoryStore().save(folder)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]

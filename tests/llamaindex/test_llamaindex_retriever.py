@@ -780,6 +780,32 @@ def test_persist_and_load_round_trip(
     assert {_owner(n) for n in loaded.for_user("u2").retrieve(QUERY)} == {"u2"}
 
 
+def test_a_load_that_two_saves_overtake_reads_the_new_save(
+    base: PBRRetriever, embed_model: HashEmbedding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each save keeps the newest two snapshots: two saves (another process) between a load's
+    reading of CURRENT and of the snapshot prune it. That is no damage: the load reads the
+    new one, as HistoryStore.load does."""
+    import llamaindex_pbr.persistence as persistence
+
+    u1 = base.for_user("u1")
+    u1.persist(tmp_path / "store")
+    verify, raced = persistence.verify_files, []
+
+    def two_saves_meanwhile(*args: Any, **kwargs: Any) -> None:
+        verify(*args, **kwargs)
+        if not raced:
+            raced.append(True)
+            u1.persist(tmp_path / "store")
+            u1.persist(tmp_path / "store")
+
+    monkeypatch.setattr(persistence, "verify_files", two_saves_meanwhile)
+    loaded = PBRRetriever.from_persist_dir(
+        tmp_path / "store", llm=MockLLM(), embed_model=embed_model
+    )
+    assert raced and loaded.user_id == "u1"
+
+
 def test_a_persist_that_fails_midway_leaves_a_lazily_loaded_history_readable(
     embed_model: HashEmbedding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
