@@ -240,6 +240,9 @@ class PBRRetriever(BaseRetriever):
             )
         if self.vectorstore is not None:
             check_search_kwargs(self.vectorstore, self.search_kwargs)
+            extra = self.search_kwargs.get("filter")
+            if extra is not None and self.filter_builder is None:  # refused now, not at a query
+                default_filter(self.vectorstore, self.user_key, "any user", extra)
         if self.corpus is None:
             store = self.vectorstore
             host = host_records(store, self.user_key) if store is not None else None
@@ -252,6 +255,10 @@ class PBRRetriever(BaseRetriever):
 
     _check_prompts = field_validator("utterances_prompt", "reasoning_prompt")(
         classmethod(lambda cls, prompt: check_prompt(prompt))
+    )
+    # before pydantic's coercion: True or 2.0 is refused, as for a request's k
+    _check_k = field_validator("k", mode="before")(
+        classmethod(lambda cls, k: check_positive_int(k, "k"))
     )
 
     # -- the pieces of one request -------------------------------------------------------------

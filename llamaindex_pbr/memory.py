@@ -23,14 +23,19 @@ from typing import Any, Literal
 
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+)
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.memory.memory import BaseMemoryBlock
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate, RichPromptTemplate
 
 from pbr_core import GenerationCache, HistoryItem, HistoryStore, PBRConfig, Personalizer
-from pbr_core.adapters_support import memory_config
+from pbr_core.adapters_support import check_positive_int, memory_config
 from pbr_core.corpus import Corpus, check_user_id
 from pbr_core.retrieval import Request, aretrieve
 from pbr_core.snapshot import UserHistory
@@ -133,12 +138,11 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
     def _check_user(cls, value: Any) -> str:
         return check_user_id(value)
 
-    @field_validator("similarity_top_k", "retrieval_context_window")
+    @field_validator("similarity_top_k", "retrieval_context_window", mode="before")
     @classmethod
-    def _check_positive(cls, value: int) -> int:
-        if isinstance(value, bool) or value < 1:
-            raise ValueError(f"must be an integer >= 1, got {value!r}")
-        return value
+    def _check_positive(cls, value: Any, info: ValidationInfo) -> int:
+        # before pydantic's coercion: True or 2.0 is refused, as everywhere else
+        return check_positive_int(value, str(info.field_name))
 
     @field_validator("format_template", mode="before")
     @classmethod

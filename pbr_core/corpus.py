@@ -469,7 +469,8 @@ class Corpus:
             extras: user id -> one adapter object per item, carried into
                 :attr:`Record.extra` for the host's ``validate`` / ``upsert``.
             write_host: False records items the host already holds under their own ids, for a
-                host that cannot list (with one that can, the next read reflects the host).
+                host that cannot list; with one that can, nothing is recorded (validated only):
+                the next read lists them as the host holds them.
 
         Raises:
             ValueError / EmbeddingError: anything invalid in any group; nothing is written.
@@ -821,7 +822,10 @@ class Corpus:
 
     def _commit(self, plan: list[_Group], *, write_host: bool = True) -> dict[str, list[str]]:
         out = {g.user_id: [item.id for item in g.items] for g in plan}
-        if not plan:
+        if not plan or (not write_host and self.verified):
+            # Records the host holds already, over a host that lists: it is the truth, and the
+            # next read lists them as they are there. Nothing is recorded: the ids given are
+            # not taken as keys (another user's key would become this user's to overwrite).
             return out
         by_user: dict[str, list[Record]] = {}
         # Embedded before the host write: an embedder's fault then leaves nothing written (over

@@ -272,8 +272,15 @@ def test_bad_arguments_are_refused_clearly() -> None:
         r.invoke("q", user_id="alice", k=0)
     with pytest.raises(TypeError, match=r"unexpected keyword argument.*filter"):
         r.invoke("q", user_id="alice", filter={"user_id": "bob"})
-    with pytest.raises(ValidationError):
-        PBRRetriever(k=0)
+    with pytest.raises(ValueError, match="filters with a callable"):  # at construction
+        PBRRetriever(
+            embeddings=EMB, vectorstore=InMemoryVectorStore(EMB), search_kwargs={"filter": {"n": 1}}
+        )
+    for k in (0, True, 2.0):  # one rule for k, whether given at construction or per request
+        with pytest.raises(ValidationError, match="k must be an integer >= 1"):
+            PBRRetriever(embeddings=EMB, k=k)
+        with pytest.raises(ValueError, match="k must be an integer >= 1"):
+            r.invoke("q", user_id="alice", k=k)
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -540,6 +547,25 @@ def test_existing_store_plus_history_documents() -> None:
         r.add_documents(mine, user_id=user, add_to_vectorstore=False)
     assert len(store.store) == len(ALICE) + len(BOB)
     assert_own(r.invoke("q", user_id="bob"), "bob")
+
+
+def test_a_key_of_another_users_record_cannot_be_claimed_as_already_in_the_store() -> None:
+    """Over a store that lists, records added as already in the store are not recorded (the
+    store is the truth, listed on the next read), so the ids given never become the user's
+    keys: another user's key (a scoped key is derivable) cannot be claimed, then overwritten
+    or deleted."""
+    store = InMemoryVectorStore(EMB)
+    r = PBRRetriever(llm=ScriptedChat(), embeddings=EMB, vectorstore=store, k=10)
+    r.add_documents([Document(page_content="bob's bank pin is 4321")], user_id="bob", ids=["pin"])
+    bobs = scoped_key("bob", "pin")
+    r.add_documents(
+        [Document(page_content="x")], user_id="mallory", ids=[bobs], add_to_vectorstore=False
+    )
+    r.add_documents([Document(page_content="mallory was here")], user_id="mallory", ids=[bobs])
+    assert store.store[bobs]["text"] == "bob's bank pin is 4321"
+    assert [d.page_content for d in r.invoke("pin", user_id="mallory")] == ["mallory was here"]
+    r.delete([bobs], user_id="mallory")  # her item of that id, under her own key
+    assert [d.page_content for d in r.invoke("pin", user_id="bob")] == ["bob's bank pin is 4321"]
 
 
 def test_documents_of_another_user_are_refused() -> None:

@@ -272,8 +272,11 @@ def test_user_id_is_required_and_frozen() -> None:
 
 
 def test_bad_arguments_raise() -> None:
-    with pytest.raises(ValueError):
-        block_for("alice", similarity_top_k=0)
+    for bad in (0, True, 2.0):  # the rule of the retrievers' k, before pydantic's coercion
+        with pytest.raises(ValueError, match="similarity_top_k must be an integer >= 1"):
+            block_for("alice", similarity_top_k=bad)
+        with pytest.raises(ValueError, match="retrieval_context_window must be an integer"):
+            block_for("alice", retrieval_context_window=bad)
     with pytest.raises(ValueError, match="no llm"):
         block_for("alice", config=PBRConfig(fusion="safe"))
 
