@@ -411,11 +411,13 @@ class PBRStore(BaseStore):
 
     # -- pbr's search: the core's request, translated ------------------------------------------
     def _view(self, prefix: tuple[str, ...], filter: dict[str, Any]) -> Callable[[], Candidates]:
-        """LangGraph's ``filter`` as the request's view: the matching items, listed."""
+        """LangGraph's ``filter`` as the request's view: the matching items pbr can rank
+        (those with a text; a view of none returns no result without an LLM call), listed."""
 
         def matching() -> Candidates:
             items = self.records.items(prefix, filter)
-            return [(item_key(i.namespace, i.key), {}, None) for i in items]
+            texts = self.records.text_of
+            return [(item_key(i.namespace, i.key), {}, None) for i in items if texts(i)]
 
         return matching
 

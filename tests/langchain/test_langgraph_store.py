@@ -376,6 +376,19 @@ def test_an_llm_personalizes_the_query() -> None:
     assert explained["pseudo_utterances"] == ["I love a bowl of noodles", "ramen in Sapporo"]
 
 
+def test_a_filter_matching_only_items_without_text_returns_nothing_without_an_llm_call() -> None:
+    from langchain_core.language_models import GenericFakeChatModel
+
+    llm = GenericFakeChatModel(messages=iter([AIMessage('{"candidates": ["x"]}')] * 4))
+    store = PBRStore(InMemoryStore(), BagOfWords(), llm=llm, config=PBRConfig(fusion="full"))
+    ns = ("memories", "alice")
+    store.put(ns, "a1", {"content": "alice likes cats", "tag": "x"})
+    store.put(ns, "a2", {"note": "no text to rank", "tag": "y"})
+    assert store.search(ns, query="cats", filter={"tag": "y"}) == []
+    assert store.last_explanation(ns) is None  # nothing was personalized: no LLM call
+    assert len(list(llm.messages)) == 4  # none of its answers was taken
+
+
 # -- inside a LangGraph graph -------------------------------------------------------------------
 class State(TypedDict):
     note: str
