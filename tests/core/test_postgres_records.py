@@ -8,9 +8,10 @@ adapters' own tables are run by the ownership contract suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,28 @@ def _corpus(host: PgRecords, embedder: Any) -> tuple[Corpus, list[str]]:
 
 def _add(corpus: Corpus, user: str, texts: dict[str, str]) -> None:
     corpus.add(user, [HistoryItem(id=i, text=t) for i, t in texts.items()])
+
+
+@contextlib.contextmanager
+def _login_as(engine: Any, role: str, *grants: str) -> Iterator[Any]:
+    """An engine of a new login role granted ``grants`` (e.g. ``"SELECT ON notes"``); the role
+    and what it owns are dropped afterwards."""
+    from sqlalchemy import create_engine
+
+    sql = engine_sql(engine)
+    sql(
+        [
+            (f"DROP ROLE IF EXISTS {role}", {}),
+            (f"CREATE ROLE {role} LOGIN", {}),
+            *((f"GRANT {grant} TO {role}", {}) for grant in grants),
+        ]
+    )
+    app = create_engine(engine.url.set(username=role))
+    try:
+        yield app
+    finally:
+        app.dispose()
+        sql([(f"DROP OWNED BY {role}", {}), (f"DROP ROLE {role}", {})])
 
 
 def _ids(corpus: Corpus, user: str) -> list[str]:
@@ -258,20 +281,9 @@ def test_listing_a_user_runs_on_the_owner_index(pgvector_engine: Any) -> None:
 def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
     pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sqlalchemy import create_engine
-
     owner_engine = pgvector_engine[0]
     table, sql = _table(owner_engine)
-    sql(
-        [
-            ("DROP ROLE IF EXISTS pbr_app", {}),
-            ("CREATE ROLE pbr_app LOGIN", {}),
-            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_app", {}),
-        ]
-    )
-    url = owner_engine.url.set(username="pbr_app")
-    app = create_engine(url)
-    try:
+    with _login_as(owner_engine, "pbr_app", "SELECT, INSERT, UPDATE, DELETE ON notes") as app:
         app_sql = engine_sql(app)
         with caplog.at_level(logging.WARNING, logger="pbr.postgres"):
             host = PgRecords(table, app_sql, "user_id", _writer(table, app_sql))
@@ -282,9 +294,6 @@ def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
         sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'x'", {})])
         assert [it.id for it in corpus.history("alice").items] == ["y"]  # type: ignore[union-attr]
         assert listed == ["alice"]
-    finally:
-        app.dispose()
-        sql([("DROP OWNED BY pbr_app", {}), ("DROP ROLE pbr_app", {})])
 
 
 def test_a_nul_character_is_refused_before_anything_is_written(
@@ -532,12 +541,8 @@ def test_a_role_that_may_not_write_or_read_the_state_still_answers(
 ) -> None:
     engine = pgvector_engine[0]
     sql = _with_alice(engine, hash_embedder)
-    sql([("REVOKE ALL ON pbr_states FROM PUBLIC", {}), ("DROP ROLE IF EXISTS pbr_reader", {})])
-    sql([("CREATE ROLE pbr_reader LOGIN", {}), (f"GRANT SELECT ON {grants} TO pbr_reader", {})])
-    from sqlalchemy import create_engine
-
-    reader = create_engine(engine.url.set(username="pbr_reader"))
-    try:
+    sql([("REVOKE ALL ON pbr_states FROM PUBLIC", {})])
+    with _login_as(engine, "pbr_reader", f"SELECT ON {grants}") as reader:
         with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
             worker = _worker(reader, hash_embedder)
             _, ranked = _serve(worker, "alice")
@@ -547,9 +552,6 @@ def test_a_role_that_may_not_write_or_read_the_state_still_answers(
             assert warned in caplog.text
         else:
             assert not worker.host.states and "pbr:" not in caplog.text  # type: ignore[union-attr]
-    finally:
-        reader.dispose()
-        sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
 
 
 def test_a_role_that_may_not_read_the_revisions_lists_every_read(
@@ -559,17 +561,7 @@ def test_a_role_that_may_not_read_the_revisions_lists_every_read(
     cannot read a revision, so every read lists the user, as where there is no trigger."""
     engine = pgvector_engine[0]
     sql = _with_alice(engine, hash_embedder)
-    sql([("DROP ROLE IF EXISTS pbr_app", {})])
-    sql(
-        [
-            ("CREATE ROLE pbr_app LOGIN", {}),
-            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_app", {}),
-        ]
-    )
-    from sqlalchemy import create_engine
-
-    app = create_engine(engine.url.set(username="pbr_app"))
-    try:
+    with _login_as(engine, "pbr_app", "SELECT, INSERT, UPDATE, DELETE ON notes") as app:
         with caplog.at_level(logging.WARNING, logger="pbr.postgres"):
             worker = _worker(app, hash_embedder)
         host = worker.host
@@ -579,9 +571,6 @@ def test_a_role_that_may_not_read_the_revisions_lists_every_read(
         assert len(ranked) == 5
         sql([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'n1'", {})])
         assert "n1" not in [i.id for i in worker.history("alice").items]  # type: ignore[union-attr]
-    finally:
-        app.dispose()
-        sql([("DROP OWNED BY pbr_app", {}), ("DROP ROLE pbr_app", {})])
 
 
 def test_a_write_the_trigger_did_not_see_makes_the_state_unusable(
@@ -672,24 +661,11 @@ def test_a_writer_role_needs_no_rights_on_pbrs_own_tables(
     role granted only its table can write it, and the revision still moves."""
     engine = pgvector_engine[0]
     sql = _with_alice(engine, hash_embedder)
-    sql([("DROP ROLE IF EXISTS pbr_writer", {})])
-    sql(
-        [
-            ("CREATE ROLE pbr_writer LOGIN", {}),
-            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_writer", {}),
-        ]
-    )
-    from sqlalchemy import create_engine
-
-    writer = create_engine(engine.url.set(username="pbr_writer"))
-    try:
+    with _login_as(engine, "pbr_writer", "SELECT, INSERT, UPDATE, DELETE ON notes") as writer:
         before = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])
         engine_sql(writer)([("DELETE FROM notes WHERE meta ->> 'pbr_id' = 'n1'", {})])
         after = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])
         assert before != after
-    finally:
-        writer.dispose()
-        sql([("DROP OWNED BY pbr_writer", {}), ("DROP ROLE pbr_writer", {})])
 
 
 def _bulk_host(sql: Any, name: str, columns: str, **table: Any) -> PgRecords:
@@ -965,31 +941,22 @@ def test_a_role_that_does_not_own_pbr_states_leaves_its_storage_without_setting_
 ) -> None:
     """Storage is a speed setting, not part of a current install: an app role that may only
     read and write keeps the install as it is, with no DDL and no warning."""
-    from sqlalchemy import create_engine
-
     engine = pgvector_engine[0]
     host = _records(engine)
     host.sql([("ALTER TABLE pbr_states ALTER COLUMN state SET STORAGE EXTENDED", {})])
-    host.sql(
-        [
-            ("DROP ROLE IF EXISTS pbr_reader", {}),
-            ("CREATE ROLE pbr_reader LOGIN", {}),
-            ("GRANT SELECT, INSERT, UPDATE, DELETE ON notes TO pbr_reader", {}),
-            ("GRANT SELECT, INSERT, UPDATE, DELETE ON pbr_states TO pbr_reader", {}),
-            ("GRANT SELECT ON pbr_revisions TO pbr_reader", {}),
-        ]
-    )
-    app = create_engine(engine.url.set(username="pbr_reader"))
-    try:
+    with _login_as(
+        engine,
+        "pbr_reader",
+        "SELECT, INSERT, UPDATE, DELETE ON notes",
+        "SELECT, INSERT, UPDATE, DELETE ON pbr_states",
+        "SELECT ON pbr_revisions",
+    ) as app:
         app_sql = engine_sql(app)
         with caplog.at_level(logging.DEBUG, logger="pbr.postgres"):
             reader = PgRecords(host.table, app_sql, "user_id", _writer(host.table, app_sql))
         assert reader.tokens and reader.states
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert _storage(host.sql) == "x"  # not this role's to change
-    finally:
-        app.dispose()
-        host.sql([("DROP OWNED BY pbr_reader", {}), ("DROP ROLE pbr_reader", {})])
 
 
 def test_pbrs_write_encodes_metadata_with_the_engines_json_encoder(pgvector_engine: Any) -> None:

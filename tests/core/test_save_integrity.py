@@ -106,6 +106,16 @@ DAMAGES = {
 }
 
 
+def damaged_save(tmp_path: Path, suffix: str, damage: Callable[[Path], None]) -> tuple[Path, Path]:
+    """A save of :func:`make_store` whose alice ``suffix`` file ``damage`` changed: (the save
+    folder, that file)."""
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    path = user_file(folder, "alice", suffix)
+    damage(path)
+    return folder, path
+
+
 def mismatch(path: Path) -> str:
     return rf"{re.escape(path.name)}.* is damaged \(checksum mismatch"
 
@@ -115,11 +125,7 @@ def mismatch(path: Path) -> str:
 def test_a_file_damaged_in_a_readable_way_is_refused_naming_the_file(
     tmp_path, damage, lazy
 ) -> None:
-    folder = tmp_path / "h"
-    make_store().save(folder)
-    suffix, apply = DAMAGES[damage]
-    path = user_file(folder, "alice", suffix)
-    apply(path)
+    folder, path = damaged_save(tmp_path, *DAMAGES[damage])
     if not lazy:
         with pytest.raises(PersistenceError, match=mismatch(path)):
             HistoryStore.load(folder)
@@ -245,11 +251,7 @@ UNREADABLE = {  # damage the parsers meet before the checksum: each raised its o
 def test_a_file_damaged_past_parsing_is_a_persistence_error_naming_it(
     tmp_path, damage, lazy
 ) -> None:
-    folder = tmp_path / "h"
-    make_store().save(folder)
-    suffix, apply = UNREADABLE[damage]
-    path = user_file(folder, "alice", suffix)
-    apply(path)
+    folder, path = damaged_save(tmp_path, *UNREADABLE[damage])
     with pytest.raises(PersistenceError, match=re.escape(path.name)):
         HistoryStore.load(folder, lazy=lazy).get("alice")
 
