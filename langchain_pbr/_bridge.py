@@ -16,7 +16,7 @@ from langchain_core.runnables import Runnable
 from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
 from pbr_core.adapters_support import explanation_payload, model_id, result_metadata
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import ScoredRecord
+from pbr_core.corpus import ScoredRecord, stored_timestamp
 from pbr_core.items import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 
@@ -185,13 +185,12 @@ def items_of(
         raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
     items = []
     for i, doc in enumerate(documents):
-        stamp = doc.metadata.get("timestamp")
         items.append(
             HistoryItem(
                 id=str(ids[i]) if ids is not None else (doc.id or uuid.uuid4().hex),
                 text=doc.page_content,
                 metadata={**doc.metadata, user_key: doc.metadata.get(user_key, user_id)},
-                timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
+                timestamp=stored_timestamp(doc.metadata),
             )
         )
     return items

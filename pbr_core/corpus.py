@@ -77,6 +77,7 @@ __all__ = [
     "check_user_id",
     "revision",
     "scoped_key",
+    "stored_timestamp",
 ]
 
 #: Metadata key under which the host store keeps the user's own id of an item.
@@ -110,6 +111,13 @@ def scoped_key(user_id: str, item_id: str) -> str:
     stores (Qdrant, Weaviate) accept nothing else.
     """
     return str(uuid.uuid5(_NAMESPACE, json.dumps([user_id, item_id], ensure_ascii=False)))
+
+
+def stored_timestamp(metadata: Mapping[str, Any]) -> float | None:
+    """An item's timestamp as a store keeps it: ``metadata["timestamp"]``, POSIX seconds where
+    it is a number, else none. One rule for reading a store's records and documents back."""
+    stamp = metadata.get("timestamp")
+    return float(stamp) if isinstance(stamp, (int, float)) else None
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,6 @@ class Record:
         user = metadata.get(user_key, owner)
         if not isinstance(user, str) or not user:
             return None
-        stamp = metadata.get("timestamp")
         return cls(
             key=key,
             user_id=user,
@@ -164,7 +171,7 @@ class Record:
             text=text,
             metadata={k: v for k, v in metadata.items() if k != ITEM_ID_KEY},
             vector=None if vector is None else np.asarray(vector, dtype=np.float32),
-            timestamp=float(stamp) if isinstance(stamp, (int, float)) else None,
+            timestamp=stored_timestamp(metadata),
         )
 
     def item(self) -> HistoryItem:
@@ -787,11 +794,11 @@ class Corpus:
                 one, in that key).
         """
         meta = self.item_metadata(self.host_metadata(user_id, item))
-        stamp = meta.get("timestamp")
-        timestamp = float(stamp) if isinstance(stamp, (int, float)) else None
+        timestamp = stored_timestamp(meta)
         if item.timestamp is not None and timestamp != item.timestamp:
             raise ValueError(
-                f"item {item.id!r} of user {user_id!r}: metadata['timestamp'] = {stamp!r} and "
+                f"item {item.id!r} of user {user_id!r}: metadata['timestamp'] = "
+                f"{meta.get('timestamp')!r} and "
                 f"timestamp = {item.timestamp!r} disagree; give one of them (a host store "
                 "keeps the timestamp in that metadata key)"
             )

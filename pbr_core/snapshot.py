@@ -55,6 +55,16 @@ _DICT_ENTRY_BYTES = 50
 _ITEM_BYTES = 260
 
 
+def _chained(older: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Where each row was in the snapshot a pending parent belongs to: ``positions`` (each row's
+    place in the previous snapshot, -1 for a new or changed row) composed with that snapshot's
+    own ``older`` positions."""
+    kept = positions >= 0
+    chained = np.full(positions.shape, -1, dtype=np.int64)
+    chained[kept] = older[positions[kept]]
+    return chained
+
+
 def item_nbytes(item: HistoryItem) -> int:
     """Bytes one item holds, estimated: :data:`_ITEM_BYTES` plus its id and text strings and
     each metadata key and value (``sys.getsizeof``, shallow: a nested value counts its outer
@@ -271,10 +281,7 @@ class UserHistory:
             self._lexical_parents[stemmer] = (index, positions)
         if not built:
             for stemmer, (index, older) in list(previous._lexical_parents.items()):
-                kept = positions >= 0
-                chained = np.full(positions.shape, -1, dtype=np.int64)
-                chained[kept] = older[positions[kept]]
-                self._lexical_parents[stemmer] = (index, chained)
+                self._lexical_parents[stemmer] = (index, _chained(older, positions))
         self._grown += 1
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:
@@ -332,8 +339,5 @@ class UserHistory:
                 self._parents[key] = (result, old_positions)
         for key, (result, older) in list(previous._parents.items()):
             if key not in self._parents:
-                kept = old_positions >= 0
-                chained = np.full(old_positions.shape, -1, dtype=np.int64)
-                chained[kept] = older[old_positions[kept]]
-                self._parents[key] = (result, chained)
+                self._parents[key] = (result, _chained(older, old_positions))
         self._grown += 1
