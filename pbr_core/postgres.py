@@ -1036,7 +1036,7 @@ class _EngineSql:
             for statement, params in statements:
                 if params:
                     bound = _bindable(params, conn.connection.driver_connection)
-                    result = conn.execute(text(statement), bound)
+                    result = conn.execute(text(_colons_quoted(statement)), bound)
                     rows = [tuple(r) for r in result] if result.returns_rows else []
                 else:  # DDL holding '%' or ':' (plpgsql bodies): the driver parses nothing
                     cursor = conn.connection.cursor()
@@ -1111,6 +1111,14 @@ _IDLE = 0
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 
 
+def _colons_quoted(statement: str) -> str:
+    """``statement`` for SQLAlchemy's ``text()``: a colon inside a quoted name or literal (a
+    ``user_key`` of ``"t :user"``) escaped, so that it is not read as a ``:name`` placeholder."""
+    if ":" not in statement:
+        return statement
+    return _QUOTED.sub(lambda m: m.group().replace(":", "\\:"), statement)
+
+
 def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
     """:data:`Sql` over a SQLAlchemy ``AsyncEngine``, each call one transaction, driven to
     completion by ``run(coroutine)`` (LangChain's ``PGEngine._run_as_sync``, which runs it on the
@@ -1123,7 +1131,9 @@ def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
         async with engine.begin() as conn:
             for statement, params in statements:
                 if params:
-                    result = await conn.execute(text(statement), _bindable(params, None))
+                    result = await conn.execute(
+                        text(_colons_quoted(statement)), _bindable(params, None)
+                    )
                     rows = [tuple(r) for r in result] if result.returns_rows else []
                 else:
                     raw = await conn.get_raw_connection()

@@ -1058,3 +1058,23 @@ def test_a_dropped_table_leaves_no_derived_state_once_pbr_sets_up_again(
     sql([("DROP TABLE notes", {})])  # the item ids and words of alice's state stay behind ...
     _records(engine, "other_notes")  # ... until pbr sets up a table again
     assert sql([("SELECT count(*) FROM pbr_states", {})]) == [(0,)]
+
+
+def test_an_owner_key_holding_a_colon_sets_up_and_reads_its_users_rows(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLAlchemy's ``text()`` reads ``:user`` as a placeholder even inside a quoted literal:
+    an owner key ``"t :user"`` in ``meta ->> 't :user'`` must stay the key, not become a
+    parameter (before: the setup failed with a warning, and a read found no rows at all)."""
+    engine = pgvector_engine[0]
+    table, sql = _table(engine)
+    with caplog.at_level(logging.WARNING, logger="pbr.postgres"):
+        host = PgRecords(table, sql, "t :user", _writer(table, sql))
+    assert host.tokens and caplog.text == ""
+    corpus = Corpus(host, embedder=hash_embedder, user_key="t :user")
+    _add(corpus, "alice", {"x": "alice pin is 4321", "y": "alice likes tea"})
+    _add(corpus, "bob", {"x": "bob likes jazz"})
+    other_host = PgRecords(table, sql, "t :user", _writer(table, sql))
+    other = Corpus(other_host, embedder=hash_embedder, user_key="t :user")
+    assert _ids(other, "alice") == ["x", "y"] and _ids(other, "bob") == ["x"]
+    assert host.change_token("alice") is not None
