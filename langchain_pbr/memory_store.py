@@ -366,7 +366,8 @@ class PBRStore(BaseStore):
 
     def last_explanation(self, namespace_prefix: tuple[str, ...]) -> dict[str, Any] | None:
         """The explanation of the latest query search of ``namespace_prefix`` in this process
-        (None before one): pbr's explanation payload (query, fusion, terms used and dropped,
+        (None before one, and after one that personalized nothing: no memories, in the filter's
+        view, or ``limit=0``): pbr's explanation payload (query, fusion, terms used and dropped,
         ``w1``/``w2``, timings, ``degraded``; its ``user_id`` is pbr's id of the prefix,
         :func:`scope_id`) plus ``"namespace"``, ``"user"``, ``"mode"`` and ``"results"``: per
         result its ``namespace``, ``key``, ``score`` and both legs' scores and ranks."""
@@ -374,14 +375,25 @@ class PBRStore(BaseStore):
             found = self._explanations.get(tuple(namespace_prefix))
         return None if found is None else dict(found)
 
+    def _explain(self, prefix: tuple[str, ...], payload: dict[str, Any] | None) -> None:
+        """Record the latest search's explanation (None: it personalized nothing), so that an
+        earlier search's, which may name deleted memories, is never served as the latest."""
+        with self._guard:
+            if payload is None:
+                self._explanations.pop(prefix, None)
+            else:
+                self._explanations[prefix] = payload
+
     # -- BaseStore --------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         ops, results, searches, rest = _split(ops)
         for i, search in searches:
             results[i] = self._search(search)
         if rest:
-            done = self.inner.batch([ops[i] for i in rest])
-            self._expire_written([ops[i] for i in rest])
+            try:
+                done = self.inner.batch([ops[i] for i in rest])
+            finally:  # a write that failed may still have landed (a reply lost after commit)
+                self._expire_written([ops[i] for i in rest])
             for i, result in zip(rest, done):
                 results[i] = result
         return results
@@ -391,10 +403,11 @@ class PBRStore(BaseStore):
         for i, search in searches:
             results[i] = await asyncio.to_thread(self._search, search)
         if rest:
-            done = await self.inner.abatch([ops[i] for i in rest])
-            # expire takes the user's lock, which a search's listing thread may hold while it
-            # waits on this very loop (an async store's sync batch): never take it on the loop
-            await asyncio.to_thread(self._expire_written, [ops[i] for i in rest])
+            try:
+                done = await self.inner.abatch([ops[i] for i in rest])
+            finally:  # as batch's; the expiry takes the user's lock, which a search's listing
+                # thread may hold while it waits on this very loop: never taken on the loop
+                await asyncio.to_thread(self._expire_written, [ops[i] for i in rest])
             for i, result in zip(rest, done):
                 results[i] = result
         return results
@@ -432,6 +445,7 @@ class PBRStore(BaseStore):
         with self._guard:
             self._searched.add(prefix)
         if op.limit == 0:
+            self._explain(prefix, None)
             return []
         generator = generator_for(self.llm, None, self._style) if self.llm is not None else None
         request = Request(
@@ -446,7 +460,8 @@ class PBRStore(BaseStore):
         view = self._view(prefix, op.filter) if op.filter else None
         # the corpus lists inner and embeds only new or changed texts
         got = retrieve(self.corpus, request, self.personalizer.personalize, host_filter=view)
-        if got.query is None:
+        if got.query is None:  # no memories (in the view): nothing personalized, explained
+            self._explain(prefix, None)
             return []
         page = got.results[op.offset : op.offset + op.limit]
         targets = [_parse_item_key(s.key) for s in page]
@@ -468,8 +483,7 @@ class PBRStore(BaseStore):
             user=self.user_of(prefix),
             results=[result for _, result in answered],
         )
-        with self._guard:
-            self._explanations[prefix] = payload
+        self._explain(prefix, payload)
         return [
             PBRSearchItem(item, result["score"], {"result": result, "explanation": payload})
             for item, result in answered

@@ -67,8 +67,9 @@ DEFAULT_MEMORY_TEMPLATE = RichPromptTemplate("{{ text }}")
 
 
 def message_text(message: ChatMessage) -> str:
-    """The text of a message: its text blocks joined (images, audio, tool calls dropped)."""
-    return "".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+    """The text of a message: its text blocks joined by newlines, as ``ChatMessage.content``
+    joins them (images, audio, tool calls dropped)."""
+    return "\n".join(b.text for b in message.blocks if isinstance(b, TextBlock))
 
 
 class PBRMemoryBlock(BaseMemoryBlock[str]):
@@ -202,7 +203,8 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         return self._corpus.history(self.user_id)
 
     def last_explanation(self) -> dict[str, Any] | None:
-        """pbr's explanation of the latest recall (None before one): the query, fusion, terms,
+        """pbr's explanation of the latest recall (None before one, and after one that
+        personalized nothing: no messages with text, or nothing stored): the query, fusion, terms,
         timings, ``degraded``, plus ``user``, ``mode`` and per result its ``id``, ``score`` and
         both legs' scores and ranks."""
         return None if self._explanation is None else dict(self._explanation)
@@ -233,6 +235,7 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         **block_kwargs: Any,
     ) -> str:
         """The user's best ``similarity_top_k`` items for the latest messages, as text."""
+        self._explanation = None  # until this recall has one
         if not messages:
             return ""
         window = messages[-self.retrieval_context_window :]

@@ -51,7 +51,6 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
-from pbr_core.vectors import check_model
 
 from . import persistence
 from ._bridge import (
@@ -287,7 +286,6 @@ class PBRRetriever(BaseRetriever):
         generator = llamaindex_generator(llm, prompt_style)
         embedder = LlamaIndexEmbedder(embed_model)
         store = history if history is not None else HistoryStore()
-        check_model(store.embedding_model_id, embedder, "the history")
         host = records_of(
             single, per_user, user_id_key, vector_store_factory, embed_model, callback_manager
         )

@@ -131,8 +131,10 @@ class PBRConfig:
             the embedded Gemma 3 270M unless the request names a scorer) and the ``k`` first
             returned. Costs ``rerank_candidates + 1`` LM sequences per query (seconds on CPU;
             measured in ``docs/hybrid.md``, "Re-ranking").
-        rerank_candidates: how many ranked results the re-rank stage re-orders (at least ``k``
-            are always taken).
+        rerank_candidates: how many of the best ranked results the re-rank stage re-orders,
+            whatever ``k``: a request for more gets the rest in the ranking's order after
+            them, so the first results are the same for every ``k`` (pages never skip or
+            repeat an item).
     """
 
     k1: int = 5

@@ -326,6 +326,7 @@ class Corpus:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.host = host  # checks the cache's budget against it
+        self.check_model()
         self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
@@ -378,6 +379,18 @@ class Corpus:
             "(HistoryStore.load(path, lazy=True, max_cache_bytes=...)): users unchanged since "
             "the save go back to their files"
         )
+
+    def check_model(self) -> None:
+        """Refuse an embedder of another model than the vectors the cache holds (a store shared
+        with another corpus, e.g. ``store=block.store``, or loaded): queries and new items would
+        be compared with vectors of another space. Checked when the corpus is made and before
+        every write (a shared store's model is recorded by its first write).
+
+        Raises:
+            PersistenceError: naming both models and what to do.
+        """
+        if self.embedder is not None and not self._default_embedder:
+            check_model(self.cache.embedding_model_id, self.embedder, "the history store")
 
     def can_read_back(self, user_id: str) -> bool:
         """Whether the cache may evict ``user_id`` (:class:`~pbr_core.history.ReadBack`): the
@@ -484,6 +497,7 @@ class Corpus:
             whatever the host raises: the host write failed; pbr's cache is unchanged and the
                 next read reconciles whatever part of the batch landed.
         """
+        self.check_model()
         return self._commit(self._plan(groups, vectors, extras), write_host=write_host)
 
     async def aadd_many(
@@ -495,6 +509,7 @@ class Corpus:
         write_host: bool = True,
     ) -> dict[str, list[str]]:
         """Async :meth:`add_many`: native async embedding, the host write in a worker thread."""
+        self.check_model()
         todo = {
             user: list(items)
             for user, items in groups.items()

@@ -47,7 +47,14 @@ from .prf import (
 )
 from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
 from .results import Explanation, PersonalizedQuery, PseudoFeedback, SearchResult
-from .retrieval import FinalSearch, Request, UnknownUserPolicy, aretrieve, retrieve
+from .retrieval import (
+    FinalSearch,
+    Request,
+    UnknownUserPolicy,
+    aretrieve,
+    check_query,
+    retrieve,
+)
 from .snapshot import UserHistory
 from .vectors import (
     aembed_documents,
@@ -490,14 +497,13 @@ class Personalizer:
     def _start(
         self, user_id: str, query: str, config: PBRConfig | None, prompts: PromptSet | None = None
     ) -> _Request:
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError("query must be a non-empty string")
+        query = check_query(query)
         cfg = config or self.config
         history = self._history(user_id)
-        explanation = Explanation(user_id=user_id, query=query.strip(), fusion=cfg.fusion)
+        explanation = Explanation(user_id=user_id, query=query, fusion=cfg.fusion)
         return _Request(
             user_id=user_id,
-            query=query.strip(),
+            query=query,
             config=cfg,
             history=history,
             explanation=explanation,
@@ -767,13 +773,12 @@ def _unpersonalized(
     user_id: str, query: str, q: np.ndarray, config: PBRConfig, reason: str
 ) -> PersonalizedQuery:
     """``q* = q`` for a request that cannot be personalized, ``reason`` recorded per wanted term."""
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError("query must be a non-empty string")
+    query = check_query(query)
     wanted = dict(zip(TERMS, MODE_TERMS[config.fusion], strict=True))
     reason = f"{reason}; searched with the plain query"
     explanation = Explanation(
         user_id=user_id,
-        query=query.strip(),
+        query=query,
         fusion=config.fusion,
         used=("query",),
         dropped={term: reason for term in TERMS if wanted[term]},

@@ -44,6 +44,7 @@ __all__ = [
     "Retrieval",
     "UnknownUserPolicy",
     "aretrieve",
+    "check_query",
     "check_score_threshold",
     "rank_personalized",
     "retrieve",
@@ -112,6 +113,7 @@ class Request:
     salience_scorer: LogProbScorer | None = None
 
     def __post_init__(self) -> None:
+        check_query(self.query)  # for every user: a new user's empty answer included
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
         check_score_threshold(self.score_threshold)
@@ -153,6 +155,14 @@ class Retrieval:
         plus ``mode`` (how it was ranked) and the entry point's own ``extra`` keys."""
         assert self.query is not None, "nothing was personalized: no explanation"
         return {**explanation_payload(self.query.explanation), "mode": self.mode, **extra}
+
+
+def check_query(query: object) -> str:
+    """``query`` stripped, if it is a string with something in it: the one rule for queries,
+    whatever the user holds (a blank query is refused for a user without history too)."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError(f"query must be a non-empty string, got {query!r}")
+    return query.strip()
 
 
 def check_score_threshold(value: object) -> float | None:
@@ -290,8 +300,12 @@ def _steps(
             found = yield _HostSearch(pq.vector, host_candidates(n, config.search))
         results = rank_personalized(corpus, user_id, history, pq, n, config, found, since=start)
     if config.rerank != "none" and results:
+        # A fixed window, whatever k: the order of the first results does not depend on how
+        # many are asked for, so pages (offset + limit) neither skip nor repeat an item.
+        window = config.rerank_candidates
         start = time.perf_counter()
-        results = yield _Rerank(pq.explanation.query, results)
+        reranked: list[ScoredRecord] = yield _Rerank(pq.explanation.query, results[:window])
+        results = reranked + results[window:]  # the rest scores below the window: no cap
         pq.explanation.timings_ms["rerank"] = (time.perf_counter() - start) * 1000.0
     return Retrieval(pq, _at_least(results[:k], request.score_threshold), config.search)
 

@@ -45,11 +45,24 @@ def test_rerank_puts_the_most_salient_candidate_first_and_returns_k(hash_embedde
     assert "rerank" in got.personalized.explanation.timings_ms
 
 
-def test_the_rerank_stage_takes_at_least_k_candidates(hash_embedder: object) -> None:
-    p, scorer = personalizer(hash_embedder), SecretScorer()
-    config = RERANK.with_(rerank_candidates=1)
-    got = p.search("u", QUERY, k=12, config=config, salience_scorer=scorer)
-    assert len(got.hits) == 12 and got.hits[0].id == "n11"
+def test_the_rerank_window_is_fixed_so_the_first_results_never_depend_on_k(
+    hash_embedder: object,
+) -> None:
+    """The stage re-orders the ``rerank_candidates`` best, whatever ``k``: a larger ``k`` gets
+    the rest in the ranking's order after them, so every ``k`` returns the first ``k`` of the
+    same list and pages (``offset + limit``, as the LangGraph store asks) neither skip nor
+    repeat an item (before, the window grew with ``k`` and each page re-ordered anew)."""
+    p = personalizer(hash_embedder)
+    config = RERANK.with_(rerank_candidates=4)
+    plain = [h.id for h in p.search("u", QUERY, k=12).hits]
+    assert plain.index("n11") >= 4  # the secret is outside the window
+    scorer = SecretScorer()
+    full = [h.id for h in p.search("u", QUERY, k=12, config=config, salience_scorer=scorer).hits]
+    assert full == plain  # the window holds no secret: the ranking's order
+    for k in range(1, 13):
+        got = p.search("u", QUERY, k=k, config=config, salience_scorer=scorer)
+        assert [h.id for h in got.hits] == full[:k]
+    assert {len(call) for call in scorer.calls} == {5}  # 4 candidates + the empty slot, every k
 
 
 def test_async_search_reranks_the_same_way(hash_embedder: object) -> None:

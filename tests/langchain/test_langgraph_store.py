@@ -525,6 +525,79 @@ def test_a_failing_write_batch_leaves_consistent_state() -> None:
     assert len(store.search(ns, limit=10)) == 3
 
 
+class LostReply(InMemoryStore):
+    """An InMemoryStore whose next write lands and then raises (a reply lost after commit)."""
+
+    fail_next = False
+
+    def _lost(self) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("connection lost after commit")
+
+    def batch(self, ops: Any) -> list[Result]:
+        out = super().batch(ops)
+        self._lost()
+        return out
+
+    async def abatch(self, ops: Any) -> list[Result]:
+        out = await super().abatch(ops)
+        self._lost()
+        return out
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_write_that_landed_before_failing_is_seen_by_the_next_search(asynchronous: bool) -> None:
+    """However fresh the view may be (``max_staleness_s``), a put or delete that raised may
+    have landed: the next search lists again, so a deleted memory never reaches the LLM and
+    a landed one is found (before, a failed write expired nothing)."""
+    inner = LostReply()
+    store = PBRStore(inner, BagOfWords(), max_staleness_s=3600)
+    ns = ("memories", "alice")
+    store.put(ns, "a", {"content": "I drink green tea every morning"})
+    store.put(ns, "old", {"content": "my tea kettle is red"})
+    assert sorted(keys(store.search(ns, query="tea"))) == ["a", "old"]
+    put = PutOp(ns, "b", {"content": "I switched to black tea"})
+    for write in (put, PutOp(ns, "old", None)):  # a put, then a delete
+        inner.fail_next = True
+        with pytest.raises(ConnectionError):
+            if asynchronous:
+                asyncio.run(store.abatch([write]))
+            else:
+                store.batch([write])
+    assert sorted(keys(store.search(ns, query="tea"))) == ["a", "b"]
+    history = store.corpus.history(scope_id(ns))
+    assert history is not None and item_key(ns, "old") not in {i.id for i in history.items}
+
+
+def test_the_latest_explanation_is_never_an_earlier_searchs() -> None:
+    """A search that personalizes nothing (the user's last memory deleted, ``limit=0``) leaves
+    no explanation: an earlier one, which names a deleted memory and its text, is not served
+    as the latest (before, it was)."""
+    store = PBRStore(InMemoryStore(), BagOfWords())
+    ns = ("memories", "alice")
+    store.put(ns, "secret", {"content": "my bank PIN is 4321"})
+    assert keys(store.search(ns, query="bank PIN")) == ["secret"]
+    assert store.last_explanation(ns) is not None
+    store.search(ns, query="bank PIN", limit=0)
+    assert store.last_explanation(ns) is None
+    store.search(ns, query="bank PIN")
+    store.delete(ns, "secret")
+    assert store.search(ns, query="bank PIN") == []
+    assert store.last_explanation(ns) is None
+
+
+@pytest.mark.parametrize("query", ["   ", 5])
+def test_a_query_that_is_not_text_is_refused_whatever_the_user_holds(query: Any) -> None:
+    """One rule for every user (the core request's): before, a new user got ``[]`` and a user
+    with memories a ``ValueError``. An empty query stays LangGraph's listing."""
+    store = filled(PBRStore(InMemoryStore(), BagOfWords()))
+    for ns in (("memories", "alice"), ("memories", "nobody")):
+        with pytest.raises(ValueError, match="query must be a non-empty string"):
+            store.search(ns, query=query)
+    assert len(store.search(("memories", "alice"), query="")) == len(ALICE)
+
+
 def test_a_mixed_batch_answers_in_order() -> None:
     store = filled(PBRStore(InMemoryStore(), BagOfWords()))
     ns = ("memories", "alice")

@@ -24,7 +24,7 @@ from pydantic import PrivateAttr
 
 from llamaindex_pbr import PBRMemoryBlock
 from llamaindex_pbr.testing import HashEmbedding
-from pbr_core import PBRConfig, PersistenceError
+from pbr_core import HistoryStore, PBRConfig, PersistenceError
 
 FILLER = [
     "I went for a walk in the park this morning",
@@ -343,6 +343,50 @@ def test_a_block_built_without_a_store_exposes_the_one_it_writes_to(tmp_path: An
     resumed = PBRMemoryBlock.from_persist_dir(tmp_path / "mem", user_id="bob", embed_model=emb)
     out = memory_text(memory_for(resumed, "s2").get(input="what is my bike lock code"))
     assert "kilimanjaro nine" in out
+
+
+def test_a_store_holding_another_models_vectors_is_refused_before_anything_is_written(
+    tmp_path: Any,
+) -> None:
+    """A shared (``store=block.store``) or loaded store whose vectors one model made takes no
+    block of another: queries and new items would be compared with vectors of another space
+    (before, both were accepted, and the save then refused the model that embedded bob's)."""
+    alice = PBRMemoryBlock(user_id="alice", embed_model=HashEmbedding(dim=64))
+    asyncio.run(alice.aput([ChatMessage(role="user", content="My locker code is zanzibar")]))
+    other = HashEmbedding(dim=64, model_name="another-model")
+    with pytest.raises(PersistenceError, match="another-model"):
+        PBRMemoryBlock(user_id="bob", embed_model=other, store=alice.store)
+    alice.persist(tmp_path / "mem")
+    with pytest.raises(PersistenceError, match="another-model"):
+        PBRMemoryBlock(user_id="bob", embed_model=other, store=HistoryStore.load(tmp_path / "mem"))
+    # two blocks over one empty store: the first write records its model, the other's refused
+    first = PBRMemoryBlock(user_id="carol", embed_model=HashEmbedding(dim=64))
+    second = PBRMemoryBlock(user_id="dave", embed_model=other, store=first.store)
+    asyncio.run(first.aput([ChatMessage(role="user", content="carol plays chess")]))
+    with pytest.raises(PersistenceError, match="another-model"):
+        asyncio.run(second.aput([ChatMessage(role="user", content="dave plays go")]))
+    assert second.history() is None
+
+
+def test_a_messages_text_blocks_are_joined_as_chat_message_content_joins_them() -> None:
+    """Words at the edge of two text blocks stay apart, in what is stored and in the query, as
+    in ``ChatMessage.content`` (before, "Rex" and "Pistachio" became "RexPistachio")."""
+    block = block_for("alice")
+    two = ChatMessage(
+        role="user", blocks=[TextBlock(text="My dog is called Rex"), TextBlock(text="Pistachio")]
+    )
+    asyncio.run(block.aput([two]))
+    history = block.history()
+    assert history is not None and [i.text for i in history.items] == [two.content]
+
+
+def test_a_recall_that_finds_nothing_leaves_no_earlier_explanation() -> None:
+    block = block_for("alice")
+    asyncio.run(block.aput([ChatMessage(role="user", content="my bank PIN is 4321")]))
+    assert asyncio.run(block.aget([ChatMessage(role="user", content="bank PIN")]))
+    assert block.last_explanation() is not None
+    assert asyncio.run(block.aget([ChatMessage(role="user", content="   ")])) == ""
+    assert block.last_explanation() is None
 
 
 def test_the_latest_message_is_the_query_so_a_topic_switch_finds_its_fact() -> None:
