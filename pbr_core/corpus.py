@@ -950,13 +950,14 @@ class Corpus:
             or history is None
             or history.position(r.item_id) is None
         ]
-        changed, items, unsaveable = self._saveable(user_id, changed, known)
-        for item_id in unsaveable:  # an unsaveable new version: the old one must go too
+        changed, items, left_out = self._saveable(user_id, changed, known)
+        if changed:  # I/O (a fetch, an embedding) before the cache changes: a fault changes none
+            changed, items, vectors, unusable = self._usable_vectors(user_id, changed, items, known)
+            left_out += unusable
+            windows = self._windows(user_id, items)
+        for item_id in left_out:  # a new version left out: the old one must go too
             current.pop(item_id, None)
         stale = [it.id for it in history.items if it.id not in current] if history else []
-        if changed:  # I/O (a fetch, an embedding) before the cache changes: a fault changes none
-            vectors = self._vectors_of(user_id, changed)
-            windows = self._windows(user_id, items)
         with self.cache._lock:  # one step for readers: never the stale items gone, the new not in
             if stale:
                 self.cache.delete(user_id, stale)
@@ -1060,12 +1061,14 @@ class Corpus:
         self, user_id: str, records: list[Record], known: _Known
     ) -> tuple[list[Record], list[HistoryItem], list[str]]:
         """The records pbr can keep with their items, and the item ids of those it cannot: one
-        it could not save (a lone surrogate written to the host by someone else) is left out of
-        the history, with one warning per record revision, instead of failing every read of the
-        user."""
+        without text (nothing to rank: an image node, an empty document written to the host by
+        someone else) or one it could not save (a lone surrogate) is left out of the history,
+        with one warning per record revision, instead of failing every read of the user."""
         items = [record.item() for record in records]
-        try:  # the usual case: every record can be saved (one check for all)
+        try:  # the usual case: every record can be kept (one check for all)
             check_serialisable(user_id, items)
+            if not all(item.text.strip() for item in items):
+                raise ValueError("a record without text")
         except ValueError:
             pass
         else:
@@ -1074,28 +1077,61 @@ class Corpus:
             return list(records), items, []
         kept: list[Record] = []
         kept_items: list[HistoryItem] = []
-        unsaveable: list[str] = []
+        left_out: list[Record] = []
         for record, item in zip(records, items):
             try:
                 check_serialisable(user_id, [item])
             except ValueError:
-                unsaveable.append(record.item_id)
-                seen = revision(record)
-                if known.skipped.get(record.key) != seen:
-                    known.skipped[record.key] = seen
-                    log.warning(
-                        "pbr: a host record of user %s cannot be saved (text, id or metadata "
-                        "not UTF-8 / JSON) and is left out of the history; rewrite it",
-                        user_tag(user_id),
-                    )
+                why = "cannot be saved (text, id or metadata not UTF-8 / JSON)"
+            else:
+                why = "" if item.text.strip() else "has no text (nothing to rank)"
+            if why:
+                left_out.append(record)
+                self._leave_out(user_id, record, known, why)
                 continue
             known.skipped.pop(record.key, None)
             kept.append(record)
             kept_items.append(item)
-        return kept, kept_items, unsaveable
+        return kept, kept_items, [record.item_id for record in left_out]
 
-    def _vectors_of(self, user_id: str, records: list[Record]) -> np.ndarray:
-        """Vectors of listed records: the listing's, else fetched, else embedded."""
+    @staticmethod
+    def _leave_out(user_id: str, record: Record, known: _Known, why: str) -> None:
+        """Warn, once per revision of ``record``, that it is left out of the history."""
+        seen = revision(record)
+        if known.skipped.get(record.key) != seen:
+            known.skipped[record.key] = seen
+            log.warning(
+                "pbr: a host record of user %s %s and is left out of the history; rewrite it "
+                "or delete it through the store",
+                user_tag(user_id),
+                why,
+            )
+
+    def _usable_vectors(
+        self, user_id: str, records: list[Record], items: list[HistoryItem], known: _Known
+    ) -> tuple[list[Record], list[HistoryItem], np.ndarray, list[str]]:
+        """The records whose vectors pbr can rank with (:meth:`_vectors_of`), their items and
+        unit vectors, and the item ids of those left out: a stored vector with NaN or inf or
+        all zeros (written to the host by someone else) is warned about once per revision and
+        left out, instead of failing every read of the user."""
+        rows = self._vectors_of(user_id, records)
+        good = [bool(np.isfinite(v).all() and v.any()) for v in rows]
+        for record, ok in zip(records, good):
+            if not ok:
+                self._leave_out(user_id, record, known, "has a stored vector of NaN, inf or zeros")
+        keep = [i for i, ok in enumerate(good) if ok]
+        dim, what = self.cache.dim, f"stored vectors of user {user_id!r}"
+        unit = (  # a wrong dimension is the embedder's, not one record's: it raises
+            as_unit_rows([rows[i] for i in keep], dim=dim, what=what)
+            if keep
+            else np.zeros((0, dim or rows[0].size), dtype=np.float32)
+        )
+        dropped = [records[i].item_id for i, ok in enumerate(good) if not ok]
+        return [records[i] for i in keep], [items[i] for i in keep], unit, dropped
+
+    def _vectors_of(self, user_id: str, records: list[Record]) -> list[np.ndarray]:
+        """Vectors of listed records (float32, as stored): the listing's, else fetched, else
+        embedded."""
         assert self.host is not None
         missing = [r.key for r in records if r.vector is None]
         fetched = (
@@ -1113,11 +1149,7 @@ class Corpus:
             )
             for j, i in enumerate(todo):
                 rows[i] = fresh[j]
-        return as_unit_rows(
-            np.stack([np.asarray(v, dtype=np.float32) for v in rows]),
-            dim=self.cache.dim,
-            what=f"stored vectors of user {user_id!r}",
-        )
+        return [np.asarray(v, dtype=np.float32).reshape(-1) for v in rows]
 
     def _windows(self, user_id: str, items: Sequence[HistoryItem]) -> dict[str, np.ndarray]:
         """Window vectors of the items longer than the embedder reads (pbr_core.windows), for

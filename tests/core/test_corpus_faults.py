@@ -136,3 +136,45 @@ def test_a_fault_while_applying_another_workers_change_leaves_the_cache_as_it_wa
     assert ids_of(corpus, "a") == ["k1", "k2", "x"]  # the last verified view, whole
     corpus.max_staleness_s = 0.0
     assert ids_of(corpus, "a") == ["k1", "k2", "y"]  # the next verified read heals
+
+
+@pytest.mark.parametrize(
+    ("text", "vector", "why"),
+    [
+        ("", None, "has no text"),
+        ("   ", None, "has no text"),
+        ("an item", [0.0] * 16, "NaN, inf or zeros"),
+        ("an item", [float("nan")] * 16, "NaN, inf or zeros"),
+    ],
+)
+def test_a_host_record_pbr_cannot_rank_is_left_out_not_fatal_to_the_user(
+    text: str, vector: list[float] | None, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record written to the host by someone else without text (an image node, an empty
+    document) or with an unusable vector is left out of the history, warned about once per
+    revision; the user's other items are still searched, added to and deleted (before, every
+    read of the user raised)."""
+    host = ListingHost()
+    corpus = Corpus(host, embedder=HashEmbedder())
+    corpus.add("alice", [HistoryItem("a", "alice likes green tea"), HistoryItem("b", "a walk")])
+    bad = Record(
+        key="outside",
+        user_id="alice",
+        item_id="outside",
+        text=text,
+        metadata={"user_id": "alice"},
+        vector=None if vector is None else np.asarray(vector, dtype=np.float32),
+    )
+    host.rows["outside"] = bad
+    with caplog.at_level("WARNING", logger="pbr.corpus"):
+        assert ids_of(corpus, "alice") == ["a", "b"]
+        assert ids_of(corpus, "alice") == ["a", "b"]
+    assert [r.getMessage() for r in caplog.records if why in r.getMessage()] != []
+    assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 1  # once
+    corpus.add("alice", [HistoryItem("c", "alice runs on Sundays")])
+    corpus.delete("alice", ["b"])
+    assert ids_of(corpus, "alice") == ["a", "c"]
+    host.rows["outside"] = Record(
+        "outside", "alice", "outside", "now it has text", {"user_id": "alice"}
+    )
+    assert ids_of(corpus, "alice") == ["a", "c", "outside"]  # rewritten: read again

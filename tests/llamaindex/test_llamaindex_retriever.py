@@ -1066,3 +1066,37 @@ def test_an_item_added_through_the_personalizer_is_indexed_and_retrieved(
     base.personalizer.delete("u3", ["u3-beet"])
     assert scoped_key("u3", "u3-beet") not in base.index.vector_store.data.embedding_dict
     assert "u3-beet" not in [nws.node.node_id for nws in base.retrieve(QUERY, user_id="u3")]
+
+
+def test_an_image_node_in_the_users_index_is_left_out_not_fatal(
+    embed_model: HashEmbedding, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node without text (an ``ImageNode`` of a multimodal index, inserted around pbr) has
+    nothing pbr can rank: it is left out with one warning, and the user's retrieves and deletes
+    go on (before, each raised "item 'img' has empty text")."""
+    from llama_index.core.schema import ImageNode
+
+    index = VectorStoreIndex(
+        [TextNode(text="alice likes green tea", id_="t", metadata={"user_id": "alice"})],
+        embed_model=embed_model,
+    )
+    alice = PBRRetriever(
+        index,
+        llm=MockLLM(max_tokens=4),
+        embed_model=embed_model,
+        user_id="alice",
+        config=PBRConfig(fusion="no_prf"),
+    )
+    image = ImageNode(
+        image_url="http://example.com/cat.png",
+        text="",
+        id_="img",
+        metadata={"user_id": "alice"},
+        embedding=embed_model.get_text_embedding("cat"),
+    )
+    index.insert_nodes([image])
+    with caplog.at_level(logging.WARNING, logger="pbr.corpus"):
+        assert [n.node.node_id for n in alice.retrieve("green tea")] == ["t"]
+    assert "has no text" in caplog.text
+    alice.delete_nodes(["t"])
+    assert alice.retrieve("green tea") == []
