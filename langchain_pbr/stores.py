@@ -55,8 +55,9 @@ __all__ = [
     "store_search",
 ]
 
-#: ``(store key, store metadata, store score)`` per search result, best first.
-Found = list[tuple[str, dict[str, Any], float | None]]
+#: ``(store key, store metadata, store score)`` per search result, best first; the key None
+#: where the store's ``Document`` has no id.
+Found = list[tuple[str | None, dict[str, Any], float | None]]
 
 #: Metadata value types Chroma accepts (it refuses nested containers and None in older servers).
 
@@ -447,7 +448,7 @@ def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[s
         pairs = [(doc, float(score)) for doc, score in scored(vector, k=k, **kwargs)]
     else:
         pairs = [(doc, None) for doc in store.similarity_search_by_vector(vector, k=k, **kwargs)]
-    return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
+    return [(doc.id, dict(doc.metadata), score) for doc, score in pairs]
 
 
 async def astore_search(
@@ -457,5 +458,5 @@ async def astore_search(
     native = _native_async(store)
     if native is not None:
         pairs = [(doc, float(score)) for doc, score in await native(vector, k=k, **kwargs)]
-        return [(str(doc.id), dict(doc.metadata), score) for doc, score in pairs]
+        return [(doc.id, dict(doc.metadata), score) for doc, score in pairs]
     return await asyncio.to_thread(store_search, store, vector, k, kwargs)

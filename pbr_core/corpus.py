@@ -617,7 +617,7 @@ class Corpus:
         k: int,
         *,
         mode: SearchMode = "hybrid",
-        found: Sequence[tuple[str, Mapping[str, Any], float | None]] | None = None,
+        found: Sequence[tuple[str | None, Mapping[str, Any], float | None]] | None = None,
         own_terms: Mapping[str, float] | None = None,
         context: float = 0.0,
         stemmer: StemmerName | None = DEFAULT_STEMMER,
@@ -635,7 +635,8 @@ class Corpus:
                 the lexical leg's weight from.
             k: how many results.
             mode: ``"hybrid"``, ``"dense"`` or ``"lexical"``.
-            found: a host search's results ``(store key, store metadata, store score)``, when
+            found: a host search's results ``(store key or None, store metadata, store
+                score)``, when
                 the host had to search (a view filter pbr cannot evaluate, or a store that cannot
                 list): only those items are ranked. None ranks all of the user's items, exactly,
                 so an approximate index cannot make an item unreachable (Chroma's HNSW can leave
@@ -653,11 +654,15 @@ class Corpus:
             for key, metadata, score in found:
                 if metadata.get(self.user_key) not in (None, user_id):
                     continue
+                if key is None and ITEM_ID_KEY not in metadata:
+                    continue  # neither the store's key nor the user's id: not an item pbr knows
                 item_id = str(metadata.get(ITEM_ID_KEY, key))
                 pos = history.position(item_id)
                 if pos is None or pos in raw:
                     continue
-                if known is not None and known.key_of.get(item_id, key) != key:
+                if key is None:  # the store returned no key: the item's, as pbr knows it
+                    key = self.key_of(user_id, item_id)
+                elif known is not None and known.key_of.get(item_id, key) != key:
                     continue  # a shadowed duplicate of the item (see _refresh)
                 raw[pos] = (key, score)
         candidates = list(raw) if found is not None else None

@@ -52,8 +52,10 @@ __all__ = [
 
 #: What personalization does for a user with no history: raise, or search with ``q* = q``.
 UnknownUserPolicy = Literal["raise", "plain"]
-#: A host search's results: (store key, metadata, the store's own score) per record.
-Candidates = Sequence[tuple[str, Mapping[str, Any], float | None]]
+#: A host search's results: (store key, metadata, the store's own score) per record; the key
+#: None where the store returns none (a LangChain ``Document.id`` is optional): the item is then
+#: known by its id in the metadata.
+Candidates = Sequence[tuple[str | None, Mapping[str, Any], float | None]]
 #: ``q*`` and how many candidates → the host store's search within the request's view.
 HostSearch = Callable[[np.ndarray, int], Candidates]
 AsyncHostSearch = Callable[[np.ndarray, int], Awaitable[Candidates]]

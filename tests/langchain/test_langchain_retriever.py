@@ -704,6 +704,54 @@ class UnreachableStore(VectorStore):
         return cls()
 
 
+class NoIdStore(VectorStore):
+    """A store that cannot list and returns its search results without ``Document.id``
+    (optional in LangChain): pbr knows each result by the user's id in its metadata."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, dict[str, Any], list[float]]] = {}
+
+    def add_texts(self, texts: Any, metadatas: Any = None, **kwargs: Any) -> list[str]:
+        ids = list(kwargs["ids"])
+        for i, text, meta in zip(ids, texts, metadatas, strict=True):
+            self.rows[i] = (text, dict(meta), EMB.embed_query(text))
+        return ids
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: Any = None
+    ) -> list[tuple[Document, float]]:
+        mine = [r for r in self.rows.values() if all(r[1].get(a) == b for a, b in filter.items())]
+        scored = [
+            (Document(page_content=t, metadata=m), float(sum(x * y for x, y in zip(v, embedding))))
+            for t, m, v in mine
+        ]
+        return sorted(scored, key=lambda pair: -pair[1])[:k]
+
+    def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        return []
+
+    @classmethod
+    def from_texts(cls, texts: Any, embedding: Any, metadatas: Any = None, **kw: Any) -> Any:
+        return cls()
+
+
+def test_results_without_a_document_id_are_found_by_the_users_id() -> None:
+    """Before, a result without ``Document.id`` was keyed "None", taken for a shadowed
+    duplicate of the item this process wrote, and dropped: no results at all (and results
+    again after a restart, when pbr knew no keys)."""
+    retriever = PBRRetriever(
+        llm=ParrotFakeChatModel(),
+        embeddings=EMB,
+        vectorstore=NoIdStore(),
+        config=PBRConfig(fusion="no_prf"),
+    )
+    docs = [Document(ALICE[0], id="a0"), Document(ALICE[1], id="a1")]
+    retriever.add_documents(docs, user_id="alice")
+    got = retriever.invoke(ALICE[0], user_id="alice")
+    assert sorted(d.id or "" for d in got) == ["a0", "a1"] and got[0].id == "a0"
+    assert asyncio.run(retriever.ainvoke(ALICE[0], user_id="alice"))[0].id == "a0"
+
+
 def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id() -> None:
     from pbr_core import VectorStoreUnavailableError
 
