@@ -31,6 +31,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from pbr_core.chroma import check_flat_metadata, collection_of
 from pbr_core.corpus import ITEM_ID_KEY, Record
+from pbr_core.items import copy_metadata
 from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql
 
 from ._bridge import with_keys
@@ -145,7 +146,8 @@ def stored_node(record: Record, user_key: str) -> BaseNode:
 
 def user_node(node: BaseNode, item_id: str) -> BaseNode:
     """A stored node as its user sees it: the user's own id, pbr's bookkeeping key removed."""
-    metadata = {k: v for k, v in node.metadata.items() if k != ITEM_ID_KEY}
+    # a copy that shares no nested value: changing a result never changes the stored node
+    metadata = copy_metadata({k: v for k, v in node.metadata.items() if k != ITEM_ID_KEY})
     return node.model_copy(update={"id_": item_id, "metadata": metadata, "embedding": None})
 
 

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,7 +54,7 @@ from .derived import DamagedState, OtherVersion, attach, pack
 from .errors import UnknownUserError
 from .history import HistoryStore
 from .hybrid import hits, rank
-from .items import HistoryItem, check_batch, check_ids, check_serialisable
+from .items import HistoryItem, check_batch, check_ids, check_serialisable, copy_metadata
 from .lexical import DEFAULT_STEMMER, StemmerName
 from .protocols import Embedder, SearchHit, model_id_of
 from .snapshot import UserHistory
@@ -789,6 +789,8 @@ class Corpus:
             if self.verified:  # kept as every worker reads it back
                 items = [self._as_stored(user_id, item) for item in items]
             check_serialisable(user_id, items)
+            # pbr's own copy: a caller's later change of a nested value is not pbr's
+            items = [replace(item, metadata=copy_metadata(item.metadata)) for item in items]
             given = (vectors or {}).get(user_id)
             rows = self._embed(user_id, items) if given is None else given
             # The history's own rules (duplicate ids, blank text, shape, NaN/zero vectors), run

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import SEARCH_MODES, SearchMode
+from .items import copy_metadata
 from .lexical import DEFAULT_STEMMER, StemmerName, query_terms
 from .protocols import SearchHit
 from .snapshot import UserHistory, top_k
@@ -167,7 +168,11 @@ def hits(history: UserHistory, ranked: Sequence[Ranked]) -> list[SearchHit]:
         item = history.items[r.position]
         out.append(
             SearchHit(
-                id=item.id, score=r.score, text=item.text, metadata=item.metadata, legs=r.legs()
+                id=item.id,
+                score=r.score,
+                text=item.text,
+                metadata=copy_metadata(item.metadata),  # the caller's, not pbr's
+                legs=r.legs(),
             )
         )
     return out

@@ -20,7 +20,14 @@ import numpy as np
 from .errors import EmbeddingError
 from .vectors import as_unit_rows
 
-__all__ = ["HistoryItem", "check_batch", "check_ids", "check_serialisable", "checked_windows"]
+__all__ = [
+    "HistoryItem",
+    "check_batch",
+    "check_ids",
+    "check_serialisable",
+    "checked_windows",
+    "copy_metadata",
+]
 
 
 def checked_windows(windows: Any, dim: int, what: str) -> np.ndarray:
@@ -83,6 +90,23 @@ class HistoryItem:
             metadata=dict(row.get("metadata") or {}),
             timestamp=row.get("timestamp"),
         )
+
+
+def copy_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of JSON-like ``metadata`` that shares no dict or list with it: what pbr keeps of
+    a caller's item, and what a result hands out, so that neither side's later change of a
+    nested value reaches the other (or a save). Scalars are shared (immutable)."""
+    return {key: _copy_value(value) for key, value in metadata.items()}
+
+
+def _copy_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _copy_value(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_value(v) for v in value)
+    return value
 
 
 def _where(item: HistoryItem, user_id: str) -> str:

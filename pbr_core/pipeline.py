@@ -34,7 +34,7 @@ from .executor import LLMExecutor
 from .fusion import MODE_TERMS, TERMS, FusionInputs, FusionResult, FusionRule, default_rule
 from .generation import Answer, agenerate, executor_for, generate, timeout_for
 from .history import HistoryStore
-from .items import HistoryItem
+from .items import HistoryItem, copy_metadata
 from .prf import (
     Parsed,
     PromptSet,
@@ -789,7 +789,8 @@ def _unpersonalized(
 
 def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
     item = history.items[pos]
-    return SearchHit(id=item.id, score=float(score), text=item.text, metadata=item.metadata)
+    metadata = copy_metadata(item.metadata)  # the caller's, not pbr's
+    return SearchHit(id=item.id, score=float(score), text=item.text, metadata=metadata)
 
 
 def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:

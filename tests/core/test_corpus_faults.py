@@ -178,3 +178,23 @@ def test_a_host_record_pbr_cannot_rank_is_left_out_not_fatal_to_the_user(
         "outside", "alice", "outside", "now it has text", {"user_id": "alice"}
     )
     assert ids_of(corpus, "alice") == ["a", "c", "outside"]  # rewritten: read again
+
+
+@pytest.mark.parametrize("host", [None, ListingHost()])
+def test_pbr_keeps_its_own_copy_of_metadata_and_hands_out_copies(host: ListingHost | None) -> None:
+    """Changing a nested metadata value of an added item, or of a search result, afterwards
+    changes neither what pbr holds nor what it saves (before, both were the same objects)."""
+    corpus = Corpus(host, embedder=HashEmbedder())
+    tags = ["tea"]
+    corpus.add("alice", [HistoryItem("a", "alice likes green tea", {"tags": tags, "n": {"x": 1}})])
+    tags.append("changed by the caller")
+    history = corpus.history("alice")
+    assert history is not None
+    q = np.asarray(HashEmbedder().embed_query("green tea"), dtype=np.float32)
+    q /= np.linalg.norm(q)
+    (hit,) = [r.hit for r in corpus.search("alice", history, q, {"green": 1.0}, 1)]
+    assert hit.metadata["tags"] == ["tea"]
+    hit.metadata["tags"].append("changed in a result")
+    hit.metadata["n"]["x"] = 2
+    item = corpus.history("alice").items[0]  # type: ignore[union-attr]
+    assert item.metadata["tags"] == ["tea"] and item.metadata["n"] == {"x": 1}
