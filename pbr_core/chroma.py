@@ -8,6 +8,7 @@ store (flat scalars), checked before anything is written so a bad batch writes n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,13 +33,32 @@ def collection_of(store: object) -> Any | None:
 
 
 def check_flat_metadata(records: Sequence[Record], noun: str = "item") -> None:
-    """Raise ``ValueError`` naming the first record whose metadata Chroma cannot store (a value
-    that is not str, int, float or bool). ``noun`` is what the framework calls a record."""
+    """Raise ``ValueError`` naming the first record whose metadata Chroma cannot store as given:
+    a value that is not str, int, float or bool, a float that is not finite (Chroma drops the
+    key), an int outside 64 bits (it comes back a float), or a key that is empty or Chroma's
+    own (``$...``, ``#...``, ``chroma:...``: refused by Chroma with no name). ``noun`` is what
+    the framework calls a record."""
     for r in records:
         for name, value in r.metadata.items():
-            if not isinstance(value, CHROMA_SCALARS):
+            why = _unstorable(name, value)
+            if why:
                 raise ValueError(
-                    f"{noun} {r.item_id!r} of user {r.user_id!r}: Chroma stores metadata values "
-                    f"of type str, int, float or bool; {name!r} is {type(value).__name__} "
-                    "(convert it, e.g. to a JSON string)"
+                    f"{noun} {r.item_id!r} of user {r.user_id!r}: Chroma cannot store metadata "
+                    f"key {name!r} as given: {why}"
                 )
+
+
+def _unstorable(name: str, value: object) -> str:
+    """Why Chroma cannot store ``name: value`` exactly ('' if it can)."""
+    if not name or name.startswith(("$", "#", "chroma:")):
+        return "the key is empty or reserved by Chroma ('$', '#', 'chroma:'); rename it"
+    if not isinstance(value, CHROMA_SCALARS):
+        return (
+            f"its value is {type(value).__name__}; Chroma stores str, int, float or bool "
+            "(convert it, e.g. to a JSON string)"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"its value {value!r} is not a finite number (Chroma would drop the key)"
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        return "its int does not fit 64 bits (Chroma would return a float); store it as a string"
+    return ""

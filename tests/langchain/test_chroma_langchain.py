@@ -223,6 +223,30 @@ def test_add_and_delete_update_the_database_and_the_history(
 
 
 # -- hostile input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("metadata", "why"),
+    [
+        ({"x": float("nan")}, "not a finite number"),
+        ({"x": 2**70}, "does not fit 64 bits"),
+        ({"$x": 1}, "reserved by Chroma"),
+        ({"chroma:document": "a"}, "reserved by Chroma"),
+        ({"": 1}, "empty or reserved"),
+    ],
+)
+def test_metadata_chroma_would_change_or_refuse_namelessly_is_refused_before_any_write(
+    shared_chroma: ChromaServer, metadata: dict[str, Any], why: str
+) -> None:
+    """Chroma drops a NaN's key and returns a large int as a float, silently, and refuses a
+    reserved key with "Invalid metadata at index 1": pbr refuses each up front, naming the
+    item and the key, and the batch writes nothing."""
+    name = f"lc-meta-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    docs = [Document("alice good", id="g"), Document("alice bad", metadata=metadata, id="b")]
+    with pytest.raises(ValueError, match=f"item 'b' of user 'alice'.*{why}"):
+        r.add_documents(docs, user_id="alice")
+    assert collection(shared_chroma, name).count() == 0
+
+
 def test_user_ids_that_look_like_filter_operators_are_plain_values(
     shared_chroma: ChromaServer,
 ) -> None:
