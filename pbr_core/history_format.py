@@ -528,7 +528,9 @@ def anchors_from_arrays(
     prefix: str = "",
 ) -> dict[AnchorKey, AnchorResult]:
     """What :func:`anchor_arrays` wrote, for a history of ``n`` items of dimension ``d``, every
-    shape checked (``ValueError``, ``KeyError`` or ``TypeError`` where one does not fit)."""
+    shape checked, and what makes it an anchor (edge weights finite and positive, a self-loop
+    on every node, a PageRank that sums to 1): ``ValueError``, ``KeyError`` or ``TypeError``
+    where one does not fit, so a state written wrong is rebuilt, never adopted."""
     out: dict[AnchorKey, AnchorResult] = {}
     for i, entry in enumerate(entries):
         vector = arrays[f"{prefix}{i}_vector"]
@@ -540,14 +542,22 @@ def anchors_from_arrays(
             vector.shape == (d,)
             and pi.shape == (n,)
             and indptr.shape == (n + 1,)
+            and np.issubdtype(indptr.dtype, np.integer)
+            and np.issubdtype(indices.dtype, np.integer)
             and indices.shape == data.shape == (int(indptr[-1]),)
+            and int(indptr[0]) == 0
+            and bool((np.diff(indptr) >= 0).all())
             and np.isfinite(vector).all()
-            and np.isfinite(pi).all()
             and (indices.size == 0 or (indices.min() >= 0 and indices.max() < n))
+            # what an anchor is, not only its shapes: positive finite edge weights with a
+            # self-loop on every node, and a PageRank that is a distribution
+            and bool(np.isfinite(data).all() and (data > 0).all())
+            and bool(np.isfinite(pi).all() and (pi >= 0).all())
+            and abs(float(pi.sum()) - 1.0) <= 1e-6
         )
-        if not ok:
+        graph = sp.csr_matrix((data, indices, indptr), shape=(n, n)) if ok else None
+        if graph is None or not bool((graph.diagonal() > 0).all()):
             raise ValueError(f"anchor {i} does not fit {n} items of dimension {d}")
-        graph = sp.csr_matrix((data, indices, indptr), shape=(n, n))
         out[tuple(entry["anchor_key"])] = AnchorResult(
             vector=vector,
             pagerank=pi,

@@ -56,6 +56,10 @@ __all__ = [
     "tokenize",
 ]
 
+#: CPython caches the ints -5..256: column numbers past them are one int object each.
+_SMALL_INTS = 257
+_INT_BYTES = sys.getsizeof(2**20)
+
 #: The stemmers an index can analyze with (Snowball algorithm names of PyStemmer).
 StemmerName = Literal["english"]
 STEMMERS: tuple[StemmerName, ...] = get_args(StemmerName)
@@ -277,8 +281,9 @@ class LexicalIndex:
         b: float,
         stemmer: StemmerName | None,
     ) -> LexicalIndex:
-        """The index :meth:`parts` gave, every shape checked (``ValueError`` where one does not
-        fit: a damaged or foreign state is never read as an index)."""
+        """The index :meth:`parts` gave, every shape checked and the counts consistent (whole
+        numbers, each item's length their sum): ``ValueError`` where one does not fit, so a
+        damaged or foreign state is never read as an index."""
         indptr, indices = np.asarray(arrays["indptr"]), np.asarray(arrays["indices"])
         data, dl = np.asarray(arrays["data"]), np.asarray(arrays["dl"])
         n, m = int(dl.shape[0]) if dl.ndim == 1 else -1, len(terms)
@@ -295,9 +300,13 @@ class LexicalIndex:
             and bool((np.diff(indptr) >= 0).all())
             and int(indptr[0]) == 0
             and (indices.size == 0 or (int(indices.min()) >= 0 and int(indices.max()) < n))
+            and np.issubdtype(data.dtype, np.integer)
             and bool((data > 0).all())
+            and (data.size == 0 or int(data.max()) < 2**31)
             and bool((dl >= 0).all())
         )
+        # each item's length is the sum of its counts (a count moved or duplicated shows here)
+        ok = ok and np.array_equal(np.bincount(indices, weights=data, minlength=n), dl)
         if not ok:
             raise ValueError("the lexical index's parts do not fit together")
         tf = sp.csc_matrix((data.astype(np.int32), indices, indptr), shape=(n, m))
@@ -305,13 +314,15 @@ class LexicalIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the index holds (counted once, it is immutable): the vocabulary's dict and
-        strings (an ASCII string's size per term: a non-ASCII term is counted short), the term
+        """Bytes the index holds (counted once, it is immutable): the vocabulary's dict, its
+        strings (an ASCII string's size per term: a non-ASCII term is counted short) and its
+        column numbers (an int object each past CPython's 257 cached small ints), the term
         frequencies (CSC data, indices, pointers), the lengths and the per-item norms."""
         held: int | None = self.__dict__.get("_nbytes")
         if held is None:
             tf, vocab = self._tf, self._vocab
             held = sys.getsizeof(vocab) + len(vocab) * sys.getsizeof("") + sum(map(len, vocab))
+            held += max(0, len(vocab) - _SMALL_INTS) * _INT_BYTES
             held += tf.data.nbytes + tf.indices.nbytes + tf.indptr.nbytes
             held += self._dl.nbytes + self._norm.nbytes
             self.__dict__["_nbytes"] = held

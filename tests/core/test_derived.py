@@ -125,6 +125,70 @@ def test_a_lexical_index_whose_parts_do_not_fit_is_refused() -> None:
         LexicalIndex.from_parts([*terms, "extra"], parts, k1=1.5, b=0.75, stemmer=None)
 
 
+def _fractional(parts: dict[str, np.ndarray]) -> None:
+    parts["data"] = parts["data"].astype(np.float64)
+    parts["data"][0] = 0.5  # a count that is not a whole number
+
+
+def _past_int32(parts: dict[str, np.ndarray]) -> None:
+    parts["data"] = parts["data"].astype(np.uint64) * (2**32 - 1)  # would wrap to -1
+
+
+def _lengths_off(parts: dict[str, np.ndarray]) -> None:
+    parts["dl"] = parts["dl"] + 1  # lengths that are not the sums of the counts
+
+
+def _a_row_twice(parts: dict[str, np.ndarray]) -> None:
+    parts["indices"][1] = 0  # "tea" lists item 0 twice
+
+
+@pytest.mark.parametrize("edit", [_fractional, _past_int32, _lengths_off, _a_row_twice])
+def test_lexical_parts_whose_counts_do_not_add_up_are_refused(
+    edit: Callable[[dict[str, np.ndarray]], None],
+) -> None:
+    """Parts with the right shapes but counts no index could have (before, each was read and
+    scored wrong without a word)."""
+    terms, parts = LexicalIndex.build(["tea time", "tea trains"]).parts()
+    assert terms[0] == "tea" and parts["indices"][:2].tolist() == [0, 1]
+    bad = {name: np.array(array) for name, array in parts.items()}
+    edit(bad)
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.from_parts(terms, bad, k1=1.5, b=0.75, stemmer=None)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda a: a["anchor0_data"].__setitem__(3, np.nan),
+        lambda a: a.__setitem__("anchor0_data", -a["anchor0_data"]),
+        lambda a: a["anchor0_pagerank"].__setitem__(slice(None), -1.0),
+        lambda a: a["anchor0_pagerank"].__setitem__(0, a["anchor0_pagerank"][0] + 0.5),
+        lambda a: a["anchor0_indptr"].__setitem__(1, a["anchor0_indptr"][2] + 1),
+    ],
+    ids=[
+        "nan-weight",
+        "negative-weights",
+        "negative-pagerank",
+        "pagerank-not-a-distribution",
+        "indptr-down",
+    ],
+)
+def test_an_anchor_whose_values_are_not_an_anchors_is_refused(
+    edit: Callable[[dict[str, np.ndarray]], None],
+) -> None:
+    """Shapes alone let a NaN edge weight or a negative PageRank through, to surface later as a
+    NaN anchor or a failed query: each is refused when read."""
+    from pbr_core.history_format import anchor_arrays, anchors_from_arrays
+
+    built = _built()
+    entries, arrays = anchor_arrays(list(built._anchors.items()), prefix="anchor")
+    assert anchors_from_arrays(entries, arrays, 30, 8, "anchor")  # as written: taken
+    copies = {name: np.array(array) for name, array in arrays.items()}
+    edit(copies)
+    with pytest.raises(ValueError, match="does not fit"):
+        anchors_from_arrays(entries, copies, 30, 8, "anchor")
+
+
 def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     blob = pack(_built(), BASIS)
     assert blob is not None
