@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import functools
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,6 +95,19 @@ _RESERVED_KWARGS = ("similarity_top_k", "filters", "node_ids")
 _UNEVEN_KWARGS = ("doc_ids",)
 
 VectorStoreFactory = Callable[[str], BasePydanticVectorStore]
+
+
+@functools.cache
+def _retriever_arguments() -> frozenset[str]:
+    """What ``index.as_retriever(**kwargs)`` reads: ``VectorIndexRetriever``'s named arguments
+    and the ``vector_store_kwargs`` it passes to the store (it drops any other key silently)."""
+    from llama_index.core.indices.vector_store.retrievers import VectorIndexRetriever
+
+    named = inspect.signature(VectorIndexRetriever.__init__).parameters.values()
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(
+        {p.name for p in named if p.kind in keyword} - {"self", "index"} | {"vector_store_kwargs"}
+    )
 
 
 class _Keep:
@@ -274,6 +289,13 @@ class PBRRetriever(BaseRetriever):
                 "unevenly (SimpleVectorStore ignores it), so results would silently include "
                 "other documents; put the document in the nodes' metadata and pass filters="
                 "MetadataFilters(...) instead (a view's filters= for one request)"
+            )
+        unknown = sorted(set(kwargs) - _retriever_arguments())
+        if unknown:
+            raise ValueError(
+                f"retriever_kwargs has {unknown}: not arguments of LlamaIndex's "
+                f"VectorIndexRetriever, which would ignore them; it takes "
+                f"{sorted(_retriever_arguments() - set(_RESERVED_KWARGS))}"
             )
         callback_manager = callback_manager or Settings.callback_manager
         first = single if single is not None else next(iter((per_user or {}).values()), None)

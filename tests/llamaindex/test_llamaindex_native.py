@@ -288,3 +288,26 @@ def test_retriever_kwargs_doc_ids_is_refused_at_construction_not_ignored() -> No
             embed_model=EMB,
             retriever_kwargs={"doc_ids": ["diary"]},
         )
+
+
+@pytest.mark.parametrize("key", ["similarity_cutoff", "similarty_top_k"])
+def test_retriever_kwargs_that_llamaindex_would_ignore_are_refused_at_construction(
+    key: str,
+) -> None:
+    """``VectorIndexRetriever`` drops a key it does not know (a typo, a postprocessor's
+    argument): refused up front, as LangChain's ``search_kwargs`` are, naming what it takes
+    (before, constructed and silently ignored)."""
+    with pytest.raises(ValueError, match=rf"{key}.*vector_store_query_mode"):
+        PBRRetriever.from_defaults(
+            documents=docs(),
+            llm=MockLLM(max_tokens=4),
+            embed_model=EMB,
+            retriever_kwargs={key: 1},
+        )
+    taken = PBRRetriever.from_defaults(
+        documents=docs(),
+        llm=MockLLM(max_tokens=4),
+        embed_model=EMB,
+        retriever_kwargs={"vector_store_query_mode": "default", "vector_store_kwargs": {}},
+    )
+    assert taken is not None
