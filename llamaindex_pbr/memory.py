@@ -16,6 +16,7 @@ item's metadata.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -48,6 +49,8 @@ from ._bridge import (
     settings_embed_model,
 )
 
+_log = logging.getLogger("pbr.memory")
+
 __all__ = ["PBRMemoryBlock"]
 
 #: How many items a block recalls per ``get`` (as ``VectorMemoryBlock``).
@@ -70,6 +73,19 @@ def message_text(message: ChatMessage) -> str:
     """The text of a message: its text blocks joined by newlines, as ``ChatMessage.content``
     joins them (images, audio, tool calls dropped)."""
     return "\n".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+
+
+def _storable(text: str) -> str:
+    """``text`` as it can be saved (UTF-8): a lone surrogate (bytes decoded with
+    ``errors="surrogateescape"``) becomes U+FFFD, with a warning. ``Memory`` flushes on its own
+    and would retry the same messages on every later ``put``: refusing the flush, as an explicit
+    add is refused, would make every later ``put`` of the conversation fail."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _log.warning("pbr: a message held text that is not UTF-8; stored with U+FFFD in its place")
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
 
 
 class PBRMemoryBlock(BaseMemoryBlock[str]):
@@ -215,13 +231,13 @@ class PBRMemoryBlock(BaseMemoryBlock[str]):
         now = time.time()
         items = []
         for message in messages:
-            text = message_text(message)
+            text = _storable(message_text(message))
             if not text.strip():
                 continue  # empty, or no text content (an image, a bare tool call)
-            metadata: dict[str, Any] = {ROLE_KEY: str(message.role.value)}
+            metadata: dict[str, Any] = {ROLE_KEY: _storable(str(message.role.value))}
             session = message.additional_kwargs.get(SESSION_KEY)
             if isinstance(session, str):
-                metadata[SESSION_KEY] = session  # provenance only: recall never filters by it
+                metadata[SESSION_KEY] = _storable(session)  # provenance only, never filtered by
             items.append(
                 HistoryItem(id=uuid.uuid4().hex, text=text, metadata=metadata, timestamp=now)
             )

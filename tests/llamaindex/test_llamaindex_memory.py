@@ -389,6 +389,32 @@ def test_a_recall_that_finds_nothing_leaves_no_earlier_explanation() -> None:
     assert block.last_explanation() is None
 
 
+def test_a_message_that_is_not_utf8_does_not_stop_memory_from_flushing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lone surrogate (bytes decoded with ``surrogateescape``) is stored as U+FFFD with a
+    warning: ``Memory`` flushes on its own and retries on every later ``put``, so refusing the
+    flush made every later ``put`` of the conversation raise and nothing reach the block."""
+    block = block_for("bob")
+    memory = Memory.from_defaults(
+        session_id="s",
+        memory_blocks=[block],
+        token_limit=40,
+        chat_history_token_ratio=0.5,
+        token_flush_size=20,
+    )
+    _MEMORIES.append(memory)
+    turns = ["My cat is called Pistachio and she is lovely", "bad \ud800 text", *FILLER[:4]]
+    with caplog.at_level("WARNING", logger="pbr.memory"):
+        for i, turn in enumerate(turns):
+            memory.put(ChatMessage(role="user" if i % 2 == 0 else "assistant", content=turn))
+    history = block.history()
+    assert history is not None
+    texts = [item.text for item in history.items]
+    assert turns[0] in texts and "bad \ufffd text" in texts
+    assert "not UTF-8" in caplog.text
+
+
 def test_the_latest_message_is_the_query_so_a_topic_switch_finds_its_fact() -> None:
     """#39 point 7: with the latest 5 messages as the query, the recent talk about trains and a
     novel drowned "what is my dog called?" and "My dog is called Rex" was not recalled."""
