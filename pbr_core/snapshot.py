@@ -331,13 +331,17 @@ class UserHistory:
         """Remember ``previous``'s anchors (computed or themselves pending) to derive ours from.
 
         ``old_positions[i]`` is row ``i``'s position in ``previous``, ``-1`` for a new or changed
-        row. A pending parent of ``previous`` is chained, so a run of changes without a query in
-        between still ends in one incremental update.
+        row. ``previous``'s pending parents are chained only when it computed none (a run of
+        changes without a query in between still ends in one incremental update); after a
+        query, the anchor of parameters it did not ask for is dropped, as a lexical analyzer's
+        index is, so parameters asked for once are not held (and counted against the cache
+        budget) for good. Asked for again, that anchor is built in full.
         """
-        for key, result in list(previous._anchors.items()):
+        computed = list(previous._anchors.items())
+        for key, result in computed:
             if result is not None:
                 self._parents[key] = (result, old_positions)
-        for key, (result, older) in list(previous._parents.items()):
-            if key not in self._parents:
+        if not computed:
+            for key, (result, older) in list(previous._parents.items()):
                 self._parents[key] = (result, _chained(older, old_positions))
         self._grown += 1

@@ -442,3 +442,26 @@ def test_a_lazy_load_reports_a_damaged_user_when_it_is_used(tmp_path) -> None:
         loaded.get("bob")
     with pytest.raises(PersistenceError):
         HistoryStore.load(folder)
+
+
+def test_an_anchor_asked_for_once_is_not_held_after_later_queries_ask_for_another() -> None:
+    """Parameters asked for once leave no anchor carried from snapshot to snapshot once later
+    queries ask only for others (as a lexical analyzer's index is dropped): before, its parent
+    was held, and counted against the cache budget, for good. Asked for again, it is built in
+    full and equals a rebuild."""
+    rng = np.random.default_rng(3)
+    store = HistoryStore(dim=16)
+    vectors = clustered(60, 16, seed=3)
+    items = [HistoryItem(f"i{i}", f"note {i}") for i in range(60)]
+    usual, once = PBRConfig(), PBRConfig(k2=3)
+    history = store.upsert("u", items, vectors)
+    history.anchor(usual), history.anchor(once)
+    for step in range(3):  # each change followed by a query that asks for the usual anchor
+        new = near(vectors, 1, rng)
+        history = store.upsert("u", [HistoryItem(f"n{step}", f"new {step}")], new)
+        history.anchor(usual)
+    assert once.anchor_key not in history._parents
+    rebuilt = HistoryStore(dim=16).upsert("u", history.items, history.vectors).anchor(once)
+    got = history.anchor(once)
+    assert got is not None and rebuilt is not None
+    np.testing.assert_allclose(got.vector, rebuilt.vector, atol=1e-5)
