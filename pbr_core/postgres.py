@@ -1129,6 +1129,11 @@ def async_engine_sql(engine: Any, run: Callable[[Any], Any]) -> Sql:
     async def go(statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[tuple[Any, ...]]:
         rows: list[tuple[Any, ...]] = []
         async with engine.begin() as conn:
+            if not all(params for _, params in statements):
+                # asyncpg's adapter opens the transaction at its first statement: a statement
+                # sent to the driver before it would run outside it (a setup's advisory lock
+                # released at once, its DDL not rolled back with the rest)
+                await conn.execute(text("SELECT 1"))
             for statement, params in statements:
                 if params:
                     result = await conn.execute(

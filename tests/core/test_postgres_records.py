@@ -1078,3 +1078,52 @@ def test_an_owner_key_holding_a_colon_sets_up_and_reads_its_users_rows(
     other = Corpus(other_host, embedder=hash_embedder, user_key="t :user")
     assert _ids(other, "alice") == ["x", "y"] and _ids(other, "bob") == ["x"]
     assert host.change_token("alice") is not None
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_statements_without_parameters_run_in_the_calls_transaction_on_every_driver(
+    pgvector_engine: Any, driver: str
+) -> None:
+    """The setup's advisory lock and DDL are statements without parameters, sent to the driver
+    as they are: under asyncpg they ran before SQLAlchemy had opened the transaction, so the
+    lock was released at once and a failed setup's DDL stayed (before; psycopg was fine)."""
+    import asyncio
+    import threading
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = pgvector_engine[0].url.set(drivername=f"postgresql+{driver}")
+    if driver == "asyncpg":
+        url = url.difference_update_query(["sslmode"])
+    engine = create_async_engine(url)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        sql = postgres.async_engine_sql(
+            engine, lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()
+        )
+        held = sql(
+            [
+                ("SELECT pg_advisory_xact_lock(42)", {}),
+                (
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = "
+                    "pg_backend_pid() AND granted AND :one = 1",
+                    {"one": 1},
+                ),
+            ]
+        )
+        assert held[0][0] == 1
+        with pytest.raises(Exception, match="division by zero"):
+            sql(
+                [
+                    (f"CREATE TABLE probe_{driver} (x int)", {}),
+                    ("SELECT 1 / 0 WHERE :x = 1", {"x": 1}),
+                ]
+            )
+        left = sql([("SELECT to_regclass(:t) IS NOT NULL", {"t": f"probe_{driver}"})])
+        assert left[0][0] is False
+    finally:
+        asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
