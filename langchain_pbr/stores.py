@@ -41,6 +41,7 @@ from pbr_core.postgres import (
     UserRows,
     async_engine_sql,
     engine_sql,
+    quote_ident,
     record_rows,
 )
 from pbr_core.retrieval import check_score_threshold
@@ -195,9 +196,10 @@ class _PGVector(_Base):
                 "with create_collection (the default) before wrapping it"
             )
         table = pg.EmbeddingStore.__table__
+        sql = engine_sql(pg._engine)
         self.pg = PgRecords(
             PgTable(
-                schema=table.schema or "public",
+                schema=table.schema or _schema_of(sql, table.name),
                 name=table.name,
                 key="id",
                 text="document",
@@ -206,7 +208,7 @@ class _PGVector(_Base):
                 scope_column="collection_id",
                 scope=collection.uuid,
             ),
-            engine_sql(pg._engine),
+            sql,
             user_key,
             self._write,
             rows=record_rows,
@@ -268,6 +270,22 @@ class _PGVectorStore(_PGVector):
             user_key,
             self._write,
         )
+
+
+def _schema_of(sql: Any, table: str) -> str:
+    """The schema holding ``table`` as the store's own connections find it: PGVector names its
+    tables unqualified, so a connection's ``search_path`` (e.g. ``options=-csearch_path=app``)
+    decides; ``public`` where the table cannot be found yet."""
+    rows = sql(
+        [
+            (
+                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.oid = to_regclass(:t)",
+                {"t": quote_ident(table)},
+            )
+        ]
+    )
+    return str(rows[0][0]) if rows else "public"
 
 
 def _v2_inner(store: VectorStore) -> Any:

@@ -193,3 +193,33 @@ def test_a_second_worker_serves_a_user_cold_from_what_the_first_shared(
     assert [d.page_content for d in worker().invoke("tea at night", user_id="alice")] == first
     again = asyncio.run(worker().ainvoke("tea at night", user_id="alice"))
     assert [d.page_content for d in again] == first
+
+
+def test_tables_found_through_the_connections_search_path_are_the_ones_pbr_reads_and_writes(
+    pgvector_engine: Any,
+) -> None:
+    """PGVector names its tables unqualified, so a connection's ``search_path`` puts them in
+    another schema: pbr reads and writes those, not ``public``'s (before, it assumed
+    ``public``: every add failed, or, with another app's tables there, missed the store's
+    rows)."""
+    from sqlalchemy import create_engine
+
+    engine = pgvector_engine[0]
+    with engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA app"))
+    app = create_engine(engine.url, connect_args={"options": "-csearch_path=app,public"})
+    try:
+        store = _store(app, "c")  # its tables made in app, the first schema of its path
+        other = _store(engine, "c")  # another application's tables, in public
+        other.add_documents([Document("OTHER APP alice secret", metadata={"user_id": "alice"})])
+        r = _retriever(store, config=PBRConfig(fusion="no_prf"))
+        r.add_documents([Document("alice likes tea")], user_id="alice", ids=["t"])
+        store.add_documents([Document("alice via the store", metadata={"user_id": "alice"})])
+        got = sorted(d.page_content for d in r.invoke("tea", user_id="alice"))
+        assert got == ["alice likes tea", "alice via the store"]
+        with app.connect() as conn:
+            assert (
+                conn.execute(text("SELECT count(*) FROM app.langchain_pg_embedding")).scalar() == 2
+            )
+    finally:
+        app.dispose()
