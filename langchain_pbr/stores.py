@@ -303,9 +303,18 @@ def _v2_inner(store: VectorStore) -> Any:
 
 def _is_pgvector(store: VectorStore) -> bool:
     """A sync-mode ``langchain_postgres.PGVector`` (imported only if installed)."""
+    return _any_pgvector(store) and not store.async_mode  # type: ignore[attr-defined]
+
+
+def _is_async_pgvector(store: VectorStore) -> bool:
+    """An async-mode ``langchain_postgres.PGVector``."""
+    return _any_pgvector(store) and bool(store.async_mode)  # type: ignore[attr-defined]
+
+
+def _any_pgvector(store: VectorStore) -> bool:
     module = sys.modules.get("langchain_postgres")  # a PGVector means it was imported
     PGVector = getattr(module, "PGVector", None) if module is not None else None
-    return PGVector is not None and isinstance(store, PGVector) and not store.async_mode
+    return PGVector is not None and isinstance(store, PGVector)
 
 
 class _Opaque(_Base):
@@ -328,7 +337,21 @@ def host_records(store: VectorStore, user_key: str) -> _Base:
     if _is_pgvector(store):
         return _PGVector(store, user_key)
     if _v2_inner(store) is not None:
+        if getattr(store._engine, "_loop", None) is None:  # type: ignore[attr-defined]
+            raise ValueError(
+                "this PGVectorStore's PGEngine has no background loop "
+                "(PGEngine.from_engine(engine) without loop=), so pbr cannot run its statements "
+                "from the retriever; make the engine with PGEngine.from_connection_string(url) "
+                "or PGEngine.from_engine(engine, loop=a_running_loop_in_another_thread)"
+            )
         return _PGVectorStore(store, user_key)
+    if _is_async_pgvector(store):
+        raise ValueError(
+            "a PGVector in async mode cannot be written from pbr's write path (langchain_postgres "
+            "refuses its sync methods, which pbr's add and delete call); wrap a PGVector made "
+            "with a sync engine (PGVector(connection=create_engine(url), ...): pbr's async "
+            "methods run it off the event loop), or langchain_postgres's PGVectorStore"
+        )
     return _Opaque(store, user_key)
 
 

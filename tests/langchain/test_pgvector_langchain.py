@@ -15,6 +15,7 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models.fake import FakeListLLM
 from langchain_postgres import PGVector
 from pg_writes import check_written_alike
+from pydantic import ValidationError
 from sqlalchemy import text
 
 from langchain_pbr import PBRRetriever
@@ -223,3 +224,24 @@ def test_tables_found_through_the_connections_search_path_are_the_ones_pbr_reads
             )
     finally:
         app.dispose()
+
+
+def test_postgres_stores_pbr_cannot_drive_are_refused_at_construction(pgvector_engine: Any) -> None:
+    """An async-mode PGVector refuses the sync methods pbr's writes call, and a PGVectorStore
+    whose PGEngine has no background loop cannot run pbr's statements: each is refused when the
+    retriever is made, saying what to use (before, the first had every add fail and the second
+    was reported verified while every add, query and delete failed)."""
+    from langchain_postgres import PGEngine, PGVectorStore
+
+    async_engine = pgvector_engine[1]
+    store = PGVector(embeddings=EMB, connection=async_engine, collection_name="a", async_mode=True)
+    with pytest.raises(ValidationError, match=r"async mode.*sync engine"):
+        _retriever(store)
+
+    async def v2_without_loop() -> PGVectorStore:
+        pg = PGEngine.from_engine(async_engine)
+        await pg.ainit_vectorstore_table("v2_no_loop", 16)
+        return await PGVectorStore.create(engine=pg, embedding_service=EMB, table_name="v2_no_loop")
+
+    with pytest.raises(ValidationError, match=r"no background loop.*from_connection_string"):
+        _retriever(asyncio.run(v2_without_loop()))
