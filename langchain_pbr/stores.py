@@ -197,16 +197,21 @@ class _PGVector(_Base):
             )
         table = pg.EmbeddingStore.__table__
         sql = engine_sql(pg._engine)
+        schema = table.schema or _schema_of(sql, table.name)
         self.pg = PgRecords(
             PgTable(
-                schema=table.schema or _schema_of(sql, table.name),
+                schema=schema,
                 name=table.name,
                 key="id",
                 text="document",
                 metadata="cmetadata",
                 vector="embedding",
                 scope_column="collection_id",
-                scope=collection.uuid,
+                scope=pg.collection_name,  # looked up by name, as the store does on each call
+                scope_lookup=(
+                    f"(SELECT uuid FROM {quote_ident(schema)}.langchain_pg_collection "
+                    "WHERE name = :pbr_scope)"
+                ),
             ),
             sql,
             user_key,

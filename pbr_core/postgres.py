@@ -181,7 +181,11 @@ class PgTable:
         vector: the pgvector column.
         scope_column: a column that must equal ``scope`` for a row to be this store's (LangChain's
             ``collection_id``: one table holds every collection); None: the whole table.
-        scope: the value of ``scope_column``.
+        scope: the value of ``scope_column``, or the parameter ``scope_lookup`` reads it from.
+        scope_lookup: SQL giving the scope column's value from ``:pbr_scope``, run by every
+            statement (LangChain's collection uuid by the collection's name: a collection
+            re-created by another process gets another uuid, which the store itself looks up
+            by name on every call); None: ``scope`` is the value.
         newest: a column ordering several rows of one key, newest last (LlamaIndex's ``id``:
             its key column is not unique); None where the key is unique.
     """
@@ -195,6 +199,7 @@ class PgTable:
     scope_column: str | None = None
     scope: Any = None
     newest: str | None = None
+    scope_lookup: str | None = None
 
     @property
     def qualified(self) -> str:
@@ -218,7 +223,12 @@ class PgTable:
         """The ``WHERE`` condition of this store's rows (``TRUE`` for a whole table)."""
         if self.scope_column is None:
             return "TRUE"
-        return f"{quote_ident(self.scope_column)} = :pbr_scope"
+        return f"{quote_ident(self.scope_column)} = {self.scope_value}"
+
+    @property
+    def scope_value(self) -> str:
+        """SQL of the scope column's value for this store's rows."""
+        return self.scope_lookup or ":pbr_scope"
 
     def params(self, **more: Any) -> dict[str, Any]:
         out = dict(more)
@@ -305,15 +315,18 @@ class BulkPlan:
         ]
         if t.scope_column is not None:
             columns.insert(1, quote_ident(t.scope_column))
-            values.insert(1, f"CAST(:pbr_scope AS {self.scope_type})")
+            values.insert(1, f"CAST({t.scope_value} AS {self.scope_type})")
         keys = [r.key for r in rows]
         # The vectors once (a materialized CTE), each row's slice cast by the server.
         insert = (
             "WITH v AS MATERIALIZED (SELECT CAST(:pbr_vectors AS real[]) AS a) "
             f"INSERT INTO {t.qualified} ({', '.join(columns)}) SELECT {', '.join(values)} "
             "FROM unnest(CAST(:pbr_keys AS text[]), CAST(:pbr_texts AS text[]), "
-            "CAST(:pbr_metas AS text[])) WITH ORDINALITY AS r(k, t, m, i), v ORDER BY r.i"
+            "CAST(:pbr_metas AS text[])) WITH ORDINALITY AS r(k, t, m, i), v"
         )
+        if t.scope_lookup is not None:  # a scope gone meanwhile writes nothing (checked below)
+            insert += f" WHERE {t.scope_value} IS NOT NULL"
+        insert += " ORDER BY r.i"
         params = t.params(
             pbr_vectors=Float4Array(vectors),
             pbr_keys=keys,
@@ -323,13 +336,13 @@ class BulkPlan:
         if self.unique_key:
             insert += (
                 f" ON CONFLICT ({key}) DO UPDATE SET {text} = EXCLUDED.{text}, "
-                f"{meta} = EXCLUDED.{meta}, {vec} = EXCLUDED.{vec}"
+                f"{meta} = EXCLUDED.{meta}, {vec} = EXCLUDED.{vec} RETURNING 1"
             )
             return [(insert, params)]
         # A key column without a unique index (LlamaIndex's node_id): the old rows of these keys
         # go first, in the same transaction, as the framework's replacement does.
         delete = f"DELETE FROM {t.qualified} WHERE {key} = ANY(:pbr_keys)"
-        return [(delete, {"pbr_keys": keys}), (insert, params)]
+        return [(delete, {"pbr_keys": keys}), (insert + " RETURNING 1", params)]
 
 
 # The columns of a table, their types and whether the database fills them (a default, an
@@ -705,7 +718,13 @@ class PgRecords:
         if plan is None or self._rows is None:
             self._write(records)
             return
-        self.sql(plan.statements(self.table, self._rows(records), self._dumps))
+        written = self.sql(plan.statements(self.table, self._rows(records), self._dumps))
+        if len(written) != len(records):  # the scope was gone: the insert wrote no row
+            raise ValueError(
+                f"{self.table.scope_column} {self.table.scope!r} of {self.table.qualified} no "
+                "longer exists (deleted by another process?): nothing was written; create it "
+                "again, or make the store anew"
+            )
 
     def bulk_plan(self) -> BulkPlan | None:
         """How pbr writes a batch itself, or None (the framework's write): only where ``rows``

@@ -245,3 +245,26 @@ def test_postgres_stores_pbr_cannot_drive_are_refused_at_construction(pgvector_e
 
     with pytest.raises(ValidationError, match=r"no background loop.*from_connection_string"):
         _retriever(asyncio.run(v2_without_loop()))
+
+
+def test_a_collection_recreated_by_another_process_is_the_one_pbr_reads_and_writes(
+    pgvector_engine: Any,
+) -> None:
+    """Another worker starting with ``pre_delete_collection=True`` gives the collection a new
+    uuid; the store looks it up by name on every call, and so does pbr now (before, pbr kept
+    the uuid it read when made: it saw none of the store's writes again and every add failed
+    with a foreign key violation)."""
+    engine = pgvector_engine[0]
+    store = _store(engine, "notes")
+    r = _retriever(store, config=PBRConfig(fusion="no_prf"))
+    r.add_documents([Document("alice likes tea")], user_id="alice", ids=["t"])
+    PGVector(embeddings=EMB, connection=engine, collection_name="notes", pre_delete_collection=True)
+    assert r.invoke("tea", user_id="alice") == []  # the reset deleted the rows
+    store.add_documents([Document("alice via the store", metadata={"user_id": "alice"})])
+    assert [d.page_content for d in r.invoke("tea", user_id="alice")] == ["alice via the store"]
+    r.add_documents([Document("alice drinks coffee")], user_id="alice", ids=["c"])
+    got = sorted(d.page_content for d in r.invoke("coffee", user_id="alice"))
+    assert got == ["alice drinks coffee", "alice via the store"]
+    store.delete_collection()
+    with pytest.raises(ValueError, match="no longer exists"):
+        r.add_documents([Document("alice again")], user_id="alice", ids=["a"])
