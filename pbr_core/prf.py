@@ -175,10 +175,13 @@ class Parsed:
     problem: str | None = None
 
 
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
+# Possessive quantifiers (``*+``, ``++``) wherever whitespace runs meet optional tokens: an
+# LLM answer is untrusted input, and backtracking over a long run of spaces made one malformed
+# line take hours to parse (cubic), outside the LLM's timeout and, in async code, on the loop.
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*+\s*+\n?(.*?)```", re.S)
 _TRAILING_COMMA = re.compile(r",\s*([\]}])")
 _LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}\s*[.)\]:-]|[-*•·]|\(\d{1,3}\))\s+")
-_JSON_SYNTAX_LINE = re.compile(r'^\s*(?:[\[\]{}]+|\{?\s*"[^"]*"\s*:\s*[\[{]?)\s*,?\s*$')
+_JSON_SYNTAX_LINE = re.compile(r'^\s*+(?:[\[\]{}]++|\{?\s*+"[^"]*+"\s*+:\s*+[\[{]?)\s*+,?\s*+$')
 _MIN_ITEM_CHARS = 3
 #: An inline list marker inside one line ("… 2. next item"): a number, "." or ")", a space.
 _INLINE_MARKER = re.compile(r"(?:(?<=\s)|^)(\d{1,3})[.)]\s+")
@@ -192,7 +195,7 @@ def strip_fences(text: str) -> str:
     if match:
         return match.group(1)
     # An opened but never closed fence (a truncated answer).
-    return re.sub(r"^\s*```[a-zA-Z0-9_-]*\s*\n?", "", text)
+    return re.sub(r"^\s*+```[a-zA-Z0-9_-]*+\s*+\n?", "", text)
 
 
 def _load_json(text: str) -> Any:

@@ -133,3 +133,28 @@ def test_the_prompt_style_is_the_override_then_the_llms_own_then_the_fallback() 
     assert prompts_for_style("completion") is COMPLETION_PROMPTS
     with pytest.raises(ValueError, match="prompt_style must be one of"):
         resolve_prompt_style(None, "json")
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['"candidates":' + " " * 10_000 + "x", "```" + " " * 10_000 + "x", "[" + " " * 10_000 + "x"],
+    ids=["key-then-spaces", "fence-then-spaces", "bracket-then-spaces"],
+)
+def test_a_long_run_of_spaces_in_an_answer_does_not_stall_parsing(line: str) -> None:
+    """An LLM answer is untrusted: runs of spaces after a JSON key, a fence or a bracket made
+    the parser's patterns backtrack cubically (hours at the 20,000-character cut, outside the
+    LLM's timeout and, in async code, on the event loop). A guard of 20 s, not a timing: the
+    answer parses in milliseconds now (before, ~15 s at 2,000 spaces)."""
+    import signal
+
+    def stalled(*_: object) -> None:
+        raise TimeoutError("parsing stalled")
+
+    previous = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(20)
+    try:
+        parse_reasoning(line)
+        parse_utterances(line)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
