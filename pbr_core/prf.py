@@ -183,6 +183,9 @@ _TRAILING_COMMA = re.compile(r",\s*([\]}])")
 _LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}\s*[.)\]:-]|[-*•·]|\(\d{1,3}\))\s+")
 _JSON_SYNTAX_LINE = re.compile(r'^\s*+(?:[\[\]{}]++|\{?\s*+"[^"]*+"\s*+:\s*+[\[{]?)\s*+,?\s*+$')
 _MIN_ITEM_CHARS = 3
+#: Half of a surrogate pair, as a JSON escape (``"\ud83d"``) of a cut emoji decodes: no text an
+#: embedder can encode (UTF-8), so it is dropped from what the LLM wrote.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 #: An inline list marker inside one line ("… 2. next item"): a number, "." or ")", a space.
 _INLINE_MARKER = re.compile(r"(?:(?<=\s)|^)(\d{1,3})[.)]\s+")
 #: Answers are cut to this many characters before parsing unless the caller says otherwise.
@@ -300,6 +303,7 @@ def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
     seen: set[str] = set()
     out: list[str] = []
     for raw in items:
+        raw = _LONE_SURROGATE.sub("", raw)
         item = _LIST_MARKER.sub("", raw.strip()).strip().strip('"').strip("'").strip()
         item = item.rstrip(",").strip().strip('"').strip()
         key = item.casefold()
@@ -386,7 +390,7 @@ def parse_reasoning(
         body = "\n".join(value)
     if style == "completion":
         body = "1. " + body
-    body = body.strip()
+    body = _LONE_SURROGATE.sub("", body).strip()
     if len(body) < _MIN_ITEM_CHARS or not any(ch.isalnum() for ch in body):
         return Parsed((), "the reasoning answer held no text")
     if not looks_like_text(body):

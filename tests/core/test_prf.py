@@ -158,3 +158,16 @@ def test_a_long_run_of_spaces_in_an_answer_does_not_stall_parsing(line: str) -> 
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_half_a_surrogate_pair_in_a_json_answer_is_dropped_from_what_is_parsed() -> None:
+    """A cut emoji's JSON escape (``"\\ud83d"``) decodes to a lone surrogate, which no UTF-8
+    embedder can encode: it is dropped, so the term is embedded (before, the whole request
+    raised UnicodeEncodeError)."""
+    answer = '{"candidates": ["roasting beets \\ud83d with kale", "kale chips again"]}'
+    items = parse_utterances(answer).items
+    assert items == ("roasting beets  with kale", "kale chips again")
+    reasoning = parse_reasoning('{"reasoning": "she cooks kale \\udc00 often"}').items
+    assert reasoning == ("she cooks kale  often",)
+    for text in (*items, *reasoning):
+        text.encode("utf-8")
