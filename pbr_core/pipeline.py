@@ -658,19 +658,21 @@ def _from_cache(
     A cached answer that does not parse (written by an older version, or by hand) is ignored
     and generated again, never raised."""
     outs: dict[int, Answer] = {0: None, 1: None}
+    # only the terms the fusion mode uses: a term switched off is neither asked nor waited for
+    wanted = [i for i, want in enumerate(MODE_TERMS[req.config.fusion][1:]) if want]
     if cache is not None:
         assert req.generator is not None and req.sent is not None
         model_id = model_id_of(req.generator)
-        for i, prompt in enumerate(req.sent):
-            text = cache.get(model_id, prompt)
+        for i in wanted:
+            text = cache.get(model_id, req.sent[i])
             if text is not None and _parse_answer(req, i, text).items:
                 outs[i] = text
             elif text is not None:
                 _log.debug("ignoring a cached LLM answer that does not parse; asking again")
-    todo = [i for i, out in outs.items() if out is None]
+    todo = [i for i in wanted if outs[i] is None]
     req.fresh = tuple(todo)
     req.explanation.llm_calls = len(todo)
-    req.explanation.llm_cached = len(outs) - len(todo)
+    req.explanation.llm_cached = len(wanted) - len(todo)
     return outs, todo
 
 

@@ -31,6 +31,7 @@ from pbr_core import (
 )
 from pbr_core.adapters_support import explanation_events, explanation_payload
 from pbr_core.prf import split_inline_list
+from pbr_core.results import missing_terms
 
 UTTER = '{"candidates": ["I could roast some beets tonight", "maybe kale chips again"]}'
 REASON = "Step 1: the user cooks vegetables. Step 2: they want a dinner idea."
@@ -447,7 +448,9 @@ def test_a_lone_surrogate_in_an_answer_or_a_prompt_is_cached_and_read_back(tmp_p
     odd = ScriptedGenerator(UTTER.replace("beets", "beets \ud800"), REASON)
     p = make(odd, cache=path)  # a path is a cache file too
     expl = p.search(USER, "dinner?").personalized.explanation
-    kept = "I could roast some beets \ud800 tonight"
+    # the surrogate is dropped from the utterance (no UTF-8 embedder could encode it), and the
+    # answer as written is cached: a restarted process reads it back (two spaces, not one)
+    kept = "I could roast some beets  tonight"
     assert expl.dropped == {} and kept in expl.pseudo_utterances
     restarted = make(ScriptedGenerator(UTTER, REASON), cache=path)
     assert kept in restarted.search(USER, "dinner?").personalized.explanation.pseudo_utterances
@@ -646,3 +649,30 @@ def test_the_embedded_models_adapters_say_they_run_in_process() -> None:
 
     assert generator_for(LocalGemmaChatModel(), None, "completion").in_process  # model not loaded
     assert LlamaIndexGenerator(LocalGemmaLLM()).in_process
+
+
+@pytest.mark.parametrize(
+    ("mode", "utterances_asked"), [("no_utterances", False), ("no_reasoning", True)]
+)
+def test_a_term_the_fusion_mode_switches_off_is_neither_asked_nor_waited_for(
+    mode: str, utterances_asked: bool, gate: threading.Event
+) -> None:
+    """Before, both P-PRF prompts went to the LLM whatever the mode: the call for the unused
+    term held a slot, and one that hung delayed the request by the whole timeout and logged a
+    degraded request for a term the mode had switched off."""
+
+    def wanted(prompt: str) -> bool:  # the utterance prompt asks for "candidates"
+        return ("candidates" in prompt) == utterances_asked
+
+    class HangsOnTheOther(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            if not wanted(prompt):
+                gate.wait()  # the switched-off term's call would hang
+            return super().generate(prompt)
+
+    generator = HangsOnTheOther(UTTER, REASON)
+    p = make(generator, config=PBRConfig(fusion=mode, llm_timeout_s=TIMEOUT))  # type: ignore[arg-type]
+    for pq in (p.personalize(USER, "dinner?"), asyncio.run(p.apersonalize(USER, "dinner?"))):
+        explanation = pq.explanation
+        assert explanation.llm_calls == 1 and not missing_terms(explanation)
+        assert all(wanted(prompt) for prompt in generator.prompts)
