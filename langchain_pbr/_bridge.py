@@ -74,6 +74,9 @@ class LangChainGenerator:
         self.callbacks = callbacks
         self.prompt_style = prompt_style
         self.model_id = model_id(underlying_model(llm))  # keys pbr_core's generation cache
+        # a model chosen at run time (configurable_fields / _alternatives): no one id to key
+        # answers by, so none is cached (the default's would be served for another model)
+        self.cacheable = not chosen_at_run_time(llm)
         self.in_process = bool(getattr(underlying_model(llm), "in_process", False))
 
     def generate(self, prompt: str) -> str:
@@ -103,7 +106,8 @@ def natively_async(llm: Any) -> bool:
     ``_agenerate`` for a ``BaseLLM``): that is what ``ainvoke`` awaits. An ``_astream`` override
     alone does not count: ``ainvoke`` does not stream, so it would run the sync ``_generate`` in
     asyncio's default executor, the application's shared pool, where a hung call holds a thread
-    pbr cannot bound. Any other Runnable is taken at its word.
+    pbr cannot bound. A Runnable pbr cannot find a model in counts as sync (its ``ainvoke``
+    may run sync code in that pool too): pbr's own bounded executor runs it.
     """
     from langchain_core.language_models import BaseChatModel, BaseLLM
     from langchain_core.language_models.llms import LLM
@@ -115,7 +119,7 @@ def natively_async(llm: Any) -> bool:
         return cls._acall is not LLM._acall
     if isinstance(model, BaseLLM):
         return cls._agenerate is not BaseLLM._agenerate
-    return True
+    return False
 
 
 #: A chat model / LLM, or a Runnable around one (``with_retry()``, ``with_fallbacks()``,
@@ -125,11 +129,17 @@ LanguageModelLike = BaseLanguageModel | Runnable[Any, Any]
 
 
 def underlying_model(llm: Any) -> Any:
-    """The model inside Runnable wrappers (``bound``, ``runnable``, ``default``), for its
-    identity (cache key) and ``prompt_style``; the wrapper itself is what gets invoked."""
+    """The model inside Runnable wrappers (``bound``, ``runnable``, ``default``) and chains
+    (``model | StrOutputParser()``: its first step that holds a model), for its identity (cache
+    key), whether it is natively async, and ``prompt_style``; the wrapper itself is what gets
+    invoked. The Runnable itself where no model is found."""
     for _ in range(8):
         if isinstance(llm, BaseLanguageModel):  # a model: no wrapper attributes to probe (a
             return llm  # missing attribute of a pydantic model costs microseconds per probe)
+        steps = getattr(llm, "steps", None)
+        if isinstance(steps, list):  # a RunnableSequence
+            found = (underlying_model(step) for step in steps)
+            return next((m for m in found if isinstance(m, BaseLanguageModel)), llm)
         inner = next(
             (getattr(llm, a) for a in ("bound", "runnable", "default") if hasattr(llm, a)), None
         )
@@ -137,6 +147,26 @@ def underlying_model(llm: Any) -> Any:
             return llm
         llm = inner
     return llm
+
+
+def chosen_at_run_time(llm: Any) -> bool:
+    """Whether ``llm`` holds a model the run's config picks (``configurable_fields``,
+    ``configurable_alternatives``), anywhere in its wrappers or steps."""
+    from langchain_core.runnables.configurable import DynamicRunnable
+
+    for _ in range(8):
+        if isinstance(llm, DynamicRunnable):
+            return True
+        if isinstance(llm, BaseLanguageModel):
+            return False
+        steps = getattr(llm, "steps", None)
+        if isinstance(steps, list):
+            return any(chosen_at_run_time(step) for step in steps)
+        inner = next((getattr(llm, a) for a in ("bound", "runnable") if hasattr(llm, a)), None)
+        if inner is None:
+            return False
+        llm = inner
+    return False
 
 
 def text_of(out: Any) -> str:

@@ -660,7 +660,7 @@ def _from_cache(
     outs: dict[int, Answer] = {0: None, 1: None}
     # only the terms the fusion mode uses: a term switched off is neither asked nor waited for
     wanted = [i for i, want in enumerate(MODE_TERMS[req.config.fusion][1:]) if want]
-    if cache is not None:
+    if cache is not None and _cacheable(req.generator):
         assert req.generator is not None and req.sent is not None
         model_id = model_id_of(req.generator)
         for i in wanted:
@@ -685,6 +685,8 @@ def _keep(
     """Cache the answers generated now that parsed into at least one usable item."""
     if cache is None or req.generator is None or req.sent is None:
         return
+    if not _cacheable(req.generator):
+        return
     model_id = model_id_of(req.generator)
     for i in req.fresh:
         text = texts[i]
@@ -692,6 +694,12 @@ def _keep(
             continue
         if parsed[i].items or _parse_answer(req, i, text).items:
             cache.put(model_id, req.sent[i], text)
+
+
+def _cacheable(generator: TextGenerator | None) -> bool:
+    """Whether ``generator``'s answers may be cached under its ``model_id``: not where the
+    model answering is chosen per run (its optional ``cacheable`` attribute is False)."""
+    return bool(getattr(generator, "cacheable", True))
 
 
 def _parse_answer(req: _Request, index: int, text: str | None) -> Parsed:

@@ -37,6 +37,8 @@ class TextGenerator(Protocol):
     ``prompt_style`` tells which default prompts suit the model: ``"chat"`` for
     instruction-following models (JSON answers), ``"completion"`` for base models that continue a
     document (numbered lists). Generators without the attribute are treated as ``"chat"``.
+    An optional ``cacheable = False`` says the answering model is chosen per call (no one
+    ``model_id`` to key answers by): its answers are never cached.
     """
 
     model_id: str

@@ -23,7 +23,13 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import Field, ValidationError
 
 from langchain_pbr import LocalGemmaChatModel, PBRRetriever
-from pbr_core import GenerationError, PBRConfig, PersistenceError, UnknownUserError
+from pbr_core import (
+    GenerationCache,
+    GenerationError,
+    PBRConfig,
+    PersistenceError,
+    UnknownUserError,
+)
 from pbr_core.corpus import scoped_key
 
 EMB = DeterministicFakeEmbedding(size=64)
@@ -765,3 +771,49 @@ def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id()
     with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id") as info:
         retriever.add_documents([Document(ALICE[0], id="a0"), Document(ALICE[1])], user_id="alice")
     assert "is safe" not in str(info.value) and "Document.id" in str(info.value)
+
+
+class SyncOnlyChat(ScriptedChat):
+    """A chat model without native async: its ``ainvoke`` would run ``_generate`` in asyncio's
+    default executor."""
+
+    _agenerate = BaseChatModel._agenerate  # type: ignore[assignment]
+    model_name: str = "sync-only"
+
+
+def test_a_chain_around_a_sync_model_runs_in_pbrs_bounded_executor_under_its_id() -> None:
+    """``model | StrOutputParser()`` is found to hold the model: a sync-only one runs in pbr's
+    own executor (bounded, counted), not in asyncio's default pool, and caches answers under the
+    model's id (before, any chain counted as natively async and was keyed "RunnableSequence")."""
+    from langchain_core.output_parsers import StrOutputParser
+
+    from langchain_pbr._bridge import LangChainGenerator, generator_for
+
+    chain = SyncOnlyChat() | StrOutputParser()
+    generator = generator_for(chain, None, "chat")
+    assert type(generator) is LangChainGenerator and generator.model_id == "sync-only"
+    assert generator.cacheable and generator.generate("hi") == ANSWER
+
+
+def test_answers_of_a_model_chosen_at_run_time_are_not_cached(tmp_path: Any) -> None:
+    """With ``configurable_fields`` / ``configurable_alternatives`` no one id names the model that
+    answers: its answers are not cached (before, they were cached under the default model's id
+    and served when the run picked another model)."""
+    from langchain_core.runnables import ConfigurableField
+
+    from langchain_pbr._bridge import generator_for
+
+    picked = ScriptedChat().configurable_alternatives(
+        ConfigurableField(id="llm"), other=ScriptedChat(answer="another model's answer")
+    )
+    assert not generator_for(picked, None, "chat").cacheable
+    assert generator_for(ScriptedChat(), None, "chat").cacheable
+    retriever = PBRRetriever(
+        llm=picked,
+        embeddings=EMB,
+        cache=GenerationCache(tmp_path / "gen.jsonl"),
+        config=PBRConfig(fusion="paper"),
+    )
+    retriever.add_documents([Document(ALICE[0])], user_id="alice")
+    retriever.invoke("dinner", user_id="alice")
+    assert len(GenerationCache(tmp_path / "gen.jsonl")) == 0
