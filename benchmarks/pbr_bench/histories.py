@@ -8,6 +8,7 @@ effect from the fusion's. Vectors come from the on-disk :class:`~pbr_bench.embed
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from pbr_core.windows import Window, split, window_of
 
 from .datasets import Dataset, Query, load_named
 from .embed import CountingEncoder, EmbeddingCache
-from .splits import is_tuning_user
+from .splits import is_tuning_question
 
 __all__ = ["DATASETS", "Built", "WindowStats", "build", "encoders", "item_ids"]
 
@@ -58,9 +59,18 @@ class Built:
     split_of: dict[str, str] = field(default_factory=dict)  # question id -> "test" / "tune"
 
 
-def build(name: str, cache: EmbeddingCache, counter: CountingEncoder, window: Window) -> Built:
+def build(
+    name: str,
+    cache: EmbeddingCache,
+    counter: CountingEncoder,
+    window: Window,
+    tuning: Callable[[str, str, str], bool] = is_tuning_question,
+) -> Built:
     """Load data set ``name`` and store every asking user's items (``counter`` is the encoder
-    behind ``cache``; it counts the window texts that were not cached yet)."""
+    behind ``cache``; it counts the window texts that were not cached yet). ``tuning(data set,
+    user, question)`` names the tuning split: by default the one the shipped hybrid rule was
+    chosen on (:func:`~pbr_bench.splits.is_tuning_question`: a third of PersonaBench's
+    questions too), so no question it was tuned on is reported as test."""
     ds = load_named(name)
     queries = ds.scored_queries
     users = sorted({q.user_id for q in queries})
@@ -99,7 +109,7 @@ def build(name: str, cache: EmbeddingCache, counter: CountingEncoder, window: Wi
         queries=queries,
         qvec={q.id: qv[i] for i, q in enumerate(queries)},
         stats=stats,
-        split_of={q.id: "tune" if is_tuning_user(q.user_id) else "test" for q in queries},
+        split_of={q.id: "tune" if tuning(name, q.user_id, q.id) else "test" for q in queries},
     )
 
 

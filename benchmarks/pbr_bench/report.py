@@ -34,10 +34,15 @@ def write_rows(
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """``rows`` as CSV at ``path``, every key a column (first-seen order; a missing key is an
-    empty cell), floats to 6 places."""
+    empty cell), floats to 6 places, or 6 significant digits below 0.001 (a p-value of 2e-36
+    is not 0)."""
     with path.open("w", newline="") as fh:
         fields = list(dict.fromkeys(k for r in rows for k in r))
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for r in rows:
-            writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()})
+            writer.writerow({k: _rounded(v) if isinstance(v, float) else v for k, v in r.items()})
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.6g}") if 0 < abs(value) < 1e-3 else round(value, 6)
