@@ -354,7 +354,12 @@ class PartitionRecords:
     def can_list(self) -> bool:
         return all(listable(index) for index in self.indexes.values())
 
-    def _part(self, user_id: str, create: bool = False) -> IndexRecords | None:
+    def _part(self, user_id: str, create: bool | None = None) -> IndexRecords | None:
+        """The user's records; a read (``create`` None) opens the user's index through
+        ``new_index`` where there is one: another worker, or this app before a restart, may
+        have written the user's store, which this worker has not opened yet."""
+        if create is None:
+            create = self.new_index is not None
         index = self.index_for(user_id, create=create)
         if index is None:
             return None

@@ -21,13 +21,20 @@ CHROMA_SCALARS = (str, int, float, bool)
 
 #: The framework classes that wrap a Chroma collection in ``_collection``.
 _WRAPPERS = frozenset({"Chroma", "ChromaVectorStore"})
+#: The packages those classes come from (top-level module names).
+_PACKAGES = frozenset({"langchain_chroma", "langchain_community", "llama_index"})
 
 
 def collection_of(store: object) -> Any | None:
     """The Chroma collection ``store`` wraps (LangChain's ``Chroma``, LlamaIndex's
-    ``ChromaVectorStore``), or None for any other store. Recognised by class name, so that no
-    framework or Chroma import is needed to ask."""
-    if type(store).__name__ in _WRAPPERS:
+    ``ChromaVectorStore``, or a subclass of either), or None for any other store. Recognised by
+    class name along the class's bases, so that no framework or Chroma import is needed to ask
+    (a subclass taken for an unknown store would leave pbr's history as the record: a delete
+    made through the store would still reach the LLM's prompt)."""
+    if any(
+        cls.__name__ in _WRAPPERS and cls.__module__.split(".")[0] in _PACKAGES
+        for cls in type(store).__mro__
+    ):
         return getattr(store, "_collection", None)
     return None
 

@@ -142,11 +142,13 @@ def lexical_query(
     return query_terms(parts)
 
 
-def host_candidates(k: int, mode: SearchMode) -> int:
+def host_candidates(k: int) -> int:
     """How many results to ask a host search for when pbr ranks within them (a view filter it
-    cannot evaluate): ``k`` for dense; for hybrid and lexical, more, so that the lexical leg
-    has something to re-rank (it sees only what the store's dense search returned)."""
-    return k if mode == "dense" else max(4 * k, 40)
+    cannot evaluate): more than ``k`` in every mode. The lexical leg sees only what the store's
+    search returned, and so does pbr's dense ranking: a store whose distance is not the cosine
+    (Chroma's ``ip`` or ``l2`` space over vectors written around pbr, not unit length) ranks its
+    own top ``k`` differently from pbr."""
+    return max(4 * k, 40)
 
 
 def lexical_terms(explanation: Explanation, feedback_weight: float) -> dict[str, float]:

@@ -299,7 +299,7 @@ def _steps(
     else:
         found = within
         if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
-            found = yield _HostSearch(pq.vector, host_candidates(n, config.search))
+            found = yield _HostSearch(pq.vector, host_candidates(n))
         results = rank_personalized(corpus, user_id, history, pq, n, config, found, since=start)
     if config.rerank != "none" and results:
         # A fixed window, whatever k: the order of the first results does not depend on how

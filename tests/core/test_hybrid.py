@@ -340,9 +340,10 @@ def test_a_query_without_any_lexical_match_ranks_by_the_dense_leg() -> None:
     assert list(np.argsort(-fuse(dense, np.zeros(3)))) == [1, 2, 0]
 
 
-def test_host_candidates_leave_the_lexical_leg_room_to_rerank() -> None:
-    assert host_candidates(5, "dense") == 5
-    assert host_candidates(5, "hybrid") == 40 and host_candidates(20, "lexical") == 80
+def test_host_candidates_leave_pbrs_ranking_room_in_every_mode() -> None:
+    """More than ``k`` in dense mode too: a store whose distance is not the cosine (Chroma's
+    ``ip`` over vectors written around pbr) ranks its own top ``k`` unlike pbr (before: ``k``)."""
+    assert host_candidates(5) == 40 and host_candidates(20) == 80
 
 
 # -- ranking one user's items ---------------------------------------------------------------------

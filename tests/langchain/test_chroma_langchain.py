@@ -402,3 +402,30 @@ def test_search_kwargs_over_chroma_are_honoured_or_refused_at_construction(
     kept = retriever_on(store, EMB, search_kwargs={"score_threshold": cut, "k": 5})
     scores = [d.metadata["score"] for d in kept.invoke("tea", user_id="ann")]
     assert len(scores) == len(everything) - 1 and min(scores) >= cut
+
+
+def test_a_subclass_of_chroma_is_verified_like_chroma(shared_chroma: ChromaServer) -> None:
+    """A subclass (tracing, caching) is still Chroma: pbr lists it, so a delete made through the
+    store never reaches the LLM's prompt (before, a subclass was taken for a store that cannot
+    list, and pbr's history, the deleted item included, was the record)."""
+
+    class TracedChroma(Chroma):
+        pass
+
+    name = f"lc-sub-{uuid.uuid4().hex[:8]}"
+    store = TracedChroma(
+        client=shared_chroma.client(),
+        collection_name=name,
+        embedding_function=EMB,
+        collection_configuration={"hnsw": {"space": "cosine"}},
+    )
+    r = retriever_on(store, EMB)
+    assert r.corpus.verified
+    r.add_documents(
+        [Document("alice pin is 4321"), Document("alice likes pears")],
+        user_id="alice",
+        ids=["pin", "pears"],
+    )
+    store.delete([scoped_key("alice", "pin")])
+    history = r.corpus.history("alice")
+    assert history is not None and [item.id for item in history.items] == ["pears"]

@@ -318,3 +318,41 @@ def test_a_partition_of_chroma_collections_loads_each_users_store_by_user(
     for user in USERS[:2]:
         got = loaded.retrieve(QUERY, user_id=user)
         assert {n.node.get_content() for n in got} == {text(user, 0), text(user, 1)}
+
+
+def test_a_worker_that_never_wrote_a_user_reads_their_collection_from_the_factory(
+    shared_chroma: ChromaServer,
+) -> None:
+    """One collection per user (``vector_store_factory``): a second worker, or the app after a
+    restart, opens the user's collection on a read, so it finds, ranks and deletes what another
+    worker wrote (before, a user this worker had not written was unknown: no results, and a
+    delete raised KeyError)."""
+    tag = uuid.uuid4().hex[:8]
+
+    def store_of(user: str) -> ChromaVectorStore:
+        return ChromaVectorStore(
+            chroma_collection=shared_chroma.client().get_or_create_collection(f"w-{tag}-{user}")
+        )
+
+    def worker() -> PBRRetriever:
+        return PBRRetriever(
+            {},
+            vector_store_factory=store_of,
+            llm=MockLLM(),
+            embed_model=EMB,
+            similarity_top_k=5,
+            config=PBRConfig(fusion="no_prf"),
+        )
+
+    first = worker()
+    first.for_user("alice").add_nodes(
+        [TextNode(id_=f"n{i}", text=f"alice note {i} about apples") for i in range(3)]
+    )
+    second = worker()  # never wrote alice
+    assert sorted(n.node.node_id for n in second.retrieve("apples", user_id="alice")) == [
+        "n0",
+        "n1",
+        "n2",
+    ]
+    second.for_user("alice").delete_nodes(["n0"])
+    assert sorted(n.node.node_id for n in first.retrieve("apples", user_id="alice")) == ["n1", "n2"]
