@@ -33,7 +33,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from pbr_core.adapters_support import check_positive_int
-from pbr_core.chroma import check_flat_metadata, collection_of
+from pbr_core.chroma import check_flat_metadata, collection_of, upsert_in_batches
 from pbr_core.corpus import Record
 from pbr_core.postgres import (
     PgRecords,
@@ -141,7 +141,8 @@ class _Chroma(_Base):
 
     def upsert(self, records: Sequence[Record]) -> None:
         collection = self.store._collection  # type: ignore[attr-defined]
-        collection.upsert(
+        upsert_in_batches(
+            collection,
             ids=[r.key for r in records],
             embeddings=[np.asarray(r.vector, dtype=np.float32) for r in records],
             documents=[r.text for r in records],

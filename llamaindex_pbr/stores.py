@@ -29,7 +29,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.simple import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from pbr_core.chroma import check_flat_metadata, collection_of
+from pbr_core.chroma import check_flat_metadata, collection_of, upsert_in_batches
 from pbr_core.corpus import ITEM_ID_KEY, Record
 from pbr_core.items import copy_metadata
 from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql
@@ -195,7 +195,8 @@ class IndexRecords:
             for node in nodes:
                 meta = node_to_metadata_dict(node, remove_text=True, flat_metadata=True)
                 metadatas.append({k: ("" if v is None else v) for k, v in meta.items()})
-            store._collection.upsert(  # type: ignore[attr-defined]
+            upsert_in_batches(
+                store._collection,  # type: ignore[attr-defined]
                 ids=[n.node_id for n in nodes],
                 embeddings=[n.get_embedding() for n in nodes],
                 metadatas=metadatas,

@@ -14,7 +14,7 @@ from typing import Any
 
 from .corpus import Record
 
-__all__ = ["CHROMA_SCALARS", "check_flat_metadata", "collection_of"]
+__all__ = ["CHROMA_SCALARS", "check_flat_metadata", "collection_of", "upsert_in_batches"]
 
 #: The metadata value types a Chroma collection stores.
 CHROMA_SCALARS = (str, int, float, bool)
@@ -69,3 +69,21 @@ def _unstorable(name: str, value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         return "its int does not fit 64 bits (Chroma would return a float); store it as a string"
     return ""
+
+
+def upsert_in_batches(collection: Any, **columns: Sequence[Any]) -> None:
+    """``collection.upsert(**columns)`` in slices of at most the server's ``max_batch_size``
+    (5,461 rows on a local server): Chroma refuses a larger call whole. A failure part-way
+    leaves the slices before it written, as a crash mid-write would: the next read lists them
+    as the user's, and the same add retried overwrites them (upserts by key)."""
+    n = len(next(iter(columns.values()), ()))
+    limit = _max_batch(collection)
+    for start in range(0, n, limit):
+        collection.upsert(**{name: list(v[start : start + limit]) for name, v in columns.items()})
+
+
+def _max_batch(collection: Any) -> int:
+    try:
+        return max(1, int(collection._client.get_max_batch_size()))
+    except Exception:  # an older client, or a double without one: Chroma's local default
+        return 5461

@@ -429,3 +429,18 @@ def test_a_subclass_of_chroma_is_verified_like_chroma(shared_chroma: ChromaServe
     store.delete([scoped_key("alice", "pin")])
     history = r.corpus.history("alice")
     assert history is not None and [item.id for item in history.items] == ["pears"]
+
+
+def test_an_add_larger_than_chromas_batch_limit_is_written_whole(
+    shared_chroma: ChromaServer,
+) -> None:
+    """Chroma refuses an upsert above its ``max_batch_size`` (5,461 rows on a local server)
+    whole: pbr writes in slices of it (before, such an add failed, writing nothing)."""
+    name = f"lc-big-{uuid.uuid4().hex[:8]}"
+    r = retriever_on(chroma_store(shared_chroma, name, EMB), EMB)
+    limit = shared_chroma.client().get_max_batch_size()
+    n = limit + 7
+    r.add_documents([Document(f"alice note {i}") for i in range(n)], user_id="alice")
+    assert collection(shared_chroma, name).count() == n
+    history = r.corpus.history("alice")
+    assert history is not None and len(history) == n
