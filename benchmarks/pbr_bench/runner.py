@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -395,8 +395,11 @@ def _fill(template: str, query: str, feedback: str) -> str:
     return template.replace("{query}", query).replace("{feedback}", feedback)
 
 
-def save_run(run: MethodRun, dataset: str, out_dir: Path) -> None:
-    """Write a method's metrics (JSON) and per-question rankings (JSONL)."""
+def save_run(
+    run: MethodRun, dataset: str, out_dir: Path, settings: Mapping[str, Any] | None = None
+) -> None:
+    """Write a method's metrics (JSON, with the run's ``settings``: what its numbers depend on
+    beyond the data set's name) and per-question rankings (JSONL)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{dataset}__{run.method}__{run.llm}"
     (out_dir / f"{stem}.json").write_text(
@@ -408,6 +411,7 @@ def save_run(run: MethodRun, dataset: str, out_dir: Path) -> None:
                 "seconds": round(run.seconds, 3),
                 "metrics": run.metrics,
                 "stage_ms_median": run.stage_ms,
+                **({"settings": dict(settings)} if settings is not None else {}),
             },
             indent=1,
         )

@@ -49,10 +49,40 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
 
 
 def results_dir(args: argparse.Namespace, ds: Dataset) -> Path:
-    """``<out>/<data set>``, or ``<out>/<data set>/n<limit>-seed<seed>`` for a subset run, so a
-    subset never overwrites the full run's files."""
+    """``<out>/<data set>``, or below it a folder naming what the run changed (a seeded subset
+    ``n<limit>-seed<seed>``, PrefEval's ``per-topic<n>``, a PBRConfig parameter other than the
+    default), so a run with other settings never overwrites the default run's files."""
     folder = Path(args.out) / ds.name
-    return folder / f"n{args.limit}-seed{args.seed}" if args.limit else folder
+    variant = _variant(args)
+    return folder / variant if variant else folder
+
+
+def _variant(args: argparse.Namespace) -> str:
+    parts = [f"n{args.limit}-seed{args.seed}"] if args.limit else []
+    if getattr(args, "per_topic", None) is not None:
+        parts.append(f"per-topic{args.per_topic}")
+    for name in ("theta", "k2", "alpha", "k1"):
+        value = getattr(args, name, getattr(PBRConfig, name))
+        if value != getattr(PBRConfig, name):
+            parts.append(f"{name}{value}")
+    return "-".join(parts)
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a run's numbers depend on beyond the data set's name, written into its results."""
+    keys = (
+        "limit",
+        "seed",
+        "per_topic",
+        "theta",
+        "k2",
+        "alpha",
+        "k1",
+        "search",
+        "llm",
+        "questions",
+    )
+    return {key: getattr(args, key, None) for key in keys}
 
 
 def make_bench(args: argparse.Namespace, ds: Dataset) -> Bench:
@@ -105,11 +135,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         if misses:  # --cached-only: scored as failed calls, not as the LLM's answers
             print(f"{method}: {misses} prompts had no cached answer; nothing written")
             return 3
-        save_run(run, ds.name, out)
+        save_run(run, ds.name, out, settings=run_settings(args))
         runs.append(run)
     cols = ["R@1", "R@5", "N@5", "R@10", "N@10", "MRR"]
     rows = metric_table(runs, cols)
     tag = f"{args.llm}" + (f"-n{args.limit}" if args.limit else "")
+    tag += "-hybrid" if args.search != "dense" else ""
     write_rows(rows, out / f"summary__{tag}")
     category_bars(runs, "R@5", f"{ds.name}: R@5 by category ({tag})", out / f"bars__{tag}.png")
     print(f"\n{ds.name} ({len(bench.queries)} questions, LLM: {args.llm})")

@@ -60,3 +60,17 @@ def test_cli_smoke_run_writes_tables_plots_and_rankings(tmp_path, capsys) -> Non
 def test_compare_without_a_run_says_which_command_writes_the_rankings(tmp_path) -> None:
     with pytest.raises(SystemExit, match="run `python -m pbr_bench run`"):
         main(["compare", "--dataset", "personabench", "--limit", "12", "--out", str(tmp_path)])
+
+
+def test_a_run_with_other_settings_never_overwrites_the_default_run(tmp_path) -> None:
+    """A parameter other than the default (here ``--theta``) goes to a folder of its own, and
+    every result records the settings it ran with (before, such a run overwrote the default
+    run's files, and nothing said which settings a result had)."""
+    base = ["run", "--dataset", "personabench", "--methods", "plain", "--limit", "6"]
+    assert main([*base, "--out", str(tmp_path)]) == 0
+    assert main([*base, "--theta", "0.4", "--out", str(tmp_path)]) == 0
+    default = tmp_path / "personabench-0.0" / "n6-seed0"
+    other = tmp_path / "personabench-0.0" / "n6-seed0-theta0.4"
+    for folder, theta in ((default, 0.65), (other, 0.4)):
+        result = json.loads((folder / "personabench-0.0__plain__none.json").read_text())
+        assert result["settings"]["theta"] == theta and result["settings"]["limit"] == 6
