@@ -39,6 +39,7 @@ from pbr_core.adapters_support import (
     owner_of,
     results_event,
 )
+from pbr_core.config import as_config
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Request, Retrieval, aretrieve, retrieve
 
@@ -259,6 +260,11 @@ class PBRRetriever(BaseRetriever):
     # before pydantic's coercion: True or 2.0 is refused, as for a request's k
     _check_k = field_validator("k", mode="before")(
         classmethod(lambda cls, k: check_positive_int(k, "k"))
+    )
+    # a dict of PBRConfig's fields checked as PBRConfig checks them, before pydantic's lax
+    # coercion ({"k1": "10"} refused, not read as 10)
+    _check_config = field_validator("config", mode="before")(
+        classmethod(lambda cls, config: as_config(config))
     )
 
     # -- the pieces of one request -------------------------------------------------------------

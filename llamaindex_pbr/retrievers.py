@@ -51,6 +51,7 @@ from pbr_core.adapters_support import (
     host_store_errors,
     results_event,
 )
+from pbr_core.config import as_config
 from pbr_core.corpus import Corpus
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
 
@@ -317,7 +318,7 @@ class PBRRetriever(BaseRetriever):
             personalizer=Personalizer(
                 generator=generator,
                 corpus=corpus,
-                config=config,
+                config=as_config(config),  # a dict of its fields too, checked
                 prompts=prompts,
                 cache=cache,
                 strict=strict,
@@ -426,7 +427,7 @@ class PBRRetriever(BaseRetriever):
         elif user_id != self._user_id:
             view._filters = None
         if config is not None:
-            view._config = config
+            view._config = as_config(config)  # a dict of its fields too, checked
         if strict is not None:
             view._strict = strict
         return view

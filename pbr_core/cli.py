@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pbr", description="Personalize Before Retrieve")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="two users, same questions: plain vs personalized top-k")
-    demo.add_argument("-k", type=int, default=3, help="results per query (default 3)")
-    demo.add_argument("--questions", type=int, default=None, help="ask only the first N")
+    demo.add_argument("-k", type=_positive, default=3, help="results per query (default 3)")
+    demo.add_argument("--questions", type=_positive, default=None, help="ask only the first N")
     demo.add_argument("--cache", default=None, help="generation cache file (JSON Lines)")
     demo.add_argument(
         "--fusion",
@@ -55,9 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        run_demo(k=args.k, questions=args.questions, cache_path=args.cache, fusion=args.fusion)
+        try:
+            run_demo(k=args.k, questions=args.questions, cache_path=args.cache, fusion=args.fusion)
+        except ImportError as exc:  # an embedded model's package is missing: say which, briefly
+            raise SystemExit(f"pbr demo: {exc}") from None
         return 0
     return _bench_main()(args.rest)
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (checked before any model loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 if __name__ == "__main__":

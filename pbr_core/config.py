@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
 
@@ -166,23 +167,30 @@ class PBRConfig:
     rerank_candidates: int = 10
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        if self.k1 < 1:
-            problems.append(f"k1 must be >= 1, got {self.k1}")
-        if self.num_utterances < 1:
-            problems.append(f"num_utterances must be >= 1, got {self.num_utterances}")
-        if self.max_item_chars < 1:
-            problems.append(f"max_item_chars must be >= 1, got {self.max_item_chars}")
+        # Types first (an int, not a bool; a finite real number), so that a wrong type is
+        # named here instead of failing at the first query (2.5 as a slice bound, NaN as k).
+        problems = [
+            f"{name} must be an integer >= {least}, got {getattr(self, name)!r}"
+            for name, least in _INTEGERS
+            if not _integer_at_least(getattr(self, name), least)
+        ]
+        problems += [
+            f"{name} must be a finite number, got {getattr(self, name)!r}"
+            for name in _REALS
+            if not _finite(getattr(self, name))
+        ]
+        if not isinstance(self.safe_history_gate, bool):
+            problems.append(
+                f"safe_history_gate must be True or False, got {self.safe_history_gate!r}"
+            )
+        if problems:  # the range checks below assume the types
+            raise ValueError("invalid PBRConfig: " + "; ".join(problems))
         if not -1.0 <= self.theta <= 1.0:
             problems.append(f"theta is a cosine threshold in [-1, 1], got {self.theta}")
-        if self.k2 < 1:
-            problems.append(f"k2 counts the node itself and must be >= 1, got {self.k2}")
         if not 0.0 < self.alpha <= 1.0:
             problems.append(f"alpha must lie in (0, 1], got {self.alpha}")
         if self.pagerank_tol <= 0:
             problems.append(f"pagerank_tol must be > 0, got {self.pagerank_tol}")
-        if self.pagerank_max_iter < 1:
-            problems.append(f"pagerank_max_iter must be >= 1, got {self.pagerank_max_iter}")
         if self.fusion not in FUSION_MODES:
             problems.append(f"fusion must be one of {FUSION_MODES}, got {self.fusion!r}")
         if not -1.0 <= self.trust_low < self.trust_high <= 1.0:
@@ -196,8 +204,6 @@ class PBRConfig:
             isinstance(gate, bool) or not isinstance(gate, int | float) or not -1.0 <= gate <= 1.0
         ):
             problems.append(f"pre_gate is a cosine threshold in [-1, 1] (or None), got {gate!r}")
-        if self.max_query_chars < 1:
-            problems.append(f"max_query_chars must be >= 1, got {self.max_query_chars}")
         timeout = self.llm_timeout_s
         if timeout is not None and (
             isinstance(timeout, bool)
@@ -207,21 +213,12 @@ class PBRConfig:
             problems.append(
                 f"llm_timeout_s must be a finite number of seconds > 0 (or None), got {timeout!r}"
             )
-        if isinstance(self.max_concurrent_llm_calls, bool) or self.max_concurrent_llm_calls < 1:
-            problems.append(
-                f"max_concurrent_llm_calls must be >= 1, got {self.max_concurrent_llm_calls!r}"
-            )
-        if self.max_answer_chars < 1:
-            problems.append(f"max_answer_chars must be >= 1, got {self.max_answer_chars}")
         if self.search not in SEARCH_MODES:
             problems.append(f"search must be one of {SEARCH_MODES}, got {self.search!r}")
         if self.explain not in EXPLAIN_MODES:
             problems.append(f"explain must be one of {EXPLAIN_MODES}, got {self.explain!r}")
         if self.rerank not in RERANK_MODES:
             problems.append(f"rerank must be one of {RERANK_MODES}, got {self.rerank!r}")
-        n = self.rerank_candidates
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            problems.append(f"rerank_candidates must be an integer >= 1, got {n!r}")
         if self.lexical_stemmer is not None and self.lexical_stemmer not in STEMMERS:
             problems.append(
                 f"lexical_stemmer must be one of {STEMMERS} or None, got {self.lexical_stemmer!r}"
@@ -251,3 +248,53 @@ class PBRConfig:
             self.pagerank_max_iter,
             self.exact_knn_max_items,
         )
+
+
+def as_config(value: object) -> PBRConfig:
+    """The :class:`PBRConfig` an entry point was given: one as it is, a mapping of its fields
+    (checked as :class:`PBRConfig` checks them, nothing coerced: ``{"k1": "10"}`` is refused),
+    or None for the defaults.
+
+    Raises:
+        TypeError: anything else; ValueError: a field :class:`PBRConfig` refuses.
+    """
+    if value is None:
+        return PBRConfig()
+    if isinstance(value, PBRConfig):
+        return value
+    if isinstance(value, Mapping):
+        return PBRConfig(**value)
+    raise TypeError(
+        f"config must be a PBRConfig or a dict of its fields, got {type(value).__name__}"
+    )
+
+
+#: The integer fields and their least value.
+_INTEGERS = (
+    ("k1", 1),
+    ("num_utterances", 1),
+    ("max_item_chars", 1),
+    ("k2", 1),
+    ("pagerank_max_iter", 1),
+    ("exact_knn_max_items", 0),
+    ("top_anchor_items", 0),
+    ("max_query_chars", 1),
+    ("max_concurrent_llm_calls", 1),
+    ("max_answer_chars", 1),
+    ("rerank_candidates", 1),
+)
+#: The real-number fields (their ranges are checked after the types).
+_REALS = ("theta", "alpha", "pagerank_tol", "trust_low", "trust_high", "safe_min_shift")
+
+
+def _integer_at_least(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _finite(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value == value
+        and abs(value) != float("inf")
+    )

@@ -112,7 +112,9 @@ def run_demo(
     path = cache_path or os.path.join(cache_dir(), "generations.jsonl")
     config = PBRConfig() if fusion is None else PBRConfig(fusion=fusion)
     p = build_personalizer(generator, config=config, cache=GenerationCache(path))
-    asked = corpus.questions[: questions or len(corpus.questions)]
+    if questions is not None and (isinstance(questions, bool) or questions < 1):
+        raise ValueError(f"questions must be >= 1 (or None: all of them), got {questions!r}")
+    asked = corpus.questions[: len(corpus.questions) if questions is None else questions]
     rows: list[dict[str, Any]] = []
     jobs = [(q, user) for q in asked for user in corpus.users]
     plain = p.config.with_(fusion="plain")

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .cache import GenerationCache
-from .config import PBRConfig
+from .config import PBRConfig, as_config
 from .corpus import Corpus, user_tag
 from .errors import EmbeddingError, GenerationError, LLMTimeoutError, UnknownUserError
 from .executor import LLMExecutor
@@ -187,7 +187,7 @@ class Personalizer:
     ) -> None:
         self._generator = generator
         self.fusion_rule = fusion_rule
-        self.config = config or PBRConfig()
+        self.config = as_config(config)  # a dict of its fields too, checked
         if corpus is None:
             # pbr's own store as the record; the corpus holds the embedder too, so items and
             # queries are embedded by the same model.
@@ -273,7 +273,9 @@ class Personalizer:
     ) -> Personalizer:
         """A personalizer over a saved store (:meth:`Corpus.load`: refuses an embedder of
         another model; ``lazy=True`` reads each user's files on first use, and then
-        ``max_cache_bytes`` bounds the users held in memory)."""
+        ``max_cache_bytes`` bounds the users held in memory). A save holds the items and their
+        vectors only: pass ``config=`` (and ``cache=``, ``generator=``) again in ``kwargs``, or
+        the defaults apply."""
         corpus = Corpus.load(path, embedder, lazy=lazy, max_cache_bytes=max_cache_bytes)
         return cls(corpus=corpus, **kwargs)
 
@@ -290,7 +292,7 @@ class Personalizer:
     # -- the method ----------------------------------------------------------------------------
     def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
         """The user's most central history items by PageRank (the P-Anchor), most central first."""
-        cfg = config or self.config
+        cfg = self.config if config is None else as_config(config)
         history = self._history(user_id)
         result = history.anchor(cfg)
         if result is None:
@@ -360,13 +362,16 @@ class Personalizer:
         (§2.2), fuse (§2.4, §2.5). It yields what needs I/O (an :class:`_Effect`) and gets the
         result back, so :meth:`personalize` and :meth:`apersonalize` are drivers over one
         implementation."""
+        if opts.unknown_user not in ("raise", "plain"):
+            raise ValueError(f"unknown_user must be 'raise' or 'plain', got {opts.unknown_user!r}")
         try:
             req = self._start(user_id, query, opts.config, opts.prompts)
         except UnknownUserError as exc:
             if opts.unknown_user == "raise":
                 raise
             q = yield _EmbedQuery(query, opts.query_vector)
-            return _unpersonalized(user_id, query, q, opts.config or self.config, str(exc))
+            cfg = self.config if opts.config is None else as_config(opts.config)
+            return _unpersonalized(user_id, query, q, cfg, str(exc))
         req.q = yield _EmbedQuery(req.query, opts.query_vector)
         req.watch.lap("embed_query")
         _related_and_anchor(req)
@@ -490,7 +495,8 @@ class Personalizer:
         """:meth:`search`'s arguments as the core's request (a user without history raises
         :class:`UnknownUserError` unless ``unknown_user="plain"``)."""
         unknown = kwargs.pop("unknown_user", "raise")
-        config = kwargs.pop("config", None) or self.config
+        given = kwargs.pop("config", None)
+        config = self.config if given is None else as_config(given)
         return Request(user_id, query, k, config=config, unknown_user=unknown, **kwargs)
 
     # -- steps ---------------------------------------------------------------------------------
@@ -498,7 +504,7 @@ class Personalizer:
         self, user_id: str, query: str, config: PBRConfig | None, prompts: PromptSet | None = None
     ) -> _Request:
         query = check_query(query)
-        cfg = config or self.config
+        cfg = self.config if config is None else as_config(config)
         history = self._history(user_id)
         explanation = Explanation(user_id=user_id, query=query, fusion=cfg.fusion)
         return _Request(
@@ -603,7 +609,11 @@ class HistoryVectorSearch:
         self.store = store
 
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]:
-        history = self.store.get(user_id)
+        """The user's ``k`` nearest items; none for a user the store does not hold (what
+        ``unknown_user="plain"`` promises: the plain query, no results)."""
+        history = self.store.get(user_id) if user_id in self.store else None
+        if history is None:
+            return []
         return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
 
 

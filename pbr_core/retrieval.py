@@ -116,6 +116,10 @@ class Request:
 
     def __post_init__(self) -> None:
         check_query(self.query)  # for every user: a new user's empty answer included
+        if self.unknown_user not in (None, "raise", "plain"):
+            raise ValueError(
+                f"unknown_user must be 'raise' or 'plain' (or None), got {self.unknown_user!r}"
+            )
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
         check_score_threshold(self.score_threshold)

