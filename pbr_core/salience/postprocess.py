@@ -8,6 +8,8 @@ back. Lenient about retrieved metadata (missing dense scores or timestamps) wher
 
 from __future__ import annotations
 
+import datetime
+import math
 import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -88,18 +90,48 @@ def _usable_dense(values: Sequence[Any] | np.ndarray | None) -> np.ndarray | Non
 
 
 def _usable_timestamps(values: Sequence[Any] | None, what: str) -> list[Hashable] | None:
-    """Timestamps if every item has one; none at all: ``None``; some missing: warn, ``None``."""
+    """Timestamps as POSIX seconds if every item has one that reads as a time; none at all:
+    ``None``; some missing or unreadable: warn, ``None`` (input order).
+
+    Metadata is whatever the store holds: numbers, datetimes (naive ones read as UTC), numeric
+    or ISO strings, mixed. Each is turned into seconds first, so the order is chronological
+    (ISO strings with other offsets, or numbers written as strings, compare wrongly as text)
+    and values of mixed types never make the gate raise."""
     if values is None or all(v is None for v in values):
         return None
-    if any(v is None for v in values):
+    seconds = [_seconds(v) for v in values]
+    if any(s is None for s in seconds):
         warnings.warn(
-            f"only some items have a timestamp ({what}); the gate keeps input order instead of "
-            "chronological order",
+            f"only some items have a timestamp ({what}) that reads as a time; the gate keeps "
+            "input order instead of chronological order",
             UserWarning,
             stacklevel=4,
         )
         return None
-    return list(values)
+    return list(seconds)
+
+
+def _seconds(value: Any) -> float | None:
+    """``value`` as POSIX seconds: a finite number; a datetime; a string holding a number or
+    an ISO 8601 time (``Z`` for UTC); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, np.number)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    if isinstance(value, datetime.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+        return moment.timestamp()
+    if isinstance(value, str):
+        try:
+            return _seconds(float(value))
+        except ValueError:
+            pass
+        try:
+            return _seconds(datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
 
 
 def select_by_salience(

@@ -194,9 +194,11 @@ def gate(
     """Memory gate (spec §3): open iff ``max_c Sal_q(c; q) > tau``.
 
     Selects the items whose score exceeds ``tau``; if more than ``max_items``, keeps the most
-    salient ones. The selection is handed on in chronological order (``timestamps``: any
-    mutually comparable values, e.g. datetimes, epoch seconds or ISO strings; ties keep input
-    order), else in input order.
+    salient ones. The selection is handed on in chronological order (``timestamps``: values
+    of one comparable kind, e.g. POSIX seconds or aware datetimes; strings compare as text, so
+    ISO strings order correctly only with one offset and one precision: the adapters turn
+    whatever the metadata holds into seconds first; ties keep input order), else in input
+    order.
 
     Args:
         items: the memory items (any objects), aligned with ``scores``.

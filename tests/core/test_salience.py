@@ -879,3 +879,33 @@ def test_real_gemma_sanity_ordering() -> None:
     assert isinstance(s, SalienceScores)
     cat, beets, run = s.sum
     assert run > beets > cat, s.sum
+
+
+def test_the_gate_orders_metadata_timestamps_of_any_kind_by_time() -> None:
+    """What a store's metadata holds (numbers, numeric or ISO strings with other offsets,
+    naive and aware datetimes, mixed) is turned into seconds before the gate orders by it:
+    before, mixed kinds raised TypeError and failed the retrieval, and strings were ordered as
+    text (silently wrong)."""
+    import datetime as dt
+
+    fake = KeywordScorer()
+    texts = ["kale", "long run", "eat before my long run"]
+    utc = dt.timezone.utc
+    cases = {
+        "numbers as strings": ["1000", "999", "5"],
+        "mixed kinds": [1000, "999", 5.0],
+        "other offsets": ["2024-01-01T05:00:00Z", "2024-01-01T06:00:00+02:00", "2024-01-01T01:00Z"],
+        "naive and aware": [
+            dt.datetime(2024, 1, 3),
+            dt.datetime(2024, 1, 2, tzinfo=utc),
+            dt.datetime(2024, 1, 1),
+        ],
+    }
+    for name, stamps in cases.items():
+        got = select_by_salience(fake, QUERY, texts, mode="gate", tau=-1e9, timestamps=stamps)
+        assert got.indices.tolist() == [2, 1, 0], name
+    with pytest.warns(UserWarning, match="reads as a time"):
+        kept = select_by_salience(
+            fake, QUERY, texts, mode="gate", tau=-1e9, timestamps=[1.0, math.nan, 2.0]
+        )
+    assert kept.indices.tolist() == [0, 1, 2]  # input order, said
