@@ -256,13 +256,17 @@ def as_config(value: object) -> PBRConfig:
     or None for the defaults.
 
     Raises:
-        TypeError: anything else; ValueError: a field :class:`PBRConfig` refuses.
+        TypeError: anything else; ValueError: a field :class:`PBRConfig` does not have or
+            refuses.
     """
     if value is None:
         return PBRConfig()
     if isinstance(value, PBRConfig):
         return value
     if isinstance(value, Mapping):
+        unknown = sorted(set(map(str, value)) - set(PBRConfig.__dataclass_fields__))
+        if unknown:  # a typo ("fuson") is a ValueError like any other bad field
+            raise ValueError(f"invalid PBRConfig: no field(s) {unknown}; see PBRConfig's fields")
         return PBRConfig(**value)
     raise TypeError(
         f"config must be a PBRConfig or a dict of its fields, got {type(value).__name__}"

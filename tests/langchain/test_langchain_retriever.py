@@ -319,7 +319,7 @@ def test_plain_fusion_makes_no_llm_call() -> None:
 
 def test_config_is_validated() -> None:
     assert make(config=PBRConfig(k1=2)).config.k1 == 2
-    with pytest.raises(ValidationError, match="k1 must be >= 1"):
+    with pytest.raises(ValidationError, match="k1 must be an integer >= 1"):
         PBRRetriever(config={"k1": 0})
 
 
