@@ -1122,18 +1122,24 @@ class Corpus:
         all zeros (written to the host by someone else) is warned about once per revision and
         left out, instead of failing every read of the user."""
         rows = self._vectors_of(user_id, records)
-        good = [bool(np.isfinite(v).all() and v.any()) for v in rows]
-        for record, ok in zip(records, good):
-            if not ok:
-                self._leave_out(user_id, record, known, "has a stored vector of NaN, inf or zeros")
-        keep = [i for i, ok in enumerate(good) if ok]
         dim, what = self.cache.dim, f"stored vectors of user {user_id!r}"
+        try:  # one pass over the block (a cold read of 1k items: no per-row numpy calls)
+            block = np.stack(rows)
+        except ValueError:  # rows of other lengths: the embedder's fault, not one record's
+            as_unit_rows(rows, dim=dim, what=what)  # raises, naming the dimension
+            raise
+        good = np.isfinite(block).all(axis=1) & block.any(axis=1)
+        if good.all():
+            return records, items, as_unit_rows(block, dim=dim, what=what), []
+        for i in np.flatnonzero(~good):
+            self._leave_out(user_id, records[i], known, "has a stored vector of NaN, inf or zeros")
+        keep = np.flatnonzero(good).tolist()
         unit = (  # a wrong dimension is the embedder's, not one record's: it raises
-            as_unit_rows([rows[i] for i in keep], dim=dim, what=what)
+            as_unit_rows(block[keep], dim=dim, what=what)
             if keep
-            else np.zeros((0, dim or rows[0].size), dtype=np.float32)
+            else np.zeros((0, dim or block.shape[1]), dtype=np.float32)
         )
-        dropped = [records[i].item_id for i, ok in enumerate(good) if not ok]
+        dropped = [records[i].item_id for i in np.flatnonzero(~good)]
         return [records[i] for i in keep], [items[i] for i in keep], unit, dropped
 
     def _vectors_of(self, user_id: str, records: list[Record]) -> list[np.ndarray]:
