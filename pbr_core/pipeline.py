@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -53,6 +53,7 @@ from .retrieval import (
     UnknownUserPolicy,
     aretrieve,
     check_query,
+    check_unknown_user,
     retrieve,
 )
 from .snapshot import UserHistory
@@ -289,10 +290,14 @@ class Personalizer:
             raise UnknownUserError(user_id)
         return history
 
+    def _config(self, given: PBRConfig | Mapping[str, Any] | None) -> PBRConfig:
+        """A call's config: the personalizer's, or the one given (a dict of its fields too)."""
+        return self.config if given is None else as_config(given)
+
     # -- the method ----------------------------------------------------------------------------
     def anchor_items(self, user_id: str, config: PBRConfig | None = None) -> list[SearchHit]:
         """The user's most central history items by PageRank (the P-Anchor), most central first."""
-        cfg = self.config if config is None else as_config(config)
+        cfg = self._config(config)
         history = self._history(user_id)
         result = history.anchor(cfg)
         if result is None:
@@ -362,16 +367,14 @@ class Personalizer:
         (§2.2), fuse (§2.4, §2.5). It yields what needs I/O (an :class:`_Effect`) and gets the
         result back, so :meth:`personalize` and :meth:`apersonalize` are drivers over one
         implementation."""
-        if opts.unknown_user not in ("raise", "plain"):
-            raise ValueError(f"unknown_user must be 'raise' or 'plain', got {opts.unknown_user!r}")
+        check_unknown_user(opts.unknown_user)
         try:
             req = self._start(user_id, query, opts.config, opts.prompts)
         except UnknownUserError as exc:
             if opts.unknown_user == "raise":
                 raise
             q = yield _EmbedQuery(query, opts.query_vector)
-            cfg = self.config if opts.config is None else as_config(opts.config)
-            return _unpersonalized(user_id, query, q, cfg, str(exc))
+            return _unpersonalized(user_id, query, q, self._config(opts.config), str(exc))
         req.q = yield _EmbedQuery(req.query, opts.query_vector)
         req.watch.lap("embed_query")
         _related_and_anchor(req)
@@ -495,8 +498,7 @@ class Personalizer:
         """:meth:`search`'s arguments as the core's request (a user without history raises
         :class:`UnknownUserError` unless ``unknown_user="plain"``)."""
         unknown = kwargs.pop("unknown_user", "raise")
-        given = kwargs.pop("config", None)
-        config = self.config if given is None else as_config(given)
+        config = self._config(kwargs.pop("config", None))
         return Request(user_id, query, k, config=config, unknown_user=unknown, **kwargs)
 
     # -- steps ---------------------------------------------------------------------------------
@@ -504,7 +506,7 @@ class Personalizer:
         self, user_id: str, query: str, config: PBRConfig | None, prompts: PromptSet | None = None
     ) -> _Request:
         query = check_query(query)
-        cfg = self.config if config is None else as_config(config)
+        cfg = self._config(config)
         history = self._history(user_id)
         explanation = Explanation(user_id=user_id, query=query, fusion=cfg.fusion)
         return _Request(

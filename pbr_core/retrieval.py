@@ -46,6 +46,7 @@ __all__ = [
     "aretrieve",
     "check_query",
     "check_score_threshold",
+    "check_unknown_user",
     "rank_personalized",
     "retrieve",
 ]
@@ -116,10 +117,8 @@ class Request:
 
     def __post_init__(self) -> None:
         check_query(self.query)  # for every user: a new user's empty answer included
-        if self.unknown_user not in (None, "raise", "plain"):
-            raise ValueError(
-                f"unknown_user must be 'raise' or 'plain' (or None), got {self.unknown_user!r}"
-            )
+        if self.unknown_user is not None:
+            check_unknown_user(self.unknown_user)
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
             raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
         check_score_threshold(self.score_threshold)
@@ -169,6 +168,13 @@ def check_query(query: object) -> str:
     if not isinstance(query, str) or not query.strip():
         raise ValueError(f"query must be a non-empty string, got {query!r}")
     return query.strip()
+
+
+def check_unknown_user(value: object) -> UnknownUserPolicy:
+    """``value`` if it is one of the :data:`UnknownUserPolicy` values."""
+    if value not in ("raise", "plain"):
+        raise ValueError(f"unknown_user must be 'raise' or 'plain', got {value!r}")
+    return value
 
 
 def check_score_threshold(value: object) -> float | None:
