@@ -136,13 +136,11 @@ def underlying_model(llm: Any) -> Any:
     for _ in range(8):
         if isinstance(llm, BaseLanguageModel):  # a model: no wrapper attributes to probe (a
             return llm  # missing attribute of a pydantic model costs microseconds per probe)
-        steps = getattr(llm, "steps", None)
-        if isinstance(steps, list):  # a RunnableSequence
+        steps = _steps(llm)
+        if steps is not None:  # a RunnableSequence
             found = (underlying_model(step) for step in steps)
             return next((m for m in found if isinstance(m, BaseLanguageModel)), llm)
-        inner = next(
-            (getattr(llm, a) for a in ("bound", "runnable", "default") if hasattr(llm, a)), None
-        )
+        inner = _wrapped(llm)
         if inner is None:
             return llm
         llm = inner
@@ -151,7 +149,8 @@ def underlying_model(llm: Any) -> Any:
 
 def chosen_at_run_time(llm: Any) -> bool:
     """Whether ``llm`` holds a model the run's config picks (``configurable_fields``,
-    ``configurable_alternatives``), anywhere in its wrappers or steps."""
+    ``configurable_alternatives``), anywhere in its wrappers or steps (walked as
+    :func:`underlying_model` walks them)."""
     from langchain_core.runnables.configurable import DynamicRunnable
 
     for _ in range(8):
@@ -159,14 +158,27 @@ def chosen_at_run_time(llm: Any) -> bool:
             return True
         if isinstance(llm, BaseLanguageModel):
             return False
-        steps = getattr(llm, "steps", None)
-        if isinstance(steps, list):
+        steps = _steps(llm)
+        if steps is not None:
             return any(chosen_at_run_time(step) for step in steps)
-        inner = next((getattr(llm, a) for a in ("bound", "runnable") if hasattr(llm, a)), None)
-        if inner is None:
+        llm = _wrapped(llm)
+        if llm is None:
             return False
-        llm = inner
     return False
+
+
+def _steps(llm: Any) -> list[Any] | None:
+    """A ``RunnableSequence``'s steps, else None."""
+    steps = getattr(llm, "steps", None)
+    return steps if isinstance(steps, list) else None
+
+
+def _wrapped(llm: Any) -> Any:
+    """The Runnable a wrapper holds (``bound``: ``bind()``, ``with_config()``; ``runnable``:
+    ``with_retry()``, ``with_fallbacks()``; ``default``: configurable ones), else None."""
+    return next(
+        (getattr(llm, a) for a in ("bound", "runnable", "default") if hasattr(llm, a)), None
+    )
 
 
 def text_of(out: Any) -> str:
