@@ -14,7 +14,12 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable
 
 from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
-from pbr_core.adapters_support import explanation_payload, model_id, result_metadata
+from pbr_core.adapters_support import (
+    declared_model_id,
+    explanation_payload,
+    model_id,
+    result_metadata,
+)
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import ScoredRecord, stored_timestamp
 from pbr_core.items import check_ids
@@ -73,10 +78,12 @@ class LangChainGenerator:
         self.llm = llm
         self.callbacks = callbacks
         self.prompt_style = prompt_style
-        self.model_id = model_id(underlying_model(llm))  # keys pbr_core's generation cache
-        # a model chosen at run time (configurable_fields / _alternatives): no one id to key
-        # answers by, so none is cached (the default's would be served for another model)
-        self.cacheable = not chosen_at_run_time(llm)
+        model = underlying_model(llm)
+        self.model_id = model_id(model)  # keys pbr_core's generation cache
+        # No one id names the model that answers (see one_model), or the model declares none
+        # (its class name, which two models share): no answer is cached, since it would be
+        # served for another model's.
+        self.cacheable = one_model(llm) and declared_model_id(model) is not None
         self.in_process = bool(getattr(underlying_model(llm), "in_process", False))
 
     def generate(self, prompt: str) -> str:
@@ -147,24 +154,32 @@ def underlying_model(llm: Any) -> Any:
     return llm
 
 
-def chosen_at_run_time(llm: Any) -> bool:
-    """Whether ``llm`` holds a model the run's config picks (``configurable_fields``,
-    ``configurable_alternatives``), anywhere in its wrappers or steps (walked as
-    :func:`underlying_model` walks them)."""
+def one_model(llm: Any) -> bool:
+    """Whether every answer of ``llm`` comes from the model :func:`underlying_model` finds: not
+    where the run's config picks the model (``configurable_fields``,
+    ``configurable_alternatives``), a failure does (``with_fallbacks``), or a ``bind()``
+    overrides it (``bind(model=...)``), anywhere in its wrappers or steps."""
+    from langchain_core.runnables import RunnableBinding, RunnableWithFallbacks
     from langchain_core.runnables.configurable import DynamicRunnable
 
     for _ in range(8):
-        if isinstance(llm, DynamicRunnable):
-            return True
-        if isinstance(llm, BaseLanguageModel):
+        if isinstance(llm, DynamicRunnable | RunnableWithFallbacks):
             return False
+        if isinstance(llm, RunnableBinding) and _MODEL_KWARGS & set(llm.kwargs):
+            return False
+        if isinstance(llm, BaseLanguageModel):
+            return True
         steps = _steps(llm)
         if steps is not None:
-            return any(chosen_at_run_time(step) for step in steps)
+            return all(one_model(step) for step in steps)
         llm = _wrapped(llm)
         if llm is None:
-            return False
-    return False
+            return True
+    return True
+
+
+#: ``bind()`` arguments that change which model answers.
+_MODEL_KWARGS = frozenset({"model", "model_name", "model_id", "deployment_name"})
 
 
 def _steps(llm: Any) -> list[Any] | None:

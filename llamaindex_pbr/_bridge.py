@@ -40,8 +40,14 @@ def embed_model_id(embed_model: BaseEmbedding) -> str:
 
 def llm_model_id(llm: LLM) -> str:
     """The generation-cache key of an LLM: its model name, else its class name."""
+    return declared_llm_model_id(llm) or llm.class_name()
+
+
+def declared_llm_model_id(llm: LLM) -> str | None:
+    """The model name an LLM's metadata declares; None where it declares none ("unknown"):
+    its class name, which two models share, keys no cached answer."""
     name = llm.metadata.model_name
-    return name if name and name != "unknown" else llm.class_name()
+    return name if name and name != "unknown" else None
 
 
 def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptStyle:
@@ -101,6 +107,7 @@ class LlamaIndexGenerator:
         self.prompt_style: PromptStyle = llm_prompt_style(llm, prompt_style)
         self.in_process = bool(getattr(llm, "in_process", False))  # see pbr's llm_timeout_s
         self.model_id = llm_model_id(llm)
+        self.cacheable = declared_llm_model_id(llm) is not None  # see declared_llm_model_id
         self._context = context
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ from .config import ExplainMode, PBRConfig
 from .corpus import RAW_SCORE_KEY, ScoredRecord, check_user_id
 from .errors import VectorStoreUnavailableError
 from .fusion import MODE_TERMS, TERMS
-from .protocols import model_id_of
+from .protocols import declared_model_id, model_id_of
 from .results import Explanation, explanation_payload, missing_terms
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "annotated",
     "check_positive_int",
     "check_user_id",
+    "declared_model_id",
     "explanation_events",
     "explanation_payload",
     "host_store_errors",

@@ -45,7 +45,14 @@ from .prf import (
     prompts_for_style,
     resolve_prompt_style,
 )
-from .protocols import Embedder, SearchHit, TextGenerator, VectorSearch, model_id_of
+from .protocols import (
+    Embedder,
+    SearchHit,
+    TextGenerator,
+    VectorSearch,
+    declared_model_id,
+    model_id_of,
+)
 from .results import Explanation, PersonalizedQuery, PseudoFeedback, SearchResult
 from .retrieval import (
     FinalSearch,
@@ -710,8 +717,9 @@ def _keep(
 
 def _cacheable(generator: TextGenerator | None) -> bool:
     """Whether ``generator``'s answers may be cached under its ``model_id``: not where the
-    model answering is chosen per run (its optional ``cacheable`` attribute is False)."""
-    return bool(getattr(generator, "cacheable", True))
+    model answering is chosen per run (its optional ``cacheable`` attribute is False), nor
+    where it declares no id (its class name would key two different models' answers alike)."""
+    return bool(getattr(generator, "cacheable", True)) and declared_model_id(generator) is not None
 
 
 def _parse_answer(req: _Request, index: int, text: str | None) -> Parsed:

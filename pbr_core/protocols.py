@@ -37,8 +37,8 @@ class TextGenerator(Protocol):
     ``prompt_style`` tells which default prompts suit the model: ``"chat"`` for
     instruction-following models (JSON answers), ``"completion"`` for base models that continue a
     document (numbered lists). Generators without the attribute are treated as ``"chat"``.
-    An optional ``cacheable = False`` says the answering model is chosen per call (no one
-    ``model_id`` to key answers by): its answers are never cached.
+    An optional ``cacheable = False`` says no one ``model_id`` names the model that answers (it
+    is chosen per call, or the id is only a class name): its answers are never cached.
     """
 
     model_id: str
@@ -74,13 +74,20 @@ class VectorSearch(Protocol):
     def search(self, user_id: str, vector: Sequence[float], k: int) -> list[SearchHit]: ...
 
 
+def declared_model_id(obj: object) -> str | None:
+    """The id a model declares: its ``model_id``, ``model_name`` or ``model`` string attribute;
+    None where it declares none (its class name is then all pbr knows, which two different
+    models can share)."""
+    for attr in ("model_id", "model_name", "model"):
+        value = getattr(obj, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def model_id_of(obj: object) -> str:
     """A model's identity, as pbr keys caches and records stores with it.
 
     Its ``model_id``, ``model_name`` or ``model`` string attribute, else its class name.
     """
-    for attr in ("model_id", "model_name", "model"):
-        value = getattr(obj, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return type(obj).__qualname__
+    return declared_model_id(obj) or type(obj).__qualname__

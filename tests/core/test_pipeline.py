@@ -188,6 +188,25 @@ def test_generations_are_cached_on_disk_by_model_and_prompt(tmp_path) -> None:
     assert len(other_model.prompts) == 2
 
 
+def test_a_generator_that_declares_no_model_id_is_not_cached(tmp_path) -> None:
+    """Its class name is all pbr would key its answers by, and two different models share it:
+    the second one's answers would be the first one's (before, they were)."""
+
+    class Anonymous:
+        def __init__(self, utter: str) -> None:
+            self.scripted = ScriptedGenerator(utter, REASON)
+
+        def generate(self, prompt: str) -> str:
+            return self.scripted.generate(prompt)
+
+    path = tmp_path / "gen.jsonl"
+    first, second = Anonymous(UTTER), Anonymous(UTTER.replace("beets", "leeks"))
+    a = make(first, cache=GenerationCache(path)).personalize("alice", "dinner?")  # type: ignore[arg-type]
+    b = make(second, cache=GenerationCache(path)).personalize("alice", "dinner?")  # type: ignore[arg-type]
+    assert len(second.scripted.prompts) == 2 and len(GenerationCache(path)) == 0
+    assert a.explanation.pseudo_utterances != b.explanation.pseudo_utterances
+
+
 def test_a_failing_llm_drops_its_term_and_says_why() -> None:
     class Broken(ScriptedGenerator):
         def generate(self, prompt: str) -> str:

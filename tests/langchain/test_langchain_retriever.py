@@ -795,6 +795,36 @@ def test_a_chain_around_a_sync_model_runs_in_pbrs_bounded_executor_under_its_id(
     assert generator.cacheable and generator.generate("hi") == ANSWER
 
 
+def test_answers_are_cached_only_under_an_id_that_names_the_answering_model(
+    tmp_path: Any,
+) -> None:
+    """Two models that declare no id share their class name, a ``bind(model=...)`` answers with
+    another model than the one it wraps, and ``with_fallbacks`` with whichever did not fail: none
+    of them is cached (before, each was cached under one shared id and served for the other)."""
+    from langchain_pbr._bridge import generator_for
+
+    named = SyncOnlyChat()
+    assert generator_for(named, None, "chat").cacheable
+    assert generator_for(named.bind(stop=["\n\n"]), None, "chat").cacheable
+    assert not generator_for(ScriptedChat(), None, "chat").cacheable  # no id: class name only
+    assert not generator_for(named.bind(model="another"), None, "chat").cacheable
+    assert not generator_for(named.with_fallbacks([SyncOnlyChat()]), None, "chat").cacheable
+    path = tmp_path / "gen.jsonl"
+    answers = []
+    for answer in ("first model's answer", "second model's answer"):
+        retriever = PBRRetriever(
+            llm=ScriptedChat(answer=json.dumps({"candidates": [answer]})),
+            embeddings=EMB,
+            cache=GenerationCache(path),
+            config=PBRConfig(fusion="paper", explain="first"),
+        )
+        retriever.add_documents([Document(t) for t in ALICE], user_id="alice")
+        docs = retriever.invoke("where should we eat tonight?", user_id="alice")
+        answers.append(docs[0].metadata["pbr"]["pseudo_utterances"])
+    assert answers == [["first model's answer"], ["second model's answer"]]
+    assert len(GenerationCache(path)) == 0
+
+
 def test_answers_of_a_model_chosen_at_run_time_are_not_cached(tmp_path: Any) -> None:
     """With ``configurable_fields`` / ``configurable_alternatives`` no one id names the model that
     answers: its answers are not cached (before, they were cached under the default model's id
@@ -807,7 +837,7 @@ def test_answers_of_a_model_chosen_at_run_time_are_not_cached(tmp_path: Any) -> 
         ConfigurableField(id="llm"), other=ScriptedChat(answer="another model's answer")
     )
     assert not generator_for(picked, None, "chat").cacheable
-    assert generator_for(ScriptedChat(), None, "chat").cacheable
+    assert generator_for(SyncOnlyChat(), None, "chat").cacheable
     retriever = PBRRetriever(
         llm=picked,
         embeddings=EMB,

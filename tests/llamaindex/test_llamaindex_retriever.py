@@ -1100,3 +1100,12 @@ def test_an_image_node_in_the_users_index_is_left_out_not_fatal(
     assert "has no text" in caplog.text
     alice.delete_nodes(["t"])
     assert alice.retrieve("green tea") == []
+
+
+def test_answers_of_an_llm_that_declares_no_model_name_are_not_cached() -> None:
+    """``MockLLM`` says ``model_name="unknown"``: its class name is all pbr knows, which two
+    different models share, so its answers key no cache entry (before, they did)."""
+    from llamaindex_pbr._bridge import LlamaIndexGenerator
+
+    assert LlamaIndexGenerator(ScriptedLLM()).cacheable
+    assert not LlamaIndexGenerator(MockLLM()).cacheable
