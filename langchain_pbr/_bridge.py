@@ -11,7 +11,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.prompts import PromptTemplate
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 
 from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
 from pbr_core.adapters_support import (
@@ -74,9 +74,19 @@ class LangChainGenerator:
     thread pbr cannot account for. pbr then calls :meth:`generate` in its own bounded executor.
     """
 
-    def __init__(self, llm: LanguageModelLike, callbacks: Callbacks, prompt_style: str) -> None:
+    def __init__(
+        self,
+        llm: LanguageModelLike,
+        callbacks: Callbacks,
+        prompt_style: str,
+        configurable: dict[str, Any] | None = None,
+    ) -> None:
         self.llm = llm
         self.callbacks = callbacks
+        # the request's config["configurable"], as a child run of the retriever gets it
+        self.config: RunnableConfig = {"callbacks": callbacks}
+        if configurable:
+            self.config["configurable"] = dict(configurable)
         self.prompt_style = prompt_style
         model = underlying_model(llm)
         self.model_id = model_id(model)  # keys pbr_core's generation cache
@@ -87,7 +97,7 @@ class LangChainGenerator:
         self.in_process = bool(getattr(underlying_model(llm), "in_process", False))
 
     def generate(self, prompt: str) -> str:
-        return text_of(self.llm.invoke(prompt, config={"callbacks": self.callbacks}))
+        return text_of(self.llm.invoke(prompt, config=self.config))
 
 
 class AsyncLangChainGenerator(LangChainGenerator):
@@ -95,15 +105,18 @@ class AsyncLangChainGenerator(LangChainGenerator):
     pbr's timeout."""
 
     async def agenerate(self, prompt: str) -> str:
-        return text_of(await self.llm.ainvoke(prompt, config={"callbacks": self.callbacks}))
+        return text_of(await self.llm.ainvoke(prompt, config=self.config))
 
 
 def generator_for(
-    llm: LanguageModelLike, callbacks: Callbacks, prompt_style: str
+    llm: LanguageModelLike,
+    callbacks: Callbacks,
+    prompt_style: str,
+    configurable: dict[str, Any] | None = None,
 ) -> LangChainGenerator:
     """The generator of one request: async only where the model is natively async."""
     cls = AsyncLangChainGenerator if natively_async(llm) else LangChainGenerator
-    return cls(llm, callbacks, prompt_style)
+    return cls(llm, callbacks, prompt_style, configurable)
 
 
 def natively_async(llm: Any) -> bool:

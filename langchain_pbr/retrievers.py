@@ -80,8 +80,9 @@ _MISSING_USER = (
 #: The run-metadata key a request's user may come in (inherited by child runs), and the
 #: ``configurable`` key read as well.
 USER_METADATA_KEY = "user_id"
-#: The private keyword argument :meth:`PBRRetriever.invoke` passes a configured user in.
-_CONFIGURED_USER = "_pbr_configured_user"
+#: The private keyword argument :meth:`PBRRetriever.invoke` passes the run's
+#: ``config["configurable"]`` in: its user, and what the LLM's own run is given.
+_CONFIGURABLE = "_pbr_configurable"
 
 
 class PBRRetriever(BaseRetriever):
@@ -312,7 +313,7 @@ class PBRRetriever(BaseRetriever):
         run: CallbackManagerForRetrieverRun | AsyncCallbackManagerForRetrieverRun,
     ) -> Request:
         kwargs.pop("verbose", None)  # LangChain's own invoke option, not ours
-        configured = kwargs.pop(_CONFIGURED_USER, None)
+        configurable: dict[str, Any] = kwargs.pop(_CONFIGURABLE, None) or {}
         if kwargs:
             raise TypeError(
                 f"PBRRetriever got unexpected keyword argument(s) {sorted(kwargs)}; per-request "
@@ -325,7 +326,7 @@ class PBRRetriever(BaseRetriever):
             # as_plain() copies and fallbacks keep it), then the run's metadata: inherited by
             # child runs, it reaches this retriever inside compositions that re-invoke it with
             # callbacks only (ContextualCompressionRetriever, MultiQueryRetriever, ...).
-            user_id = configured
+            user_id = configurable.get(USER_METADATA_KEY)
         if user_id is None and self.user_id is None:
             user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
         return Request(
@@ -333,7 +334,7 @@ class PBRRetriever(BaseRetriever):
             query,
             check_positive_int(default if k is None else k, "k"),
             config=self.config,
-            generator=self._generator(run.get_child()),
+            generator=self._generator(run.get_child(), configurable),
             strict=self.strict,
             view_filtered=self._view_filtered(),
             score_threshold=self.search_kwargs.get("score_threshold"),
@@ -353,8 +354,10 @@ class PBRRetriever(BaseRetriever):
             return {**kwargs, **with_view_filter(self.filter_builder(user_id), extra)}
         return {**kwargs, **default_filter(self.vectorstore, self.user_key, user_id, extra)}
 
-    def _generator(self, callbacks: Callbacks) -> LangChainGenerator:
-        return generator_for(self._llm(), callbacks, self._style())
+    def _generator(
+        self, callbacks: Callbacks, configurable: dict[str, Any] | None = None
+    ) -> LangChainGenerator:
+        return generator_for(self._llm(), callbacks, self._style(), configurable)
 
     def _view_filtered(self) -> bool:
         # a filter or a store argument shapes the store's search; k and score_threshold do not
@@ -386,12 +389,12 @@ class PBRRetriever(BaseRetriever):
     def invoke(  # the user of config['configurable'], then BaseRetriever's
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[Document]:
-        return super().invoke(input, config, **_with_configured_user(config, kwargs))
+        return super().invoke(input, config, **_with_configurable(config, kwargs))
 
     async def ainvoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[Document]:
-        return await super().ainvoke(input, config, **_with_configured_user(config, kwargs))
+        return await super().ainvoke(input, config, **_with_configurable(config, kwargs))
 
     def _get_relevant_documents(
         self,
@@ -582,7 +585,7 @@ class PBRRetriever(BaseRetriever):
         ]
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
-        kwargs.pop(_CONFIGURED_USER, None)
+        kwargs.pop(_CONFIGURABLE, None)
         params = super()._get_ls_params(**kwargs)
         if self.vectorstore is not None:
             params["ls_vector_store_provider"] = type(self.vectorstore).__name__
@@ -593,9 +596,11 @@ class PBRRetriever(BaseRetriever):
         return params
 
 
-def _with_configured_user(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` plus the user of ``config["configurable"]["user_id"]``, if any: the config the
-    call was given merged with the one LCEL passes down to a step (``ensure_config``), so a
-    chain's or a fallback's configurable user reaches a plain retriever too."""
-    user = (ensure_config(config).get("configurable") or {}).get(USER_METADATA_KEY)
-    return kwargs if user is None else {**kwargs, _CONFIGURED_USER: user}
+def _with_configurable(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus ``config["configurable"]``, if any: the config the call was given merged
+    with the one LCEL passes down to a step (``ensure_config``), so a chain's or a fallback's
+    configurable user reaches a plain retriever too, and the LLM's run gets the same
+    ``configurable`` a child run of the retriever would (a model picked by
+    ``configurable_alternatives`` answers)."""
+    configurable = ensure_config(config).get("configurable") or {}
+    return {**kwargs, _CONFIGURABLE: dict(configurable)} if configurable else kwargs

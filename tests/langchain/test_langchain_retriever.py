@@ -825,6 +825,37 @@ def test_answers_are_cached_only_under_an_id_that_names_the_answering_model(
     assert len(GenerationCache(path)) == 0
 
 
+@pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])
+def test_the_runs_configurable_picks_the_model_that_writes_the_feedback(how: str) -> None:
+    """``config={"configurable": {"llm": "other"}}`` reaches the LLM's run, as it reaches any
+    child run: the model it picks answers (before, the default one did, silently)."""
+    from langchain_core.runnables import ConfigurableField, RunnableLambda
+
+    def model(name: str) -> ScriptedChat:
+        return ScriptedChat(answer=json.dumps({"candidates": [f"{name} answered"]}))
+
+    retriever = PBRRetriever(
+        llm=model("default").configurable_alternatives(
+            ConfigurableField(id="llm"), other=model("other")
+        ),
+        embeddings=EMB,
+        config=PBRConfig(fusion="paper", explain="first"),
+    )
+    retriever.add_documents([Document(t) for t in ALICE], user_id="alice")
+    config: Any = {"configurable": {"llm": "other", "user_id": "alice"}}
+    query = "where should we eat tonight?"
+    if how == "invoke":
+        docs = retriever.invoke(query, config=config)
+    elif how == "ainvoke":
+        docs = asyncio.run(retriever.ainvoke(query, config=config))
+    else:
+        docs = (RunnableLambda(lambda q: q) | retriever).invoke(query, config=config)
+    assert docs[0].metadata["pbr"]["pseudo_utterances"] == ["other answered"]
+    assert retriever.invoke(query, user_id="alice")[0].metadata["pbr"]["pseudo_utterances"] == [
+        "default answered"
+    ]
+
+
 def test_answers_of_a_model_chosen_at_run_time_are_not_cached(tmp_path: Any) -> None:
     """With ``configurable_fields`` / ``configurable_alternatives`` no one id names the model that
     answers: its answers are not cached (before, they were cached under the default model's id
