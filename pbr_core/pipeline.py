@@ -552,6 +552,7 @@ class Personalizer:
         outs, todo = _from_cache(self.cache, req)
         timeout = timeout_for(req.generator, req.config)
         outs.update(generate(req.generator, req.sent, todo, self.llm_executor, timeout))
+        _keep(self.cache, req, outs)
         return outs[0], outs[1]
 
     async def _agenerate(self, req: _Request) -> tuple[Answer, Answer]:
@@ -559,6 +560,8 @@ class Personalizer:
         outs, todo = _from_cache(self.cache, req)
         timeout = timeout_for(req.generator, req.config)
         outs.update(await agenerate(req.generator, req.sent, todo, self.llm_executor, timeout))
+        if _to_keep(self.cache, req, outs):  # file I/O: off the event loop
+            await asyncio.to_thread(_keep, self.cache, req, outs)
         return outs[0], outs[1]
 
     # -- parsing and fusion --------------------------------------------------------------------
@@ -595,7 +598,6 @@ class Personalizer:
                 if not got.items:
                     failures[term] = (got.problem or "nothing usable in the LLM answer", None)
                 results.append(got)
-        _keep(self.cache, req, texts, results)
         if failures and strict:
             term, (reason, cause) = next(iter(failures.items()))
             if isinstance(cause, LLMTimeoutError):
@@ -695,23 +697,23 @@ def _from_cache(
     return outs, todo
 
 
-def _keep(
-    cache: GenerationCache | None,
-    req: _Request,
-    texts: Sequence[str | BaseException | None],
-    parsed: Sequence[Parsed],
-) -> None:
-    """Cache the answers generated now that parsed into at least one usable item."""
+def _to_keep(cache: GenerationCache | None, req: _Request, outs: Mapping[int, Answer]) -> bool:
+    """Whether :func:`_keep` has anything to write: a cache, a cacheable generator, and an
+    answer generated now."""
     if cache is None or req.generator is None or req.sent is None:
+        return False
+    return _cacheable(req.generator) and any(isinstance(outs[i], str) for i in req.fresh)
+
+
+def _keep(cache: GenerationCache | None, req: _Request, outs: Mapping[int, Answer]) -> None:
+    """Cache the answers generated now that parse into at least one usable item."""
+    if not _to_keep(cache, req, outs):
         return
-    if not _cacheable(req.generator):
-        return
+    assert cache is not None and req.generator is not None and req.sent is not None
     model_id = model_id_of(req.generator)
     for i in req.fresh:
-        text = texts[i]
-        if not isinstance(text, str):
-            continue
-        if parsed[i].items or _parse_answer(req, i, text).items:
+        text = outs[i]
+        if isinstance(text, str) and _parse_answer(req, i, text).items:
             cache.put(model_id, req.sent[i], text)
 
 

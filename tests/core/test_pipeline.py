@@ -188,6 +188,27 @@ def test_generations_are_cached_on_disk_by_model_and_prompt(tmp_path) -> None:
     assert len(other_model.prompts) == 2
 
 
+async def test_an_async_request_writes_the_generation_cache_off_the_event_loop(tmp_path) -> None:
+    """The cache's file append is I/O: an async request does it in a worker thread, never on
+    the event loop (before, on it). What it writes is what a sync request writes."""
+
+    class Watched(GenerationCache):
+        on_loop: ClassVar[list[bool]] = []
+
+        def put(self, model_id: str, prompt: str, text: str) -> None:
+            try:
+                asyncio.get_running_loop()
+                self.on_loop.append(True)
+            except RuntimeError:
+                self.on_loop.append(False)
+            super().put(model_id, prompt, text)
+
+    await make(cache=Watched(tmp_path / "a.jsonl")).apersonalize("alice", "dinner?")
+    assert Watched.on_loop == [False, False]
+    make(cache=GenerationCache(tmp_path / "s.jsonl")).personalize("alice", "dinner?")
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "s.jsonl").read_text()
+
+
 def test_a_generator_that_declares_no_model_id_is_not_cached(tmp_path) -> None:
     """Its class name is all pbr would key its answers by, and two different models share it:
     the second one's answers would be the first one's (before, they were)."""
