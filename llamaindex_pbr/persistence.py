@@ -102,7 +102,9 @@ def persist(
         (folder / _MANIFEST).write_text(json.dumps(sealed, indent=1), encoding="utf-8")
 
     # A new snapshot folder made current in one atomic step: a crash leaves the old state.
-    write_atomically(root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"))
+    write_atomically(
+        root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"), legacy_format=_FORMAT
+    )
     for commit in commits:
         commit()
 

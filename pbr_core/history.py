@@ -498,7 +498,9 @@ class HistoryStore:
                 ) from exc
             (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
 
-        snapshot = write_atomically(target, write, legacy_names=(MANIFEST_NAME, USERS_DIR))
+        snapshot = write_atomically(
+            target, write, legacy_names=(MANIFEST_NAME, USERS_DIR), legacy_format=FORMAT_NAME
+        )
 
         def commit() -> Path:
             with self._lock:

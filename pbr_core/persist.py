@@ -168,6 +168,7 @@ def write_atomically(
     write: Callable[[Path], None],
     *,
     legacy_names: Sequence[str] = (),
+    legacy_format: str | None = None,
 ) -> Path:
     """Write a new state into the save folder ``path`` and make it current atomically.
 
@@ -193,10 +194,15 @@ def write_atomically(
         path: the save folder; created when missing. It may hold the layout of older versions
             (files directly in it): the new state then goes into a snapshot subfolder as usual.
         write: fills the folder it is given (which exists and is empty).
-        legacy_names: the entries of the older layout (e.g. ``("manifest.json", "users")``).
-            Those found directly in ``path`` are removed once the new ``CURRENT`` is in place
+        legacy_names: the entries of the older layout, its manifest first (e.g.
+            ``("manifest.json", "users")``). Where ``path`` held a save of that layout when the
+            write began (its manifest a JSON object whose ``"format"`` is ``legacy_format``),
+            those found directly in ``path`` are removed once the new ``CURRENT`` is in place
             (the new layout never puts anything there under these names), so an older version
-            of the library cannot read stale data from them.
+            of the library cannot read stale data from them. Anywhere else they are the
+            caller's own files under the same names, and are left alone.
+        legacy_format: the older layout's manifest ``"format"``; required with
+            ``legacy_names``.
 
     Returns:
         The new snapshot folder (now named by ``CURRENT``).
@@ -216,6 +222,8 @@ def write_atomically(
                 f"names of entries directly in the folder, other than {POINTER_NAME} and "
                 f"{SNAPSHOT_PREFIX}*"
             )
+    if legacy_names and legacy_format is None:
+        raise ValueError("legacy_names need the legacy_format that marks a save of that layout")
     folder = Path(path)
     _not_inside_a_save(folder)
     if folder.exists() and not folder.is_dir():
@@ -229,6 +237,11 @@ def write_atomically(
     pointer = folder / POINTER_NAME
     with _writer_lock(folder):
         previous, pointer_ok = _previous_snapshot(folder)
+        legacy = (
+            [folder / legacy_name for legacy_name in legacy_names]
+            if legacy_names and _holds_format(folder / legacy_names[0], legacy_format)
+            else []
+        )
         name = new_snapshot_name()
         snapshot = folder / name
         try:
@@ -249,20 +262,36 @@ def write_atomically(
             raise
         _fsync_dir(folder)
         keep = {name, previous} if pointer_ok else None
-        _prune(folder, keep, [folder / legacy_name for legacy_name in legacy_names])
+        _prune(folder, keep, legacy)
     return snapshot
 
 
 # -- internals -------------------------------------------------------------------------------
 def _not_inside_a_save(folder: Path) -> None:
     """PersistenceError if ``folder`` is a snapshot folder of a save (its parent has
-    ``CURRENT``): it loads (read as a save of the older layout), but a save to it would remove
-    its files as that layout's."""
-    if _SNAPSHOT_NAME.match(folder.name) and (folder.parent / POINTER_NAME).exists():
+    ``CURRENT``), however it is spelt (a symlink, ``"."`` from inside it): it loads (read as a
+    save of the older layout), but a save to it would remove its files as that layout's."""
+    real = folder.resolve()
+    if _SNAPSHOT_NAME.match(real.name) and (real.parent / POINTER_NAME).exists():
         raise PersistenceError(
             f"cannot save to {folder}: it is a snapshot folder inside the save folder "
-            f"{folder.parent}; save to {folder.parent}"
+            f"{real.parent} ({real.name}); save to {real.parent}"
         )
+
+
+def _holds_format(manifest: Path, format_name: str | None) -> bool:
+    """Whether ``manifest`` is a JSON object whose ``"format"`` is ``format_name`` (never
+    raises: anything else, a damaged one included, is not a save of that layout)."""
+    try:
+        with manifest.open("rb") as fh:
+            head = json.loads(fh.read(_MANIFEST_LIMIT))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(head, dict) and head.get("format") == format_name
+
+
+#: The most of a legacy manifest read to tell its format (a larger one is not taken for one).
+_MANIFEST_LIMIT = 256 * 1024 * 1024
 
 
 def _parse_pointer(pointer: Path, raw: bytes) -> str:

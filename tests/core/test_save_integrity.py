@@ -279,6 +279,39 @@ def test_a_snapshot_folder_loads_but_is_not_a_save_folder(tmp_path) -> None:
     assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
 
 
+@pytest.mark.parametrize("spelt", ["symlink", "dot"])
+def test_a_snapshot_folder_is_refused_as_a_save_folder_however_it_is_spelt(
+    tmp_path, monkeypatch, spelt: str
+) -> None:
+    """A symlink to the current snapshot, or "." from inside it, is that snapshot: refused
+    (before, accepted, and the save removed the snapshot's own files as an older layout's)."""
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    inner = current_snapshot(folder)
+    if spelt == "symlink":
+        target = tmp_path / "link"
+        target.symlink_to(inner, target_is_directory=True)
+    else:
+        monkeypatch.chdir(inner)
+        target = Path(".")
+    with pytest.raises(PersistenceError, match="snapshot folder"):
+        HistoryStore().save(target)
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
+
+
+def test_a_save_leaves_the_callers_own_files_that_share_an_older_layouts_names(tmp_path) -> None:
+    """``users/`` and ``manifest.json`` in a folder that is not an older pbr save are the
+    caller's: kept (before, a save removed them as that layout's), and the save loads."""
+    folder = tmp_path / "app"
+    (folder / "users").mkdir(parents=True)
+    (folder / "users" / "alice.db").write_text("the app's own data")
+    (folder / "manifest.json").write_text('{"name": "my app"}')
+    make_store().save(folder)
+    assert (folder / "users" / "alice.db").read_text() == "the app's own data"
+    assert (folder / "manifest.json").read_text() == '{"name": "my app"}'
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
+
+
 def test_a_save_that_cannot_lock_its_folder_writes_nothing(tmp_path) -> None:
     folder = tmp_path / "h"
     make_store().save(folder)
