@@ -318,7 +318,6 @@ class Corpus:
         self.embedder = embedder
         self.cache = cache if cache is not None else HistoryStore()
         self.user_key = user_key
-        self._default_embedder = False
         self._known: dict[str, _Known] = {}
         # Users the cache evicted and no read has brought back: a write re-reads them first.
         self._evicted: set[str] = set()
@@ -389,7 +388,7 @@ class Corpus:
         Raises:
             PersistenceError: naming both models and what to do.
         """
-        if self.embedder is not None and not self._default_embedder:
+        if self.embedder is not None:  # the default MiniLM too, once resolved
             check_model(self.cache.embedding_model_id, self.embedder, "the history store")
 
     def can_read_back(self, user_id: str) -> bool:
@@ -756,7 +755,6 @@ class Corpus:
             from .models import default_embedder
 
             self.embedder = default_embedder()
-            self._default_embedder = True
         return self.embedder
 
     def _plan(
@@ -866,8 +864,9 @@ class Corpus:
                 self.host.upsert(records)  # the one write; a fault leaves the cache as it was
             for record in records:
                 by_user.setdefault(record.user_id, []).append(record)
-        configured = self.embedder is not None and not self._default_embedder
-        if self.cache.embedding_model_id is None and configured:
+        # the model that embedded the items: a configured one or the default MiniLM (a load
+        # with another model is then refused, as for any recorded model)
+        if self.cache.embedding_model_id is None and self.embedder is not None:
             self.cache.embedding_model_id = model_id_of(self.embedder)
         # A host that cannot list: pbr's history is the only record of a key other than pbr's
         # own, so it is saved with the items (HistoryStore host_keys).

@@ -133,6 +133,13 @@ class HistoryStore:
         max_cache_bytes: int | None = None,
     ) -> None:
         budget = _check_budget(max_cache_bytes)
+        # checked as a load checks them: a store that took them would save a folder no load reads
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise ValueError(f"dim must be an integer >= 1 or None, got {dim!r}")
+        if embedding_model_id is not None and not isinstance(embedding_model_id, str):
+            raise ValueError(
+                f"embedding_model_id must be a string or None, got {embedding_model_id!r}"
+            )
         self.dim = dim
         self.embedding_model_id = embedding_model_id
         #: The budget in bytes, and whether it was given (an explicit one is refused where

@@ -131,8 +131,10 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
     rejected batch is written nowhere.
 
     Rules: the user id, item ids and texts are strings encodable as UTF-8; metadata is a mapping
-    whose keys and values JSON can hold (str, int, float, bool, None, lists and dicts of them),
-    UTF-8 encodable; a timestamp is a finite ``int``/``float`` (POSIX seconds) or None.
+    with string keys (at any depth: JSON would turn ``1`` into ``"1"``, and ``{1: .., "1": ..}``
+    into one key) and values JSON can hold (str, int, float, bool, None, lists and dicts of
+    them; a tuple is saved as a list), UTF-8 encodable; a timestamp is a finite
+    ``int``/``float`` (POSIX seconds) or None.
 
     Raises:
         ValueError: naming the user, the item and the field, and saying how to fix it.
@@ -171,6 +173,34 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
             except (TypeError, ValueError, RecursionError):
                 _explain_unserialisable(item, _where(item, user_id))
         # every item encodes on its own (the list's one more level of nesting failed): fine
+    for item in items:
+        odd = _keys_not_strings(item.metadata)
+        if odd:
+            key = odd[0]
+            raise ValueError(
+                f"metadata of {_where(item, user_id)} has the {type(key).__name__} key {key!r}; "
+                "keys are strings (JSON would save it as a string, and merge it with an equal "
+                "one): pass str(key)"
+            )
+
+
+def _keys_not_strings(value: object) -> list[object]:
+    """The first dict key in ``value`` (at any depth) that is not a string, as a one-item
+    list (a key may be None); empty where every key is a string."""
+    inner: Iterable[object] = ()
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                return [key]
+        inner = value.values()
+    elif isinstance(value, list | tuple):
+        inner = value
+    for nested in inner:
+        if isinstance(nested, Mapping | list | tuple):
+            found = _keys_not_strings(nested)
+            if found:
+                return found
+    return []
 
 
 class _Unserialisable(TypeError):

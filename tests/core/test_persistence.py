@@ -401,6 +401,9 @@ def test_a_legacy_layout_folder_still_loads_and_is_converted_by_a_save(tmp_path,
         ("alice", HistoryItem(id="x", text="t", timestamp=float("nan")), "finite POSIX seconds"),
         ("alice", HistoryItem(id="x", text="t", timestamp=float("inf")), "finite POSIX seconds"),
         ("alice", HistoryItem(id="x", text="t", timestamp="2024"), "timestamp of type str"),  # type: ignore[arg-type]
+        # keys JSON would turn into strings, merging {1: .., "1": ..} into one (a value lost)
+        ("alice", HistoryItem(id="x", text="t", metadata={1: "a", "1": "b"}), "int key 1"),  # type: ignore[dict-item]
+        ("alice", HistoryItem(id="x", text="t", metadata={"n": [{None: 0}]}), "NoneType key"),
     ],
 )
 def test_unsaveable_input_is_rejected_at_upsert_and_the_store_is_unchanged(
@@ -543,3 +546,43 @@ def test_a_load_while_other_saves_prune_its_snapshot_reads_the_new_one_not_damag
     monkeypatch.setattr(history_mod, "read_user", two_saves_land_meanwhile)
     loaded = HistoryStore.load(tmp_path / "h")
     assert {loaded.get(u).items[0].text for u in ("u", "v")} == {"new"}  # one state, the new one
+
+
+def test_a_history_the_default_embedder_made_records_its_model_and_refuses_another(
+    tmp_path, monkeypatch
+) -> None:
+    """Without an embedder the embedded MiniLM embeds, and its id is recorded like any model's:
+    a load with another model is refused (before, nothing was recorded, and the vectors of two
+    models were compared silently). A fake stands in for MiniLM under its id (no model load)."""
+    import pbr_core.models as models
+    from pbr_core import Personalizer
+
+    class Other(HashEmbedder):
+        model_id = "some-org/other-8d-model"
+
+    stand_in = HashEmbedder(dim=8)
+    stand_in.model_id = models.MiniLMEmbedder.model_id
+    monkeypatch.setattr(models, "_default_embedder", stand_in)
+    p = Personalizer()
+    p.add_texts("alice", ["I run marathons", "kale smoothies every morning"])
+    assert p.store.embedding_model_id == models.MiniLMEmbedder.model_id
+    p.save(tmp_path / "h")
+    with pytest.raises(PersistenceError, match="some-org/other-8d-model"):
+        Personalizer.load(str(tmp_path / "h"), Other(dim=8))
+    assert Personalizer.load(str(tmp_path / "h")).store.users() == ["alice"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"dim": 16.0}, "dim must be an integer"),
+        ({"dim": 0}, "dim must be an integer"),
+        ({"dim": True}, "dim must be an integer"),
+        ({"embedding_model_id": 7}, "embedding_model_id must be a string"),
+    ],
+)
+def test_a_store_refuses_a_dim_or_model_id_no_load_would_read(kwargs, error) -> None:
+    """Checked when the store is made, as a load checks them: before, the store took them,
+    and its save replaced a good one with a folder no load reads."""
+    with pytest.raises(ValueError, match=error):
+        HistoryStore(**kwargs)
