@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
@@ -225,8 +226,12 @@ class PBRConfig:
             )
         for name in ("lexical_feedback_weight", "lexical_context"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-                problems.append(f"{name} must be a number >= 0, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value < math.inf  # inf: inf * 0 = NaN, the lexical leg drops out
+            ):
+                problems.append(f"{name} must be a finite number >= 0, got {value!r}")
         if problems:
             raise ValueError("invalid PBRConfig: " + "; ".join(problems))
 

@@ -39,12 +39,26 @@ def as_unit_rows(vectors: Any, *, dim: int | None = None, what: str = "embedding
     bad = ~np.isfinite(arr).all(axis=1)
     if bad.any():
         raise EmbeddingError(f"{what}: row(s) {np.flatnonzero(bad).tolist()} contain NaN or inf")
-    norms = np.linalg.norm(arr, axis=1, keepdims=True)
-    zero = norms[:, 0] == 0
+    zero = ~arr.any(axis=1)
     if zero.any():
         raise EmbeddingError(f"{what}: row(s) {np.flatnonzero(zero).tolist()} are all zeros")
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    # float32 squares overflow above ~1e19 (the norm is inf: the row would become zeros) and
+    # underflow below ~1e-19 (a norm of 0, or a wrong one): such rows are scaled to a largest
+    # component of 1 first. Other rows are divided by their norm as computed.
+    odd = ~np.isfinite(norms[:, 0]) | (norms[:, 0] < _SMALLEST_EXACT_NORM)
+    if odd.any():
+        rows = arr[odd] / np.abs(arr[odd]).max(axis=1, keepdims=True)
+        arr[odd] = rows
+        norms[odd] = np.linalg.norm(rows, axis=1, keepdims=True)
     arr /= norms
     return arr
+
+
+#: Below this float32 norm, some of a row's squares may have underflowed (float32's smallest
+#: normal number is ~1.2e-38, the square of ~1.1e-19).
+_SMALLEST_EXACT_NORM = 1e-18
 
 
 def as_unit_vector(vector: Any, *, dim: int | None = None, what: str = "embedding") -> np.ndarray:

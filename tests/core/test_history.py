@@ -38,6 +38,17 @@ def test_vectors_are_stored_unit_norm(store: HistoryStore) -> None:
     np.testing.assert_allclose(np.linalg.norm(store.get("alice").vectors, axis=1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("scale", [1e20, 1e-25, 1e-22, 1e-40])
+def test_a_finite_vector_of_any_scale_is_stored_as_its_unit_direction(
+    store: HistoryStore, scale: float
+) -> None:
+    """float32 squares overflow or underflow at these scales: before, a 1e20-scaled vector was
+    stored as zeros (every later anchor raised), a 1e-25 one refused as all zeros, a 1e-22 one
+    stored with norm .9956."""
+    store.upsert("alice", items("big"), np.array([[3.0, 4.0, 0.0, 0.0]]) * scale)
+    np.testing.assert_allclose(store.get("alice").vectors[-1], [0.6, 0.8, 0.0, 0.0], rtol=1e-5)
+
+
 def test_unknown_user_error_says_how_to_add_history(store: HistoryStore) -> None:
     with pytest.raises(UnknownUserError, match="add_texts\\('carol'"):
         store.get("carol")

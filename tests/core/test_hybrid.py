@@ -731,8 +731,11 @@ def test_a_requests_config_asks_for_the_neighbours_context_and_it_is_off_by_defa
     p.search("u", "dentist on Thursday", k=2)
     p.search("u", "dentist on Thursday", k=2, config=PBRConfig(fusion="plain", lexical_context=0.5))
     assert seen == [0.0, 0.5]
-    with pytest.raises(ValueError, match="lexical_context must be a number >= 0"):
-        PBRConfig(lexical_context=-0.1)
+    for bad in (-0.1, float("inf"), float("nan")):  # inf: inf * 0 = NaN dropped the leg
+        with pytest.raises(ValueError, match="lexical_context must be a finite number >= 0"):
+            PBRConfig(lexical_context=bad)
+    with pytest.raises(ValueError, match="lexical_feedback_weight must be a finite number"):
+        PBRConfig(lexical_feedback_weight=float("inf"))
 
 
 def test_a_requests_config_chooses_the_lexical_analyzer_and_stemming_is_off_by_default() -> None:
