@@ -94,7 +94,9 @@ class LangChainGenerator:
         # (its class name, which two models share): no answer is cached, since it would be
         # served for another model's.
         self.cacheable = one_model(llm) and declared_model_id(model) is not None
-        self.in_process = bool(getattr(underlying_model(llm), "in_process", False))
+        # in-process (no timeout: pbr_core.generation.timeout_for) only if every model that
+        # may answer is: a remote fallback of the embedded model can hang on its network
+        self.in_process = all(bool(getattr(m, "in_process", False)) for m in answering_models(llm))
 
     def generate(self, prompt: str) -> str:
         return text_of(self.llm.invoke(prompt, config=self.config))
@@ -120,7 +122,8 @@ def generator_for(
 
 
 def natively_async(llm: Any) -> bool:
-    """Whether ``llm.ainvoke`` runs the model's own async code (not its sync code in a thread).
+    """Whether ``llm.ainvoke`` runs its models' own async code (not their sync code in a
+    thread), for every model that may answer (:func:`answering_models`: a fallback too).
 
     A chat model counts when its class overrides ``_agenerate`` (``_acall`` for an ``LLM``,
     ``_agenerate`` for a ``BaseLLM``): that is what ``ainvoke`` awaits. An ``_astream`` override
@@ -129,10 +132,14 @@ def natively_async(llm: Any) -> bool:
     pbr cannot bound. A Runnable pbr cannot find a model in counts as sync (its ``ainvoke``
     may run sync code in that pool too): pbr's own bounded executor runs it.
     """
+    return all(_natively_async_model(m) for m in answering_models(llm))
+
+
+def _natively_async_model(model: Any) -> bool:
     from langchain_core.language_models import BaseChatModel, BaseLLM
     from langchain_core.language_models.llms import LLM
 
-    model, cls = underlying_model(llm), type(underlying_model(llm))
+    cls = type(model)
     if isinstance(model, BaseChatModel):
         return cls._agenerate is not BaseChatModel._agenerate
     if isinstance(model, LLM):
@@ -140,6 +147,36 @@ def natively_async(llm: Any) -> bool:
     if isinstance(model, BaseLLM):
         return cls._agenerate is not BaseLLM._agenerate
     return False
+
+
+def answering_models(llm: Any) -> list[Any]:
+    """Every model that may answer a call of ``llm``: the one :func:`underlying_model` finds,
+    and each fallback's (``with_fallbacks``) and alternative's (``configurable_alternatives``),
+    found the same way; ``llm`` itself where none is found."""
+    from langchain_core.runnables import RunnableWithFallbacks
+    from langchain_core.runnables.configurable import RunnableConfigurableAlternatives
+
+    found = [underlying_model(llm)]
+    for _ in range(8):
+        if isinstance(llm, RunnableWithFallbacks):
+            for fallback in llm.fallbacks:
+                found += answering_models(fallback)
+        if isinstance(llm, RunnableConfigurableAlternatives):
+            for other in llm.alternatives.values():
+                if isinstance(other, Runnable):  # a factory is built only when picked
+                    found += answering_models(other)
+        if isinstance(llm, BaseLanguageModel):
+            break
+        steps = _steps(llm)
+        if steps is not None:
+            for step in steps:
+                found += [m for m in answering_models(step) if isinstance(m, BaseLanguageModel)]
+            break
+        llm = _wrapped(llm)
+        if llm is None:
+            break
+    unique: dict[int, Any] = {id(m): m for m in found}
+    return list(unique.values())
 
 
 #: A chat model / LLM, or a Runnable around one (``with_retry()``, ``with_fallbacks()``,

@@ -795,6 +795,32 @@ def test_a_chain_around_a_sync_model_runs_in_pbrs_bounded_executor_under_its_id(
     assert generator.cacheable and generator.generate("hi") == ANSWER
 
 
+def test_a_fallback_decides_as_much_as_the_primary_how_pbr_calls_and_bounds_the_model() -> None:
+    """``with_fallbacks``: natively async only if every model that may answer is (before, an
+    async primary's sync fallback ran in asyncio's default pool, where hung calls filled it and
+    every later async request hung), and in-process (no timeout) only if every one is (before,
+    the embedded model's remote fallback was never timed out)."""
+    from langchain_core.output_parsers import StrOutputParser
+
+    from langchain_pbr._bridge import AsyncLangChainGenerator, LangChainGenerator, generator_for
+    from pbr_core.generation import timeout_for
+
+    class InProcess(ScriptedChat):
+        in_process: bool = True
+
+    config = PBRConfig(llm_timeout_s=0.3)
+    assert type(generator_for(ScriptedChat(), None, "chat")) is AsyncLangChainGenerator
+    mixed = ScriptedChat().with_fallbacks([SyncOnlyChat()])
+    assert type(generator_for(mixed, None, "chat")) is LangChainGenerator
+    both = ScriptedChat().with_fallbacks([ScriptedChat()])
+    assert type(generator_for(both, None, "chat")) is AsyncLangChainGenerator
+    assert timeout_for(generator_for(InProcess(), None, "chat"), config) is None
+    local_then_remote = InProcess().with_fallbacks([ScriptedChat()])
+    assert timeout_for(generator_for(local_then_remote, None, "chat"), config) == 0.3
+    chain = InProcess().with_fallbacks([InProcess()]) | StrOutputParser()
+    assert timeout_for(generator_for(chain, None, "chat"), config) is None
+
+
 def test_answers_are_cached_only_under_an_id_that_names_the_answering_model(
     tmp_path: Any,
 ) -> None:
