@@ -36,6 +36,7 @@ The rules (the ones a multi-tenant vector database keeps):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -43,7 +44,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -324,12 +325,14 @@ class Corpus:
         self._window_of: tuple[object, Window | None] | None = None
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # requests under way per user (in_use): the cache does not evict them meanwhile
+        self._in_use: dict[str, int] = {}
         self.host = host  # checks the cache's budget against it
         self.check_model()
         self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
-        skip = ("_locks", "_locks_guard", "_window_of")  # locks; a tokenizer closure
+        skip = ("_locks", "_locks_guard", "_window_of", "_in_use")  # locks; a closure; requests
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -341,6 +344,7 @@ class Corpus:
         self._window_of = None
         self._locks = {}
         self._locks_guard = threading.Lock()
+        self._in_use = {}
         self.cache.attach(self)
 
     @property
@@ -407,12 +411,32 @@ class Corpus:
         if not lock.acquire(blocking=False):  # being refreshed or written: keep it
             return False
         try:
-            self._known.pop(user_id, None)
-            self._verified_at.pop(user_id, None)
-            self._evicted.add(user_id)
+            with self._locks_guard:  # one step with in_use's count: a request starts after
+                if self._in_use.get(user_id):  # a request reads it more than once: keep it
+                    return False
+                self._known.pop(user_id, None)
+                self._verified_at.pop(user_id, None)
+                self._evicted.add(user_id)
         finally:
             lock.release()
         return True
+
+    @contextlib.contextmanager
+    def in_use(self, user_id: str) -> Iterator[None]:
+        """Keep ``user_id`` in the cache while a request reads it (several times: its history,
+        the personalizer's, the ranking's keys). Evicted in between, the request would read
+        the user back on the event loop, or rank with keys the eviction forgot."""
+        with self._locks_guard:
+            self._in_use[user_id] = self._in_use.get(user_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._locks_guard:
+                left = self._in_use[user_id] - 1
+                if left:
+                    self._in_use[user_id] = left
+                else:
+                    del self._in_use[user_id]
 
     @property
     def verified(self) -> bool:
@@ -507,7 +531,8 @@ class Corpus:
         extras: Mapping[str, Sequence[Any]] | None = None,
         write_host: bool = True,
     ) -> dict[str, list[str]]:
-        """Async :meth:`add_many`: native async embedding, the host write in a worker thread."""
+        """Async :meth:`add_many`: native async embedding, the host's checks and write in a
+        worker thread."""
         self.check_model()
         todo = {
             user: list(items)
@@ -518,8 +543,11 @@ class Corpus:
         for user, items in todo.items():
             check_user_id(user)
             given[user] = await self._aembed(user, items)
-        plan = self._plan(groups, given, extras)
-        return await asyncio.to_thread(self._commit, plan, write_host=write_host)
+        # the plan's host.validate may be I/O too (PostgreSQL reads the keys it would take):
+        # off the event loop with the write
+        return await asyncio.to_thread(
+            lambda: self._commit(self._plan(groups, given, extras), write_host=write_host)
+        )
 
     def delete(self, user_id: str, ids: Iterable[str]) -> None:
         """Remove the user's items by their ids.
@@ -720,6 +748,15 @@ class Corpus:
         return meta
 
     # -- internals -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _users_locked(self, user_ids: Iterable[str]) -> Iterator[None]:
+        """Hold the locks of ``user_ids``, taken in sorted order (the one order of every
+        multi-user hold, so two batches never wait on each other's locks)."""
+        with contextlib.ExitStack() as stack:
+            for user_id in sorted(set(user_ids)):
+                stack.enter_context(self._user_lock(user_id))
+            yield
+
     def _user_lock(self, user_id: str) -> threading.Lock:
         with self._locks_guard:
             lock = self._locks.get(user_id)
@@ -858,25 +895,27 @@ class Corpus:
         # Embedded before the host write: an embedder's fault then leaves nothing written (over
         # a host that cannot list, a record pbr's history does not hold could not be deleted).
         windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
-        if self.host is not None:
-            records = self._records(plan, held=not write_host)
-            if write_host:
-                self.host.upsert(records)  # the one write; a fault leaves the cache as it was
-            for record in records:
-                by_user.setdefault(record.user_id, []).append(record)
-        # the model that embedded the items: a configured one or the default MiniLM (a load
-        # with another model is then refused, as for any recorded model)
-        if self.cache.embedding_model_id is None and self.embedder is not None:
-            self.cache.embedding_model_id = model_id_of(self.embedder)
-        # A host that cannot list: pbr's history is the only record of a key other than pbr's
-        # own, so it is saved with the items (HistoryStore host_keys).
-        own_keys: dict[str, dict[str, str]] = {}
-        if self.host is not None and not self.verified:
-            for record in records:
-                if record.key != scoped_key(record.user_id, record.item_id):
-                    own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
-        for user_id, items, unit, _ in plan:
-            with self._user_lock(user_id):
+        # The users' locks from the host write to the cache's update: a delete of one of these
+        # items runs wholly before or after, never between (it would be undone in the cache).
+        with self._users_locked(g.user_id for g in plan):
+            if self.host is not None:
+                records = self._records(plan, held=not write_host)
+                if write_host:
+                    self.host.upsert(records)  # the one write; a fault leaves the cache as it was
+                for record in records:
+                    by_user.setdefault(record.user_id, []).append(record)
+            # the model that embedded the items: a configured one or the default MiniLM (a load
+            # with another model is then refused, as for any recorded model)
+            if self.cache.embedding_model_id is None and self.embedder is not None:
+                self.cache.embedding_model_id = model_id_of(self.embedder)
+            # A host that cannot list: pbr's history is the only record of a key other than pbr's
+            # own, so it is saved with the items (HistoryStore host_keys).
+            own_keys: dict[str, dict[str, str]] = {}
+            if self.host is not None and not self.verified:
+                for record in records:
+                    if record.key != scoped_key(record.user_id, record.item_id):
+                        own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
+            for user_id, items, unit, _ in plan:
                 if user_id in self._evicted and self.verified:
                     self._refresh(user_id)  # the rest of the user first: never a partial view
                 self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))

@@ -28,6 +28,7 @@ import numpy as np
 
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
+from .fusion import MODE_TERMS
 from .hybrid import host_candidates, lexical_query, lexical_terms
 from .prf import PromptSet
 from .protocols import SearchHit, TextGenerator
@@ -371,14 +372,17 @@ def retrieve(
             assert final_search is not None
             return final_search(effect.vector, effect.k)
 
-    effect = next(steps)
-    while True:
-        result = perform(effect)
-        try:
-            effect = steps.send(result)
-        except StopIteration as done:
-            corpus.share_state(request.user_id)  # what a cold read derived, for other workers
-            return done.value
+    with corpus.in_use(request.user_id):  # not evicted between the request's reads
+        effect = next(steps)
+        while True:
+            result = perform(effect)
+            try:
+                effect = steps.send(result)
+            except StopIteration as done:
+                retrieval: Retrieval = done.value
+                break
+    corpus.share_state(request.user_id)  # what a cold read derived, for other workers
+    return retrieval
 
 
 async def aretrieve(
@@ -405,7 +409,11 @@ async def aretrieve(
             )
         with host_errors():
             if isinstance(effect, _ReadHistory):
-                return await corpus.ahistory(request.user_id)
+                history = await corpus.ahistory(request.user_id)
+                if history is not None and not _derived(history, config):
+                    # a cold user's anchor and BM25 index: CPU work (1.5 s at 10k items)
+                    await asyncio.to_thread(_derive, history, config)
+                return history
             if isinstance(effect, _Filter):
                 assert host_filter is not None
                 return await host_filter()
@@ -415,15 +423,37 @@ async def aretrieve(
             assert final_search is not None
             return await final_search(effect.vector, effect.k)
 
-    effect = next(steps)
-    while True:
-        result = await perform(effect)
-        try:
-            effect = steps.send(result)
-        except StopIteration as done:
-            if corpus.has_unshared(request.user_id):  # a write: off the event loop
-                await asyncio.to_thread(corpus.share_state, request.user_id)
-            return done.value
+    with corpus.in_use(request.user_id):  # not evicted between the request's reads
+        effect = next(steps)
+        while True:
+            result = await perform(effect)
+            try:
+                effect = steps.send(result)
+            except StopIteration as done:
+                retrieval: Retrieval = done.value
+                break
+    if corpus.has_unshared(request.user_id):  # a write: off the event loop
+        await asyncio.to_thread(corpus.share_state, request.user_id)
+    return retrieval
+
+
+def _derived(history: UserHistory, config: PBRConfig) -> bool:
+    """Whether what a request with ``config`` derives from ``history`` is built: the anchor
+    (where the fusion uses it) and the BM25 index (where the search has a lexical leg)."""
+    anchor = MODE_TERMS[config.fusion][0] and len(history) >= 2
+    lexical = config.search != "dense"
+    return (not anchor or history.has_anchor(config)) and (
+        not lexical or history.has_lexical(config.lexical_stemmer)
+    )
+
+
+def _derive(history: UserHistory, config: PBRConfig) -> None:
+    """Build what :func:`_derived` checks (the async driver runs it in a worker thread, so a
+    cold user's derivation never runs on the event loop)."""
+    if MODE_TERMS[config.fusion][0] and len(history) >= 2:
+        history.anchor(config)
+    if config.search != "dense":
+        history.lexical(config.lexical_stemmer)
 
 
 def _hosts(search: object, filter_: object, final: object) -> _Hosts:

@@ -258,6 +258,14 @@ class UserHistory:
                 self._grown += 1
             return index
 
+    def has_lexical(self, stemmer: StemmerName | None) -> bool:
+        """Whether :meth:`lexical` for ``stemmer`` is built (it returns at once)."""
+        return stemmer in self._lexical
+
+    def has_anchor(self, config: PBRConfig) -> bool:
+        """Whether :meth:`anchor` for ``config`` is computed (it returns at once)."""
+        return config.anchor_key in self._anchors
+
     def lexical_indexes(self) -> list[LexicalIndex]:
         """The BM25 indexes built so far (one per analyzer asked for): what a shared state
         keeps (:mod:`pbr_core.derived`)."""

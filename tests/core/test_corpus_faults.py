@@ -198,3 +198,64 @@ def test_pbr_keeps_its_own_copy_of_metadata_and_hands_out_copies(host: ListingHo
     hit.metadata["n"]["x"] = 2
     item = corpus.history("alice").items[0]  # type: ignore[union-attr]
     assert item.metadata["tags"] == ["tea"] and item.metadata["n"] == {"x": 1}
+
+
+@pytest.mark.parametrize("host_kind", [ListingHost, SilentHost])
+def test_a_delete_during_an_add_of_the_same_item_is_not_undone(host_kind: type) -> None:
+    """A delete that starts while an add of the same id is writing the host waits for the
+    add, then removes the item everywhere (before, it ran between the add's host write and its
+    cache update, and the add put the deleted item back in pbr's history: for good over a
+    store that cannot list, where it reached the anchor, the prompts and the save)."""
+    import threading
+
+    written, resume = threading.Event(), threading.Event()
+
+    class Pausing(host_kind):  # type: ignore[misc, valid-type]
+        pause = False
+
+        def upsert(self, records: Sequence[Record]) -> None:
+            super().upsert(records)
+            if self.pause:
+                self.pause = False
+                written.set()
+                resume.wait(10)
+
+    host = Pausing()
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore())
+    corpus.add("alice", [HistoryItem("a", "kale salad"), HistoryItem("b", "morning run")])
+    host.pause = True
+    adding = threading.Thread(target=corpus.add, args=("alice", [HistoryItem("a", "kale v2")]))
+    adding.start()
+    assert written.wait(10)  # the add has written the host, not yet pbr's history
+    deleting = threading.Thread(target=corpus.delete, args=("alice", ["a"]))
+    deleting.start()
+    deleting.join(0.3)
+    assert deleting.is_alive()  # it waits for the add
+    resume.set()
+    adding.join(10)
+    deleting.join(10)
+    assert ids_of(corpus, "alice") == ["b"]
+    assert [r.item_id for r in host.rows.values()] == ["b"]
+
+
+def test_an_async_add_checks_and_writes_the_host_off_the_event_loop() -> None:
+    """``validate`` may be I/O (PostgreSQL reads the keys an add would take): an async add runs
+    it in a worker thread, as it runs the write (before, it ran on the event loop)."""
+    import asyncio
+    import threading
+
+    on_loop: list[bool] = []
+
+    class Watched(ListingHost):
+        def validate(self, records: Sequence[Record]) -> None:
+            on_loop.append(threading.current_thread() is loop_thread)
+
+        def upsert(self, records: Sequence[Record]) -> None:
+            on_loop.append(threading.current_thread() is loop_thread)
+            super().upsert(records)
+
+    loop_thread = threading.current_thread()  # asyncio.run runs the loop in this thread
+    corpus = Corpus(Watched(), embedder=HashEmbedder(), cache=HistoryStore())
+    asyncio.run(corpus.aadd_many({"alice": [HistoryItem("a", "kale salad")]}))
+    assert on_loop == [False, False]
+    assert ids_of(corpus, "alice") == ["a"]

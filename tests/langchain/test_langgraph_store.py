@@ -690,3 +690,40 @@ def test_a_label_that_only_has_braces_is_a_namespace_not_a_placeholder() -> None
     assert keys(store.search(ns, query="cello")) == ["k"]
     with pytest.raises(ValueError, match="unfilled placeholder"):
         store.put(("memories", "{user_id}"), "k", {"content": "x"})
+
+
+def test_a_search_keeps_its_user_in_the_cache_while_another_users_search_would_evict_it() -> None:
+    """Under a budget that holds one user, bob's search while alice's is under way does not
+    evict alice between her request's reads (before, it did: her ranking then mapped her items
+    to keys the eviction forgot, and PBRStore dropped every result)."""
+    import threading
+
+    inside, resume = threading.Event(), threading.Event()
+
+    class Pausing(BagOfWords):
+        def embed_query(self, text: str) -> list[float]:
+            if text.startswith("PAUSE "):  # alice's query: after her history read
+                inside.set()
+                resume.wait(10)
+                text = text.removeprefix("PAUSE ")
+            return super().embed_query(text)
+
+    inner = InMemoryStore()
+    for user in ("alice", "bob"):
+        for i in range(5):
+            inner.put(("memories", user), f"k{i}", {"content": f"{user} note {i} about kale salad"})
+    store = PBRStore(inner, Pausing(), max_cache_bytes=1)  # at most the user being read
+    alone = [it.key for it in store.search(("memories", "alice"), query="salad", limit=3)]
+    got: dict[str, list[str]] = {}
+    alice = threading.Thread(
+        target=lambda: got.setdefault(
+            "alice",
+            [it.key for it in store.search(("memories", "alice"), query="PAUSE salad", limit=3)],
+        )
+    )
+    alice.start()
+    assert inside.wait(10)
+    bob = [it.key for it in store.search(("memories", "bob"), query="salad", limit=3)]
+    resume.set()
+    alice.join(10)
+    assert got["alice"] == alone and len(bob) == 3
