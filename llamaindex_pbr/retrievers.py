@@ -9,8 +9,9 @@ import copy
 import functools
 import inspect
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import llama_index.core.instrumentation as instrument
@@ -138,10 +139,20 @@ class _Shared:
     index: VectorStoreIndex | None
     user_indexes: dict[str, VectorStoreIndex] | None
     retriever_kwargs: dict[str, Any]
+    # one refresh_ref_docs per user at a time in this process (see refresh_lock)
+    _refreshing: dict[str, threading.Lock] = field(default_factory=dict)
+    _refreshing_guard: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def partitioned(self) -> bool:
         return self.user_indexes is not None
+
+    def refresh_lock(self, user_id: str) -> threading.Lock:
+        """The lock of ``user_id``'s document refreshes: two refreshes of one document that
+        both listed the old nodes would both add a new copy (a duplicate no later refresh
+        removes, since both copies have the new hash)."""
+        with self._refreshing_guard:
+            return self._refreshing.setdefault(user_id, threading.Lock())
 
 
 class PBRRetriever(BaseRetriever):
@@ -771,6 +782,15 @@ class PBRRetriever(BaseRetriever):
         user_id = self._require_user("refresh documents")
         if not documents:
             return []
+        with self._shared.refresh_lock(user_id):  # listed and changed as one step
+            return self._refresh(user_id, documents, transformations)
+
+    def _refresh(
+        self,
+        user_id: str,
+        documents: Sequence[Document],
+        transformations: Sequence[TransformComponent] | None,
+    ) -> list[bool]:
         corpus = self._shared.corpus
         instead = (
             "pbr cannot tell what changed: delete_nodes([...]) and add_documents([...]) instead"

@@ -195,6 +195,45 @@ def test_refresh_ref_docs_rewrites_only_the_users_changed_documents(listed: PBRR
     assert ann.refresh_ref_docs([changed, new]) == [False, False]
 
 
+def test_two_refreshes_of_one_document_at_once_leave_one_copy_of_the_new_version() -> None:
+    """The second refresh waits for the first, then finds the document unchanged (before, both
+    listed the old nodes, both added a copy, and the second's delete raised KeyError: two copies
+    of the new version, which no later refresh removed)."""
+    import threading
+
+    embedding, resume = threading.Event(), threading.Event()
+
+    class Pausing(HashEmbedding):
+        armed: bool = False
+
+        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            if self.armed and any("v2" in t for t in texts):
+                self.armed = False
+                embedding.set()  # the first refresh listed the old nodes, and now embeds
+                resume.wait(10)
+            return super()._get_text_embeddings(texts)
+
+    emb = Pausing(dim=32)
+    ann = PBRRetriever.from_defaults(nodes=[], llm=MockLLM(max_tokens=4), embed_model=emb)
+    ann = ann.for_user("ann", similarity_top_k=10)
+    ann.refresh_ref_docs([Document(text="notes v1", id_="notes")])
+    emb.armed = True
+    got: dict[str, Any] = {}
+    v2 = Document(text="notes v2", id_="notes")
+    first = threading.Thread(target=lambda: got.setdefault("first", ann.refresh_ref_docs([v2])))
+    first.start()
+    assert embedding.wait(10)
+    second = threading.Thread(target=lambda: got.setdefault("second", ann.refresh_ref_docs([v2])))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # it waits for the first
+    resume.set()
+    first.join(10)
+    second.join(10)
+    assert got == {"first": [True], "second": [False]}
+    assert [n.node.get_content() for n in ann.retrieve("notes")] == ["notes v2"]
+
+
 def test_refresh_ref_docs_keeps_a_node_whose_deterministic_id_the_new_version_reuses(
     listed: PBRRetriever,
 ) -> None:
