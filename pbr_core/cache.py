@@ -1,9 +1,11 @@
 """An on-disk cache of LLM generations keyed by (model id, prompt).
 
 Benchmarks and repeated runs never call the LLM twice for the same prompt. The file is JSON Lines,
-append-only (one ``{"key", "model", "text"}`` object per generation), so it is cheap to write,
-safe to commit, and a line torn by a crash is skipped on load instead of poisoning the cache
-(also one cut inside a multi-byte character; the next write starts on a new line).
+append-only (one ``{"key", "model", "text", "sha256"}`` object per generation), so it is cheap to
+write, safe to commit, and a line torn by a crash is skipped on load instead of poisoning the
+cache (also one cut inside a multi-byte character; the next write starts on a new line). A
+line whose text does not match its ``sha256`` (damaged in a way that still parses) is skipped
+too, with a warning; lines written before the checksum are read as they are.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ def generation_key(model_id: str, prompt: str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _text_digest(text: str) -> str:
+    """sha256 of a cached text (what a line's ``sha256`` checks)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class GenerationCache:
     """A thread-safe (model id, prompt) → text map, persisted to ``path`` when one is given."""
 
@@ -38,13 +45,33 @@ class GenerationCache:
             self._load(self.path)
 
     def _load(self, path: Path) -> None:
+        damaged = 0
         with path.open("rb") as fh:
             for raw in fh:
                 try:
                     row = json.loads(raw.decode("utf-8"))
-                    self._data[row["key"]] = row["text"]
-                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+                    key, text, digest = row["key"], row["text"], row.get("sha256")
+                except (
+                    UnicodeDecodeError,
+                    json.JSONDecodeError,
+                    KeyError,
+                    TypeError,
+                    AttributeError,
+                ):
                     continue  # a torn line from an interrupted run
+                if not isinstance(key, str) or not isinstance(text, str):
+                    continue
+                if digest is not None and digest != _text_digest(text):
+                    damaged += 1  # parses, but is not what was written: never served
+                    continue
+                self._data[key] = text
+        if damaged:
+            log.warning(
+                "pbr: skipped %d damaged line(s) of the generation cache %s (text and checksum "
+                "differ); they will be generated again",
+                damaged,
+                path,
+            )
 
     def __len__(self) -> int:
         return len(self._data)
@@ -59,7 +86,9 @@ class GenerationCache:
                 return
             self._data[key] = text
             if self.path is not None:
-                self._append({"key": key, "model": model_id, "text": text})
+                self._append(
+                    {"key": key, "model": model_id, "text": text, "sha256": _text_digest(text)}
+                )
 
     def _append(self, row: dict[str, str]) -> None:
         """One line at the end of the file; a failed write is logged, never raised: the

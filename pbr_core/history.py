@@ -465,14 +465,6 @@ class HistoryStore:
         old files; if the larger write fails and removes this folder, nothing points into it.
         """
         target = Path(path)
-        with self._lock:
-            users_now = list(self._users.items())
-            header: dict[str, Any] = {
-                "format": FORMAT_NAME,
-                "format_version": FORMAT_VERSION,
-                "dim": self.dim,
-                "embedding_model_id": self.embedding_model_id,
-            }
         # (user, what it was loaded as, its entry in the new save)
         copied: list[tuple[str, Saved, dict[str, Any]]] = []
         # (user, the snapshot written, its entry in the new save)
@@ -480,6 +472,17 @@ class HistoryStore:
         unchanged = f"nothing was replaced: {target} still holds the previous save"
 
         def write(folder: Path) -> None:
+            # Read under the folder's writer lock: of two saves of this store to one folder,
+            # the one that commits last has read the store last (read before the lock, an
+            # older read could replace a newer save).
+            with self._lock:
+                users_now = list(self._users.items())
+                header: dict[str, Any] = {
+                    "format": FORMAT_NAME,
+                    "format_version": FORMAT_VERSION,
+                    "dim": self.dim,
+                    "embedding_model_id": self.embedding_model_id,
+                }
             users = folder / USERS_DIR
             users.mkdir()
             entries: list[dict[str, Any]] = []
@@ -513,8 +516,13 @@ class HistoryStore:
             with self._lock:
                 # The copies are in the new snapshot: read them from there from now on.
                 for user_id, saved, entry in copied:
+                    copy = Saved(snapshot, entry)
                     if self._users.get(user_id) is saved:
-                        self._users[user_id] = Saved(snapshot, entry)
+                        self._users[user_id] = copy
+                    origin = self._origin.get(user_id)
+                    if origin is not None and origin[0] is saved:  # read during the save: an
+                        # eviction reads it back from the copy (the old files may be pruned)
+                        self._origin[user_id] = (copy, origin[1])
                 if self.lazy:  # users unchanged since this save may go back to it
                     for user_id, snap, entry in written:
                         if self._users.get(user_id) is snap:

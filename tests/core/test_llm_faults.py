@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ from pbr_core import (
     parse_utterances,
 )
 from pbr_core.adapters_support import explanation_events, explanation_payload
+from pbr_core.cache import generation_key
 from pbr_core.prf import split_inline_list
 from pbr_core.results import missing_terms
 
@@ -468,6 +470,26 @@ def test_a_cache_file_torn_inside_a_character_loads_and_the_next_line_survives(t
     assert len(reopened) == 1
     reopened.put("m", "p3", "three")  # starts on a new line, not glued to the torn one
     assert GenerationCache(path).get("m", "p3") == "three"
+
+
+def test_a_cache_line_damaged_in_a_way_that_still_parses_is_not_served(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flipped bit in a cached text still parses as JSON: its checksum tells, and the line is
+    skipped with a warning (before, the damaged text was served). A line written before the
+    checksum is read as it is."""
+    path = tmp_path / "gen.jsonl"
+    GenerationCache(path).put("m", "p1", "vegetarian recipes")
+    GenerationCache(path).put("m", "p2", "kale chips")
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"vegetarian", b"vegetaRian", 1))
+    with path.open("a", encoding="utf-8") as fh:  # an older version's line: no checksum
+        fh.write(json.dumps({"key": generation_key("m", "p3"), "model": "m", "text": "old"}))
+        fh.write("\n")
+    with caplog.at_level("WARNING", logger="pbr"):
+        reopened = GenerationCache(path)
+    assert reopened.get("m", "p1") is None and "1 damaged line" in caplog.text
+    assert reopened.get("m", "p2") == "kale chips" and reopened.get("m", "p3") == "old"
 
 
 def test_a_cache_write_that_fails_is_logged_and_the_answer_still_used(

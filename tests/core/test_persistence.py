@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -586,3 +587,56 @@ def test_a_store_refuses_a_dim_or_model_id_no_load_would_read(kwargs, error) -> 
     and its save replaced a good one with a folder no load reads."""
     with pytest.raises(ValueError, match=error):
         HistoryStore(**kwargs)
+
+
+def test_of_two_saves_of_one_store_the_one_that_commits_last_read_the_store_last(
+    tmp_path, monkeypatch
+) -> None:
+    """A save paused before the folder's writer lock (here: 0.3 s) while an upsert and another
+    save ran: it reads the store once it holds the lock, so it saves the upsert too (before, it
+    had read the store before waiting, and replaced the newer save with an older state)."""
+    real = history_mod.write_atomically
+
+    def paused(*args, **kwargs):
+        if threading.current_thread().name == "first":
+            time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(history_mod, "write_atomically", paused)
+    folder = tmp_path / "h"
+    store = make_store({"alice": 1})
+    first = threading.Thread(target=store.save, args=(folder,), name="first")
+    first.start()
+    add(store, "alice", items("late", 1))
+    store.save(folder)
+    first.join(10)
+    saved = HistoryStore.load(folder).get("alice")
+    assert sorted(i.id for i in saved.items) == sorted(i.id for i in store.get("alice").items)
+
+
+def test_a_user_read_while_a_save_converts_an_older_layout_is_read_back_from_the_new_save(
+    tmp_path, monkeypatch
+) -> None:
+    """A lazily loaded user read during the save that converts the folder (removing the older
+    layout's files) is evicted later and read back from the new save (before, from the removed
+    files: the user could no longer be read, and every later save failed)."""
+    folder = tmp_path / "old"
+    write_legacy_folder(folder, make_store({"alice": 2, "bob": 2}))
+    lazy = HistoryStore.load(folder, lazy=True, max_cache_bytes=10_000_000)
+    real = history_mod.copy_user
+
+    def copy_and_meanwhile_read(saved, users):
+        out = real(saved, users)
+        if saved.entry["user_id"] == "bob":
+            lazy.get("alice")  # another request reads alice while the save runs
+        return out
+
+    monkeypatch.setattr(history_mod, "copy_user", copy_and_meanwhile_read)
+    lazy.save(folder)
+    monkeypatch.setattr(history_mod, "copy_user", real)
+    assert not (folder / "users").exists()  # converted
+    lazy.max_cache_bytes = 0
+    lazy.get("bob")  # alice, unchanged since she was read, is evicted to her saved files
+    assert [i.id for i in lazy.get("alice").items] == ["alice0", "alice1"]
+    lazy.save(folder)
+    assert contents(HistoryStore.load(folder)) == contents(make_store({"alice": 2, "bob": 2}))
