@@ -121,6 +121,12 @@ def current_snapshot(
         raise PersistenceError(
             f"{folder} is not a {what}: {expected} in it; pass the folder that was saved to"
         ) from None
+    except IsADirectoryError:
+        raise PersistenceError(
+            f"damaged {what}: {pointer} is a folder, not the one-line file naming the current "
+            f"snapshot; remove it and write the name of the newest complete {SNAPSHOT_PREFIX}* "
+            f"folder of {folder} into a file {pointer}"
+        ) from None
     except OSError as exc:
         raise PersistenceError(
             f"cannot read {pointer}: {exc}; check the folder's permissions"
@@ -253,7 +259,13 @@ def write_atomically(
             write(snapshot)
             _fsync_tree(snapshot)
             _write_synced(tmp, f"{name}\n".encode("ascii"))
-            os.replace(tmp, pointer)
+            try:
+                os.replace(tmp, pointer)
+            except OSError as exc:  # e.g. CURRENT is a folder
+                raise PersistenceError(
+                    f"cannot save to {folder}: {pointer} cannot be replaced ({exc}); it must be "
+                    "the one-line file a save writes: remove what is there and save again"
+                ) from exc
         except BaseException:
             # Still the old state, unless the interruption came after os.replace returned.
             tmp.unlink(missing_ok=True)

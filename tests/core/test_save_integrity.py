@@ -322,3 +322,16 @@ def test_a_save_that_cannot_lock_its_folder_writes_nothing(tmp_path) -> None:
         HistoryStore().save(folder)
     assert sorted(p.name for p in folder.iterdir()) == before
     assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]
+
+
+def test_a_current_that_is_a_folder_is_a_persistence_error_saying_so(tmp_path) -> None:
+    """A save says ``CURRENT`` cannot be replaced, a load that it is a folder (before: a raw
+    IsADirectoryError, and a load advising to check permissions)."""
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    (folder / "CURRENT").unlink()
+    (folder / "CURRENT").mkdir()
+    with pytest.raises(PersistenceError, match="is a folder"):
+        HistoryStore.load(folder)
+    with pytest.raises(PersistenceError, match="cannot be replaced"):
+        make_store().save(folder)
