@@ -136,12 +136,12 @@ def natively_async(llm: Any) -> bool:
 
 
 def _natively_async_model(model: Any) -> bool:
-    from langchain_core.language_models import BaseChatModel, BaseLLM
+    from langchain_core.language_models import BaseChatModel, BaseLLM, SimpleChatModel
     from langchain_core.language_models.llms import LLM
 
     cls = type(model)
-    if isinstance(model, BaseChatModel):
-        return cls._agenerate is not BaseChatModel._agenerate
+    if isinstance(model, BaseChatModel):  # SimpleChatModel's too runs _generate in that pool
+        return cls._agenerate not in (BaseChatModel._agenerate, SimpleChatModel._agenerate)
     if isinstance(model, LLM):
         return cls._acall is not LLM._acall
     if isinstance(model, BaseLLM):

@@ -796,10 +796,13 @@ def test_a_chain_around_a_sync_model_runs_in_pbrs_bounded_executor_under_its_id(
 
 
 def test_a_fallback_decides_as_much_as_the_primary_how_pbr_calls_and_bounds_the_model() -> None:
-    """``with_fallbacks``: natively async only if every model that may answer is (before, an
+    """A ``SimpleChatModel`` is sync (its ``_agenerate`` runs ``_generate`` in asyncio's default
+    pool; before, it counted as async). ``with_fallbacks``: natively async only if every model
+    that may answer is (before, an
     async primary's sync fallback ran in asyncio's default pool, where hung calls filled it and
     every later async request hung), and in-process (no timeout) only if every one is (before,
     the embedded model's remote fallback was never timed out)."""
+    from langchain_core.language_models import SimpleChatModel
     from langchain_core.output_parsers import StrOutputParser
 
     from langchain_pbr._bridge import AsyncLangChainGenerator, LangChainGenerator, generator_for
@@ -808,8 +811,17 @@ def test_a_fallback_decides_as_much_as_the_primary_how_pbr_calls_and_bounds_the_
     class InProcess(ScriptedChat):
         in_process: bool = True
 
+    class Simple(SimpleChatModel):  # its _agenerate runs _generate in asyncio's default pool
+        @property
+        def _llm_type(self) -> str:
+            return "simple"
+
+        def _call(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> str:
+            return ANSWER
+
     config = PBRConfig(llm_timeout_s=0.3)
     assert type(generator_for(ScriptedChat(), None, "chat")) is AsyncLangChainGenerator
+    assert type(generator_for(Simple(), None, "chat")) is LangChainGenerator
     mixed = ScriptedChat().with_fallbacks([SyncOnlyChat()])
     assert type(generator_for(mixed, None, "chat")) is LangChainGenerator
     both = ScriptedChat().with_fallbacks([ScriptedChat()])
