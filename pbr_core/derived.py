@@ -44,7 +44,9 @@ except importlib.metadata.PackageNotFoundError:  # a source tree run without ins
     _PBR = "unknown"
 
 _MAGIC = b"PBRD"
-_FORMAT = 3  # 1: an .npz body; 2: at most one BM25 index, unstemmed
+# 1: an .npz body; 2: at most one BM25 index, unstemmed; 3: the tokenizer cut words at their
+# combining marks and did not normalise to NFC (a BM25 index's terms differ)
+_FORMAT = 4
 _HEAD = len(_MAGIC) + 1 + 32
 
 

@@ -35,12 +35,15 @@ import math
 import re
 import sys
 import threading
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
+
+from ._marks import MARKS
 
 __all__ = [
     "DEFAULT_B",
@@ -104,15 +107,27 @@ _STOP_WORDS = """
 ENGLISH_STOP_WORDS: frozenset[str] = frozenset(_STOP_WORDS.split())
 
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
+# The same runs of two or more word characters, combining marks counted as word characters
+# (for text that is not ASCII: with no mark, it finds exactly what _TOKEN finds).
+_TOKEN_WITH_MARKS = re.compile(f"[\\w{MARKS}]{{2,}}")
 
 
 def tokenize(text: str) -> list[str]:
     """The index terms of ``text``, in order, repeats kept (they are the term frequencies).
 
     Lower-cased before matching, as bm25s does, so that an item and a query written in different
-    case meet; digit runs ("2023") are terms like any other.
+    case meet; digit runs ("2023") are terms like any other. Text that is not ASCII is put in
+    NFC form first (``"cafe\u0301"`` and ``"café"`` are one term), and a word's combining
+    marks are part of it (the vowel signs of Devanagari, Bengali, Tamil or Thai; without them
+    such words were cut into fragments).
     """
-    return [t for t in _TOKEN.findall(text.lower()) if t not in ENGLISH_STOP_WORDS]
+    if text.isascii():
+        found = _TOKEN.findall(text.lower())
+    else:
+        if not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+        found = _TOKEN_WITH_MARKS.findall(text.lower())
+    return [t for t in found if t not in ENGLISH_STOP_WORDS]
 
 
 def check_stemmer(stemmer: object) -> StemmerName | None:

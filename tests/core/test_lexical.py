@@ -88,6 +88,23 @@ def test_tokenize_keeps_repeats_in_order() -> None:
     assert tokenize("jazz, more JAZZ and jazz-rock") == ["jazz", "jazz", "jazz", "rock"]
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("मुझे हिन्दी संगीत पसंद है", ["मुझे", "हिन्दी", "संगीत", "पसंद", "है"]),  # vowel signs
+        ("எனக்கு தமிழ் இசை", ["எனக்கு", "தமிழ்", "இசை"]),
+        ("nai\u0308ve cafe\u0301", ["naïve", "café"]),  # decomposed: one term with composed
+        ("Tôi thích âm nhạc", ["tôi", "thích", "âm", "nhạc"]),
+    ],
+)
+def test_a_word_keeps_its_combining_marks_and_one_spelling(text: str, words: list[str]) -> None:
+    """Marks are part of a word, and text is matched in NFC form (before, ``\\w`` cut words at
+    every mark: "संगीत" was lost, and the fragments left set the lexical weight)."""
+    assert tokenize(text) == words
+    index = LexicalIndex.build([text, "something else entirely"])
+    assert index.scores(words[-1])[0] > 0 and index.ceiling(words[-1]) > 0
+
+
 def test_stop_words_cover_the_common_function_words() -> None:
     required = (
         "a an the and or of to in on at is are was were be i you he she it we they me my your "
