@@ -29,7 +29,7 @@ from pbr_core.adapters_support import (
     result_metadata,
 )
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord, check_user_id
+from pbr_core.corpus import ITEM_ID_KEY, RAW_SCORE_KEY, ScoredRecord, check_user_id
 
 from ._bridge import with_keys
 from .stores import user_node
@@ -139,14 +139,18 @@ async def aembed_missing(copies: Sequence[BaseNode], embed_model: BaseEmbedding)
             node.embedding = vector
 
 
-def batch_of(copies: Sequence[BaseNode], users: Sequence[str]) -> Batch:
-    """The corpus batch of embedded, tagged copies: one group per user."""
+def batch_of(copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = False) -> Batch:
+    """The corpus batch of embedded, tagged copies: one group per user. ``held``: nodes an index
+    holds already (read from its docstore); one pbr wrote is its user's item of the id its
+    metadata names (:data:`~pbr_core.corpus.ITEM_ID_KEY`), not of its scoped node id."""
     groups: dict[str, list[HistoryItem]] = {}
     vectors: dict[str, list[list[float]]] = {}
     extras: dict[str, list[BaseNode]] = {}
     for node, user in zip(copies, users):
         text = node.get_content(metadata_mode=MetadataMode.NONE)
-        groups.setdefault(user, []).append(HistoryItem(node.node_id, text, node.metadata))
+        own = node.metadata.get(ITEM_ID_KEY) if held else None
+        item_id = own if isinstance(own, str) and own else node.node_id
+        groups.setdefault(user, []).append(HistoryItem(item_id, text, node.metadata))
         vectors.setdefault(user, []).append(node.get_embedding())
         extras.setdefault(user, []).append(node)
     return groups, vectors, extras

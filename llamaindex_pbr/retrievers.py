@@ -709,7 +709,7 @@ class PBRRetriever(BaseRetriever):
     ) -> list[str]:
         """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules);
         ``new_ids``: how many nodes were made by this call, with ids a retry would not repeat."""
-        groups, vectors, extras = batch_of(copies, users)
+        groups, vectors, extras = batch_of(copies, users, held=not insert)
         with host_store_errors(self._any_store(), "add", new_ids=new_ids):
             self._shared.corpus.add_many(groups, vectors=vectors, extras=extras, write_host=insert)
         return [n.node_id for n in copies]

@@ -865,11 +865,18 @@ class Corpus:
 
     def _records(self, plan: list[_Group], *, held: bool = False) -> list[Record]:
         """The host records of ``plan``; ``held``: the host holds them already, under the
-        items' own ids (records written before pbr), so those ids are their keys."""
+        items' own ids (records written before pbr), so those ids are their keys, except a
+        record pbr wrote (its metadata names its id, :data:`ITEM_ID_KEY`, as
+        :meth:`Record.stored` reads it): pbr's scoped key."""
         records: list[Record] = []
         for user_id, items, unit, extras in plan:
             for item, vector, extra in zip(items, unit, extras):
-                key = item.id if held else self._host_key(user_id, item.id)
+                if not held:
+                    key = self._host_key(user_id, item.id)
+                elif item.metadata.get(ITEM_ID_KEY) == item.id:
+                    key = scoped_key(user_id, item.id)
+                else:
+                    key = item.id
                 records.append(
                     Record(
                         key=key,

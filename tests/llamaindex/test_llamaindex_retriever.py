@@ -36,7 +36,11 @@ from llama_index.core.vector_stores import (
     MetadataFilters,
 )
 from llama_index.core.vector_stores.simple import SimpleVectorStore
-from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryResult
+from llama_index.core.vector_stores.types import (
+    BasePydanticVectorStore,
+    VectorStoreQuery,
+    VectorStoreQueryResult,
+)
 from pydantic import Field, PrivateAttr
 
 from llamaindex_pbr import (
@@ -1109,3 +1113,56 @@ def test_answers_of_an_llm_that_declares_no_model_name_are_not_cached() -> None:
 
     assert LlamaIndexGenerator(ScriptedLLM()).cacheable
     assert not LlamaIndexGenerator(MockLLM()).cacheable
+
+
+class OpaqueStore(BasePydanticVectorStore):
+    """A store pbr cannot list (most hosted ones): it keeps no text and is no type pbr knows."""
+
+    stores_text: bool = False
+    _inner: SimpleVectorStore = PrivateAttr()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._inner = SimpleVectorStore()
+
+    @property
+    def client(self) -> None:
+        return None
+
+    def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+        return self._inner.add(nodes)
+
+    def delete(self, ref_doc_id: str, **kwargs: Any) -> None:
+        self._inner.delete(ref_doc_id)
+
+    def delete_nodes(self, node_ids: Any = None, filters: Any = None, **kwargs: Any) -> None:
+        self._inner.delete_nodes(node_ids, filters)
+
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        return self._inner.query(query)
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_a_second_retriever_over_an_index_pbr_wrote_to_reads_its_nodes_back(
+    partitioned: bool,
+) -> None:
+    """Over a store pbr cannot list, a new retriever (another worker, a restart) reads the
+    docstore once: a node pbr wrote is its user's item of the id it was added under, deletable
+    by it (before, the read refused the node's pbr_id metadata, and no retriever could be built
+    over the index again)."""
+    from llama_index.core import StorageContext
+
+    embed_model = HashEmbedding(dim=64)
+    index = VectorStoreIndex(
+        [],
+        storage_context=StorageContext.from_defaults(vector_store=OpaqueStore()),
+        embed_model=embed_model,
+    )
+    source: Any = {"alice": index} if partitioned else index
+    first = PBRRetriever.from_defaults(index=source, llm=MockLLM(), embed_model=embed_model)
+    first.for_user("alice").add_nodes([TextNode(text="banana before my run", id_="n1")])
+    second = PBRRetriever.from_defaults(index=source, llm=MockLLM(), embed_model=embed_model)
+    assert [n.node.node_id for n in second.retrieve("banana", user_id="alice")] == ["n1"]
+    second.for_user("alice").delete_nodes(["n1"])
+    assert second.retrieve("banana", user_id="alice") == []
+    assert index.index_struct.nodes_dict == {}
