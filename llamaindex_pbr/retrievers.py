@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import functools
 import inspect
 import os
@@ -107,8 +108,10 @@ def _retriever_arguments() -> frozenset[str]:
 
     named = inspect.signature(VectorIndexRetriever.__init__).parameters.values()
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    # pbr passes callback_manager and object_map itself: given again, every call would raise
+    pbr_own = {"self", "index", "callback_manager", "object_map"}
     return frozenset(
-        {p.name for p in named if p.kind in keyword} - {"self", "index"} | {"vector_store_kwargs"}
+        {p.name for p in named if p.kind in keyword} - pbr_own | {"vector_store_kwargs"}
     )
 
 
@@ -251,9 +254,10 @@ class PBRRetriever(BaseRetriever):
         strict: raise instead of degrading when the LLM fails, its answer is unusable, or the
             user has no history.
         retriever_kwargs: extra arguments of ``index.as_retriever`` (e.g.
-            ``vector_store_query_mode``); ``similarity_top_k``, ``filters`` and ``node_ids`` are
+            ``vector_store_kwargs``); ``similarity_top_k``, ``filters`` and ``node_ids`` are
             the retriever's own, ``doc_ids`` is refused (the stores apply it unevenly: filter by
-            metadata instead).
+            metadata instead), as is a ``vector_store_query_mode`` other than ``"default"`` (pbr
+            re-ranks the candidates by its own rule).
         callback_manager: legacy callbacks; default ``Settings.callback_manager``.
         verbose: print a one-line summary of each personalization.
     """
@@ -301,6 +305,14 @@ class PBRRetriever(BaseRetriever):
                 "unevenly (SimpleVectorStore ignores it), so results would silently include "
                 "other documents; put the document in the nodes' metadata and pass filters="
                 "MetadataFilters(...) instead (a view's filters= for one request)"
+            )
+        mode = kwargs.get("vector_store_query_mode", "default")
+        if str(getattr(mode, "value", mode)) != "default":
+            raise ValueError(
+                f"retriever_kwargs vector_store_query_mode={mode!r} would have no effect: pbr "
+                "ranks the store's candidates by its own rule (PBRConfig.search: hybrid, dense "
+                "or lexical), so an MMR, sparse or hybrid store mode would be re-ranked away; "
+                "leave it out"
             )
         unknown = sorted(set(kwargs) - _retriever_arguments())
         if unknown:
@@ -509,6 +521,12 @@ class PBRRetriever(BaseRetriever):
 
     # -- retrieval: the steps are pbr_core.retrieval's, this translates -------------------------
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.embedding is None and query_bundle.custom_embedding_strs:
+            # what VectorIndexRetriever embeds (HyDE puts its hypothetical document there)
+            vector = self._shared.embed_model.get_agg_embedding_from_queries(
+                query_bundle.embedding_strs
+            )
+            query_bundle = dataclasses.replace(query_bundle, embedding=vector)
         request = self._request(query_bundle)
         fetched: dict[str, BaseNode] = {}
 
@@ -529,6 +547,11 @@ class PBRRetriever(BaseRetriever):
 
     @dispatcher.span
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if query_bundle.embedding is None and query_bundle.custom_embedding_strs:
+            vector = await self._shared.embed_model.aget_agg_embedding_from_queries(
+                query_bundle.embedding_strs
+            )
+            query_bundle = dataclasses.replace(query_bundle, embedding=vector)
         request = self._request(query_bundle)
         fetched: dict[str, BaseNode] = {}
 

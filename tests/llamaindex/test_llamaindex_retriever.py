@@ -1166,3 +1166,47 @@ def test_a_second_retriever_over_an_index_pbr_wrote_to_reads_its_nodes_back(
     second.for_user("alice").delete_nodes(["n1"])
     assert second.retrieve("banana", user_id="alice") == []
     assert index.index_struct.nodes_dict == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"vector_store_query_mode": "mmr"}, "would have no effect"),
+        ({"callback_manager": CallbackManager([])}, "not arguments of"),
+        ({"object_map": {}}, "not arguments of"),
+    ],
+)
+def test_retriever_kwargs_that_could_not_work_are_refused_at_construction(
+    kwargs: dict[str, Any], error: str
+) -> None:
+    """An MMR or sparse store mode would be re-ranked away by pbr (before, accepted with no
+    effect); ``callback_manager`` / ``object_map`` pbr passes itself (before, accepted, then
+    every filtered query raised TypeError)."""
+    with pytest.raises(ValueError, match=error):
+        PBRRetriever.from_defaults(
+            nodes=_nodes(),
+            llm=MockLLM(),
+            embed_model=HashEmbedding(dim=64),
+            retriever_kwargs=kwargs,
+        )
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_query_bundles_custom_embedding_strings_are_what_is_embedded(use_async: bool) -> None:
+    """``custom_embedding_strs`` (HyDE's hypothetical document) are embedded as
+    ``VectorIndexRetriever`` embeds them (before, ignored: ``query_str`` was embedded)."""
+    from llama_index.core.schema import QueryBundle
+
+    embed_model = HashEmbedding(dim=64)
+    texts = ["banana before my run", "leica film camera", "pasta night before race"]
+    nodes = [
+        TextNode(text=t, id_=f"n{i}", metadata={"user_id": "alice"}) for i, t in enumerate(texts)
+    ]
+    base = PBRRetriever.from_defaults(
+        nodes=nodes, llm=MockLLM(), embed_model=embed_model, config=PBRConfig(search="dense")
+    )
+    alice = base.for_user("alice", similarity_top_k=3)
+    bundle = QueryBundle(query_str="banana run", custom_embedding_strs=["leica film camera"])
+    got = asyncio.run(alice.aretrieve(bundle)) if use_async else alice.retrieve(bundle)
+    assert got[0].node.get_content() == "leica film camera"
+    assert alice.retrieve("banana run")[0].node.get_content() == "banana before my run"
