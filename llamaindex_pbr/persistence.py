@@ -216,13 +216,19 @@ def _settings_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _takes_two(loader: Callable[..., Any]) -> bool:
-    """Whether a vector_store_loader takes ``(folder, user_id)`` rather than ``(folder)``."""
+    """Whether a vector_store_loader takes ``(folder, user_id)`` rather than ``(folder)``: its
+    second positional parameter is required or named ``user_id`` (an optional one is the
+    loader's own, e.g. ``FaissVectorStore.from_persist_dir(persist_dir, fs=None)``), or it
+    takes ``*args``."""
     try:
         params = inspect.signature(loader).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable: the one-argument form
         return False
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+    if len(positional) >= 2:
+        second = positional[1]
+        return second.default is second.empty or second.name == "user_id"
+    return any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def _user_dir(user_id: str) -> str:

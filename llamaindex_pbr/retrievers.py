@@ -963,7 +963,9 @@ class PBRRetriever(BaseRetriever):
             vector_store_loader: ``folder → vector store`` for stores that persist themselves
                 (e.g. ``FaissVectorStore.from_persist_dir``), or ``(folder, user_id) → vector
                 store`` to find a partition's store by its user (``user_id`` is None for one
-                shared index); default: ``SimpleVectorStore``.
+                shared index): a loader whose second positional parameter is required or named
+                ``user_id``; an optional one is the loader's own and is left alone. Default:
+                ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """
         saved = persistence.load(

@@ -1210,3 +1210,19 @@ def test_a_query_bundles_custom_embedding_strings_are_what_is_embedded(use_async
     got = asyncio.run(alice.aretrieve(bundle)) if use_async else alice.retrieve(bundle)
     assert got[0].node.get_content() == "leica film camera"
     assert alice.retrieve("banana run")[0].node.get_content() == "banana before my run"
+
+
+def test_a_loader_with_an_optional_second_parameter_is_called_with_the_folder_alone() -> None:
+    """``FaissVectorStore.from_persist_dir(persist_dir, fs=None)`` and
+    ``SimpleVectorStore.from_persist_dir`` take one folder (before, pbr passed the user id as
+    their ``fs`` / ``namespace``); a required second parameter, or one named ``user_id``, gets
+    the partition's user."""
+    from llamaindex_pbr.persistence import _takes_two
+
+    def faiss_like(persist_dir: str, fs: Any = None) -> Any: ...
+
+    def by_user(folder: str, user_id: str | None = None) -> Any: ...
+
+    assert not _takes_two(faiss_like) and not _takes_two(SimpleVectorStore.from_persist_dir)
+    assert _takes_two(lambda folder, user: None) and _takes_two(by_user)
+    assert not _takes_two(lambda folder: None)
