@@ -18,6 +18,7 @@ Ownership, ids and validation are :class:`pbr_core.corpus.Corpus`'s; nothing her
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,6 +36,8 @@ from pbr_core.items import copy_metadata
 from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql
 
 from ._bridge import with_keys
+
+_log = logging.getLogger("pbr")
 
 __all__ = [
     "IndexRecords",
@@ -158,6 +161,7 @@ class IndexRecords:
         self.index = index
         self.user_key = user_key
         self.owner = owner  # a partition's index: untagged nodes are the owner's
+        self._orphans_warned = False  # vectors without their docstore node: warned once
         store = index.vector_store
         self.pg = _pg_records(store, user_key, owner) if _is_postgres(store) else None
 
@@ -258,6 +262,7 @@ class IndexRecords:
         wanted = keys if keys is not None else list(data.embedding_dict)
         docstore = self.index.docstore
         out = []
+        orphans = 0
         for key in wanted:
             vector = data.embedding_dict.get(key)
             if vector is None:
@@ -267,12 +272,21 @@ class IndexRecords:
                 continue  # another user's node: its text is not even read
             node = docstore.get_node(key, raise_error=False)
             if node is None:
-                continue  # a vector without its node: nothing to show or to personalize with
+                orphans += 1  # a vector without its node: nothing to show or to personalize with
+                continue
             record = self._record(
                 key, node.get_content(metadata_mode=MetadataMode.NONE), node.metadata, vector
             )
             if record is not None and record.user_id == user_id:
                 out.append(record)
+        if orphans and keys is None and not self._orphans_warned:
+            self._orphans_warned = True
+            _log.warning(
+                "pbr: the SimpleVectorStore holds %d vector(s) of a user whose node the index's "
+                "docstore lacks (written around the index, e.g. by an IngestionPipeline): they "
+                "cannot be ranked; build the index from the nodes instead",
+                orphans,
+            )
         return out
 
     def _record(

@@ -1226,3 +1226,27 @@ def test_a_loader_with_an_optional_second_parameter_is_called_with_the_folder_al
     assert not _takes_two(faiss_like) and not _takes_two(SimpleVectorStore.from_persist_dir)
     assert _takes_two(lambda folder, user: None) and _takes_two(by_user)
     assert not _takes_two(lambda folder: None)
+
+
+def test_vectors_a_pipeline_wrote_around_the_docstore_are_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SimpleVectorStore an IngestionPipeline filled keeps no text: its vectors have no node in
+    the index's docstore, cannot be ranked, and pbr says so once (before, silently nothing)."""
+    from llama_index.core import StorageContext
+    from llama_index.core.ingestion import IngestionPipeline
+
+    embed_model = HashEmbedding(dim=64)
+    store = SimpleVectorStore()
+    nodes = [TextNode(text=t, metadata={"user_id": "alice"}) for t in ("banana run", "pasta")]
+    IngestionPipeline(transformations=[embed_model], vector_store=store).run(nodes=nodes)
+    index = VectorStoreIndex(
+        [],
+        storage_context=StorageContext.from_defaults(vector_store=store),
+        embed_model=embed_model,
+    )
+    retriever = PBRRetriever.from_defaults(index=index, llm=MockLLM(), embed_model=embed_model)
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        assert retriever.retrieve("banana", user_id="alice") == []
+        retriever.retrieve("pasta", user_id="alice")
+    assert caplog.text.count("docstore lacks") == 1
