@@ -103,6 +103,14 @@ def check_one_user(
     )
 
 
+def _json_text(value: dict[str, Any]) -> str | None:
+    """A structured memory's fields as text (None where they cannot be written as JSON)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 class NamespaceRecords:
     """A LangGraph ``BaseStore`` as :class:`~pbr_core.corpus.HostRecords`: pbr's "user" is a
     namespace prefix (:func:`scope_id`), their records the items under it whose
@@ -151,7 +159,13 @@ class NamespaceRecords:
         return list(seen.values())
 
     def text_of(self, item: Item) -> str | None:
+        """``value[text_key]``; where that is a dict (LangMem's memory manager writes
+        ``{"kind": "Memory", "content": {"content": ...}}``, and a custom schema's fields), its
+        own ``text_key`` string, else its JSON (as LangGraph's own index embeds a whole value)."""
         text = item.value.get(self.text_key) if isinstance(item.value, dict) else None
+        if isinstance(text, dict):
+            inner = text.get(self.text_key)
+            text = inner if isinstance(inner, str) else _json_text(text)
         return text if isinstance(text, str) and text.strip() else None
 
     # -- HostRecords -----------------------------------------------------------------------

@@ -727,3 +727,17 @@ def test_a_search_keeps_its_user_in_the_cache_while_another_users_search_would_e
     resume.set()
     alice.join(10)
     assert got["alice"] == alone and len(bob) == 3
+
+
+def test_memories_langmems_manager_writes_are_ranked_by_their_text() -> None:
+    """LangMem's memory manager stores ``{"kind": "Memory", "content": {"content": ...}}``, and a
+    custom schema its fields: ranked by the inner text, else the fields' JSON (before, such
+    items were silently never ranked, and the manager re-created them on every run)."""
+    inner = InMemoryStore()
+    ns = ("memories", "alice")
+    inner.put(ns, "m1", {"kind": "Memory", "content": {"content": "alice is allergic to peanuts"}})
+    inner.put(ns, "m2", {"kind": "Pref", "content": {"food": "sushi", "when": "fridays"}})
+    inner.put(ns, "m3", {"kind": "Memory", "content": {"content": "alice runs marathons"}})
+    store = PBRStore(inner, BagOfWords())
+    assert store.search(ns, query="peanuts allergy", limit=1)[0].key == "m1"
+    assert store.search(ns, query="sushi on fridays", limit=1)[0].key == "m2"
