@@ -45,6 +45,8 @@ __all__ = ["PBRSearchItem", "PBRStore"]
 
 #: How many items one listing request of the wrapped store asks for.
 DEFAULT_PAGE_SIZE = 1000
+#: The LLM answers a PBRStore with an ``llm`` keeps in memory by default (see ``cache``).
+DEFAULT_CACHED_ANSWERS = 1024
 
 
 def scope_id(namespace_prefix: tuple[str, ...]) -> str:
@@ -265,7 +267,10 @@ class PBRStore(BaseStore):
             ranked (non-query searches still return them).
         prompt_style: ``"chat"`` / ``"completion"``; None = the llm's ``prompt_style``.
         strict: raise instead of degrading when an LLM call fails.
-        cache: optional cache of LLM answers.
+        cache: the cache of LLM answers. Default, with an ``llm``: the last
+            :data:`DEFAULT_CACHED_ANSWERS` answers in memory, so the pages of one search
+            (``offset`` / ``limit``, each a search of its own) rank with the same answers: a
+            sampling LLM would otherwise repeat and skip items across pages.
         page_size: how many items the first listing request of ``inner`` asks for (doubled
             until the store returns fewer: offset pages can skip items, see
             :meth:`NamespaceRecords.items`).
@@ -349,7 +354,11 @@ class PBRStore(BaseStore):
             corpus=self.corpus,
             config=cfg,
             prompts=prompt_set(style, None, None),
-            cache=cache,
+            cache=(
+                cache
+                if cache is not None or llm is None
+                else GenerationCache(max_entries=DEFAULT_CACHED_ANSWERS)
+            ),
             strict=strict,
         )
         self._explanations: dict[tuple[str, ...], dict[str, Any]] = {}

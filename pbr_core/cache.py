@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 log = logging.getLogger("pbr")
@@ -35,14 +36,33 @@ def _text_digest(text: str) -> str:
 
 
 class GenerationCache:
-    """A thread-safe (model id, prompt) → text map, persisted to ``path`` when one is given."""
+    """A thread-safe (model id, prompt) → text map, persisted to ``path`` when one is given.
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    ``max_entries`` bounds what it holds in memory (the least recently used answers go first;
+    the file keeps every one): a cache a long-running service keeps for consistency rather than
+    for a benchmark's reruns. None: unbounded.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, max_entries: int | None = None
+    ) -> None:
+        if max_entries is not None and (
+            isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
+        ):
+            raise ValueError(f"max_entries must be an integer >= 1 or None, got {max_entries!r}")
         self.path = Path(path) if path is not None else None
-        self._data: dict[str, str] = {}
+        self.max_entries = max_entries
+        self._data: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
         if self.path is not None and self.path.exists():
             self._load(self.path)
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the least recently used answers beyond ``max_entries`` (lock held, or alone)."""
+        if self.max_entries is not None:
+            while len(self._data) > self.max_entries:
+                self._data.popitem(last=False)
 
     def _load(self, path: Path) -> None:
         damaged = 0
@@ -77,7 +97,14 @@ class GenerationCache:
         return len(self._data)
 
     def get(self, model_id: str, prompt: str) -> str | None:
-        return self._data.get(generation_key(model_id, prompt))
+        key = generation_key(model_id, prompt)
+        if self.max_entries is None:
+            return self._data.get(key)
+        with self._lock:  # a read makes the answer the most recently used one
+            text = self._data.get(key)
+            if text is not None:
+                self._data.move_to_end(key)
+            return text
 
     def put(self, model_id: str, prompt: str, text: str) -> None:
         key = generation_key(model_id, prompt)
@@ -85,6 +112,8 @@ class GenerationCache:
             if self._data.get(key) == text:
                 return
             self._data[key] = text
+            self._data.move_to_end(key)
+            self._trim()
             if self.path is not None:
                 self._append(
                     {"key": key, "model": model_id, "text": text, "sha256": _text_digest(text)}

@@ -698,3 +698,18 @@ def test_a_term_the_fusion_mode_switches_off_is_neither_asked_nor_waited_for(
         explanation = pq.explanation
         assert explanation.llm_calls == 1 and not missing_terms(explanation)
         assert all(wanted(prompt) for prompt in generator.prompts)
+
+
+def test_a_bounded_generation_cache_keeps_the_most_recently_used_answers(tmp_path) -> None:
+    """``max_entries`` bounds what it holds in memory (the least recently used go first); its
+    file keeps every answer."""
+    path = tmp_path / "gen.jsonl"
+    cache = GenerationCache(path, max_entries=2)
+    cache.put("m", "p1", "one")
+    cache.put("m", "p2", "two")
+    assert cache.get("m", "p1") == "one"  # now the most recently used
+    cache.put("m", "p3", "three")
+    assert [cache.get("m", p) for p in ("p1", "p2", "p3")] == ["one", None, "three"]
+    assert len(GenerationCache(path)) == 3 and len(GenerationCache(path, max_entries=1)) == 1
+    with pytest.raises(ValueError, match="max_entries"):
+        GenerationCache(max_entries=0)

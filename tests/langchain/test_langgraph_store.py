@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from typing import Any, TypedDict, TypeVar
@@ -741,3 +742,40 @@ def test_memories_langmems_manager_writes_are_ranked_by_their_text() -> None:
     store = PBRStore(inner, BagOfWords())
     assert store.search(ns, query="peanuts allergy", limit=1)[0].key == "m1"
     assert store.search(ns, query="sushi on fridays", limit=1)[0].key == "m2"
+
+
+def test_the_pages_of_one_search_with_a_sampling_llm_neither_repeat_nor_skip() -> None:
+    """Each page (``offset`` / ``limit``) is a search of its own: with an llm, PBRStore keeps
+    the last answers in memory by default, so every page ranks with the same ones (before, a
+    sampling LLM answered each page anew, and pages repeated and skipped items)."""
+    import itertools
+    import random
+
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    topics = "tea coffee running cycling bread pasta cats dogs films books gardens chess".split()
+    rng = random.Random(1)
+
+    class Sampling(BaseChatModel):  # any temperature > 0 chat model
+        model_name: str = "sampling"
+
+        @property
+        def _llm_type(self) -> str:
+            return "sampling"
+
+        def _generate(self, messages: Any, stop: Any = None, **kwargs: Any) -> ChatResult:
+            picks = [f"I love {rng.choice(topics)}", f"I often think of {rng.choice(topics)}"]
+            answer = json.dumps({"candidates": picks, "reasoning": f"about {rng.choice(topics)}"})
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(content=answer))])
+
+    store = PBRStore(InMemoryStore(), BagOfWords(), llm=Sampling(), config=PBRConfig(fusion="full"))
+    ns = ("memories", "alice")
+    for i, (a, b) in enumerate(itertools.islice(itertools.permutations(topics, 2), 30)):
+        store.put(ns, f"m{i:02d}", {"content": f"I like {a} and {b}"})
+    pages: list[str] = []
+    for offset in range(0, 30, 5):
+        pages += [
+            it.key for it in store.search(ns, query="what do I enjoy?", limit=5, offset=offset)
+        ]
+    assert sorted(pages) == [f"m{i:02d}" for i in range(30)]
