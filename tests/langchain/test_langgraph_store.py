@@ -754,7 +754,20 @@ def test_the_pages_of_one_search_with_a_sampling_llm_neither_repeat_nor_skip() -
     from langchain_core.language_models import BaseChatModel
     from langchain_core.outputs import ChatGeneration, ChatResult
 
-    topics = "tea coffee running cycling bread pasta cats dogs films books gardens chess".split()
+    topics = [
+        "tea",
+        "coffee",
+        "running",
+        "cycling",
+        "bread",
+        "pasta",
+        "cats",
+        "dogs",
+        "films",
+        "books",
+        "gardens",
+        "chess",
+    ]
     rng = random.Random(1)
 
     class Sampling(BaseChatModel):  # any temperature > 0 chat model
