@@ -321,14 +321,21 @@ class PBRRetriever(BaseRetriever):
                 "per-user filter in filter_builder)"
             )
         default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
-        if user_id is None and self.user_id is None:
-            # Then config={"configurable": {"user_id": ...}} (no configurable_fields needed, so
-            # as_plain() copies and fallbacks keep it), then the run's metadata: inherited by
-            # child runs, it reaches this retriever inside compositions that re-invoke it with
-            # callbacks only (ContextualCompressionRetriever, MultiQueryRetriever, ...).
-            user_id = configurable.get(USER_METADATA_KEY)
-        if user_id is None and self.user_id is None:
-            user_id = (getattr(run, "metadata", None) or {}).get(USER_METADATA_KEY)
+        if user_id is None:
+            # The field, config={"configurable": {"user_id": ...}} (no configurable_fields
+            # needed, so as_plain() copies and fallbacks keep it), the run's metadata (inherited
+            # by child runs, it reaches this retriever inside compositions that re-invoke it with
+            # callbacks only: ContextualCompressionRetriever, MultiQueryRetriever, ...): where
+            # two name different users, the request is refused, never answered for either.
+            user_id = _one_user(
+                {
+                    "the retriever's user_id": self.user_id,
+                    "config['configurable']['user_id']": configurable.get(USER_METADATA_KEY),
+                    "the run's metadata['user_id']": (getattr(run, "metadata", None) or {}).get(
+                        USER_METADATA_KEY
+                    ),
+                }
+            )
         return Request(
             self._user(user_id),
             query,
@@ -594,6 +601,19 @@ class PBRRetriever(BaseRetriever):
             params["ls_embedding_provider"] = type(embedder).__name__
             params["ls_embedding_model"] = model_id(embedder)
         return params
+
+
+def _one_user(named: dict[str, Any]) -> str | None:
+    """The one user the request's sources name (None: none does); ValueError naming them where
+    two name different users."""
+    given = {source: user for source, user in named.items() if user is not None}
+    if len(set(given.values())) > 1:
+        said = ", ".join(f"{source} is {user!r}" for source, user in given.items())
+        raise ValueError(
+            f"the request names more than one user ({said}); pbr answers for one user only: "
+            "make them agree, or pass user_id= to invoke to choose"
+        )
+    return next(iter(given.values()), None)
 
 
 def _with_configurable(config: RunnableConfig | None, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -313,9 +313,30 @@ def test_a_configurable_user_reaches_a_retriever_without_configurable_fields() -
     ben: Any = {"configurable": {"user_id": "ben"}}
     assert {d.metadata["user_id"] for d in r.invoke("note", config=ben)} == {"ben"}
     assert {d.metadata["user_id"] for d in (RunnablePassthrough() | r).invoke("n", ben)} == {"ben"}
-    fixed = r.model_copy(update={"user_id": "ann"})  # the field wins, then configurable
-    assert {d.metadata["user_id"] for d in fixed.invoke("note", config=ben)} == {"ann"}
     assert {d.metadata["user_id"] for d in r.invoke("note", config=ben, user_id="ann")} == {"ann"}
+
+
+def test_a_request_whose_sources_name_two_users_is_refused_not_answered_for_one() -> None:
+    """The retriever's user_id, the run's ``configurable`` and its metadata must agree; the
+    per-call ``user_id=`` chooses (before, the field silently won over a request naming
+    another user, and ``configurable`` over the metadata: one user's notes answered another's
+    request)."""
+    r = filled()
+    fixed = r.model_copy(update={"user_id": "ann"})
+    ben: Any = {"configurable": {"user_id": "ben"}}
+    with pytest.raises(ValueError, match="more than one user.*'ann'.*'ben'"):
+        fixed.invoke("note", config=ben)
+    with pytest.raises(ValueError, match="more than one user"):
+        fixed.invoke("note", config={"metadata": {"user_id": "ben"}})
+    with pytest.raises(ValueError, match="more than one user"):
+        r.invoke(
+            "note", config={"configurable": {"user_id": "ann"}, "metadata": {"user_id": "ben"}}
+        )
+    assert {d.metadata["user_id"] for d in fixed.invoke("note", config=ben, user_id="ben")} == {
+        "ben"
+    }
+    agreeing: Any = {"configurable": {"user_id": "ann"}, "metadata": {"user_id": "ann"}}
+    assert {d.metadata["user_id"] for d in fixed.invoke("note", config=agreeing)} == {"ann"}
 
 
 class HungChat(BaseChatModel):
