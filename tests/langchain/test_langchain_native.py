@@ -324,7 +324,7 @@ def test_a_request_whose_sources_name_two_users_is_refused_not_answered_for_one(
     r = filled()
     fixed = r.model_copy(update={"user_id": "ann"})
     ben: Any = {"configurable": {"user_id": "ben"}}
-    with pytest.raises(ValueError, match="more than one user.*'ann'.*'ben'"):
+    with pytest.raises(ValueError, match=r"more than one user.*'ann'.*'ben'"):
         fixed.invoke("note", config=ben)
     with pytest.raises(ValueError, match="more than one user"):
         fixed.invoke("note", config={"metadata": {"user_id": "ben"}})
