@@ -233,6 +233,17 @@ class PBRRetriever(BaseRetriever):
 
     model_config = ConfigDict(extra="forbid")  # a typo (`embedding=`, `search_type=`) fails
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_search_type(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "search_type" in data:
+            raise ValueError(
+                f"PBRRetriever has no search_type (got {data['search_type']!r}): pbr ranks the "
+                "user's items itself, by config=PBRConfig(search='hybrid' | 'dense' | "
+                "'lexical'); a score threshold is search_kwargs={'score_threshold': ...}"
+            )
+        return data
+
     @model_validator(mode="after")
     def _own_corpus(self) -> PBRRetriever:
         if self.search_kwargs and self.vectorstore is None:

@@ -35,7 +35,8 @@ class SalienceCompressor(BaseDocumentCompressor):
 
     * ``mode="rerank"``: order the documents by salience, alone (``method="salience"``) or fused
       with the retriever's score (``"rrf"``, ``"zsum"``; the dense score is read from
-      ``metadata[dense_score_key]``, e.g. what ``PBRRetriever`` puts in ``metadata["score"]``);
+      ``metadata[dense_score_key]``, e.g. what ``PBRRetriever`` puts in ``metadata["score"]``
+      with ``config=PBRConfig(explain="scores")``);
       keep ``top_n``.
     * ``mode="gate"``: use memory only if the best per-token salience exceeds ``tau``; return
       the documents above ``tau`` (at most ``max_items``) in chronological order
@@ -130,11 +131,20 @@ class SalienceCompressor(BaseDocumentCompressor):
         if mode is not None:
             options["mode"] = mode
         key = self.timestamp_key
+        dense = [d.metadata.get(self.dense_score_key) for d in docs]
+        zsum = options["mode"] == "rerank" and options["method"] == "zsum"
+        if zsum and docs and any(v is None for v in dense):
+            raise ValueError(
+                f"method='zsum' fuses salience with each document's "
+                f"metadata[{self.dense_score_key!r}], which these documents lack: a PBRRetriever "
+                "writes it with config=PBRConfig(explain='scores') (or 'first', 'all'); or use "
+                "method='rrf', which only needs the input order"
+            )
         return select_by_salience(
             self.scorer,
             query,
             [d.page_content for d in docs],
-            dense_scores=[d.metadata.get(self.dense_score_key) for d in docs],
+            dense_scores=dense,
             timestamps=None if key is None else [d.metadata.get(key) for d in docs],
             timestamp_source=f"Document.metadata[{key!r}]",
             **options,

@@ -909,3 +909,20 @@ def test_the_gate_orders_metadata_timestamps_of_any_kind_by_time() -> None:
             fake, QUERY, texts, mode="gate", tau=-1e9, timestamps=[1.0, math.nan, 2.0]
         )
     assert kept.indices.tolist() == [0, 1, 2]  # input order, said
+
+
+def test_a_zsum_compressor_over_documents_without_scores_says_how_to_get_them() -> None:
+    """``method="zsum"`` needs each document's score: the error names ``explain="scores"``,
+    which makes a PBRRetriever write it (before, it asked for ``dense_scores=[...]``, which a
+    LangChain compressor cannot pass)."""
+    from doubles import SecretScorer
+    from langchain_core.documents import Document
+
+    from langchain_pbr.salience import SalienceCompressor
+
+    docs = [Document("the secret is out"), Document("nothing here")]
+    compressor = SalienceCompressor(scorer=SecretScorer(), method="zsum", top_n=1)
+    with pytest.raises(ValueError, match="explain='scores'"):
+        compressor.compress_documents(docs, "what is the secret?")
+    scored = [Document(d.page_content, metadata={"score": s}) for d, s in zip(docs, (0.2, 0.9))]
+    assert len(compressor.compress_documents(scored, "what is the secret?")) == 1

@@ -916,3 +916,10 @@ def test_answers_of_a_model_chosen_at_run_time_are_not_cached(tmp_path: Any) -> 
     retriever.add_documents([Document(ALICE[0])], user_id="alice")
     retriever.invoke("dinner", user_id="alice")
     assert len(GenerationCache(tmp_path / "gen.jsonl")) == 0
+
+
+def test_a_vector_store_retrievers_search_type_is_refused_saying_what_pbr_ranks_by() -> None:
+    """``search_type="mmr"`` (VectorStoreRetriever's) names ``PBRConfig.search`` (before:
+    pydantic's bare "Extra inputs are not permitted")."""
+    with pytest.raises(ValidationError, match=r"no search_type.*PBRConfig"):
+        PBRRetriever(embeddings=EMB, search_type="mmr")  # type: ignore[call-arg]
