@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
@@ -56,11 +58,13 @@ from ._bridge import (
 )
 from .stores import (
     PBR_SEARCH_KWARGS,
+    Found,
     astore_search,
     check_search_kwargs,
     default_filter,
     host_records,
     store_search,
+    view_lister,
     with_view_filter,
 )
 
@@ -393,6 +397,15 @@ class PBRRetriever(BaseRetriever):
             return None
         return lambda v, m: search(store, v.tolist(), m, self._search_kwargs(user_id))
 
+    def _host_filter(self, user_id: str) -> Callable[[], Found] | None:
+        """Where the request's view is filtered and the store lists it exactly (stores.
+        :func:`~langchain_pbr.stores.view_lister`), what lists it: pbr then ranks every
+        document of the view, not the store's best candidates for ``q*`` (which would leave
+        out a document only the lexical leg finds)."""
+        if self.vectorstore is None or not self._view_filtered():
+            return None
+        return view_lister(self.vectorstore, self._search_kwargs(user_id))
+
     @staticmethod
     def _events(got: Retrieval) -> list[tuple[str, dict[str, Any]]]:
         assert got.query is not None  # the request does not skip: always personalized
@@ -429,8 +442,11 @@ class PBRRetriever(BaseRetriever):
             request,
             self._personalizer().personalize,
             host_search=self._host_search(store_search, request.user_id),
+            host_filter=self._host_filter(request.user_id),
             host_errors=self._host_errors,
         )
+        if got.query is None:  # a view that holds none of the user's documents
+            return []
         child = run_manager.get_child()
         for name, data in self._events(got):
             child.on_custom_event(name, data, run_id=run_manager.run_id)
@@ -446,13 +462,17 @@ class PBRRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         request = self._request(query, user_id, k, kwargs, run_manager)
+        listed = self._host_filter(request.user_id)
         got = await aretrieve(
             self._corpus(),
             request,
             self._personalizer().apersonalize,
             host_search=self._host_search(astore_search, request.user_id),
+            host_filter=None if listed is None else functools.partial(asyncio.to_thread, listed),
             host_errors=self._host_errors,
         )
+        if got.query is None:  # a view that holds none of the user's documents
+            return []
         child = run_manager.get_child()
         for name, data in self._events(got):
             await child.on_custom_event(name, data, run_id=run_manager.run_id)

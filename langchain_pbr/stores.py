@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ __all__ = [
     "default_filter",
     "host_records",
     "store_search",
+    "view_lister",
 ]
 
 #: ``(store key, store metadata, store score)`` per search result, best first; the key None
@@ -483,6 +484,40 @@ def _native_async(store: VectorStore) -> Any:
     if _is_pgvector(store):
         return None
     return getattr(store, _ASYNC_SEARCH, None)
+
+
+def view_lister(store: VectorStore, kwargs: Mapping[str, Any]) -> Callable[[], Found] | None:
+    """Where ``store`` can list exactly the documents a search with ``kwargs`` searches (the
+    user's filter ANDed with the view's), what lists them: ``InMemoryVectorStore`` (its filter
+    is a callable on ``Document``) and Chroma (``where`` / ``where_document``). pbr then ranks
+    every document of the view itself. None for any other store or argument: the view is
+    searched instead, and pbr ranks its best candidates."""
+    if isinstance(store, InMemoryVectorStore) and set(kwargs) <= {"filter"}:
+        keep = kwargs.get("filter")
+
+        def in_memory() -> Found:
+            out: Found = []
+            for key, row in list(store.store.items()):
+                meta = dict(row.get("metadata") or {})
+                if keep is None or keep(Document(id=key, page_content=row["text"], metadata=meta)):
+                    out.append((key, meta, None))
+            return out
+
+        return in_memory
+    collection = collection_of(store)
+    if collection is not None and set(kwargs) <= {"filter", "where_document"}:
+
+        def chroma() -> Found:
+            got = collection.get(
+                where=kwargs.get("filter"),
+                where_document=kwargs.get("where_document"),
+                include=["metadatas"],
+            )
+            metas = got.get("metadatas") or [None] * len(got["ids"])
+            return [(key, dict(meta or {}), None) for key, meta in zip(got["ids"], metas)]
+
+        return chroma
+    return None
 
 
 def store_search(store: VectorStore, vector: list[float], k: int, kwargs: dict[str, Any]) -> Found:

@@ -923,3 +923,54 @@ def test_a_vector_store_retrievers_search_type_is_refused_saying_what_pbr_ranks_
     pydantic's bare "Extra inputs are not permitted")."""
     with pytest.raises(ValidationError, match=r"no search_type.*PBRConfig"):
         PBRRetriever(embeddings=EMB, search_type="mmr")  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_filtered_view_the_store_can_list_is_ranked_whole(use_async: bool) -> None:
+    """InMemoryVectorStore (and Chroma) list a filtered view exactly: pbr ranks all of it, so a
+    filter that keeps every document changes nothing, and a document only the lexical leg
+    finds is still found (before, pbr ranked the store's 40 best candidates for q* only)."""
+    import random
+
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    rng = random.Random(0)
+    words = [
+        "tea",
+        "coffee",
+        "run",
+        "bike",
+        "swim",
+        "bread",
+        "rice",
+        "pasta",
+        "cat",
+        "dog",
+        "film",
+        "book",
+        "garden",
+        "paris",
+        "rome",
+    ]
+    docs = [Document(" ".join(rng.sample(words, 4)), id=f"d{i}") for i in range(120)]
+    docs.append(Document("my sister lives in lisbon and drinks oolong", id="target"))
+    emb = DeterministicFakeEmbedding(size=64)
+    store = InMemoryVectorStore(emb)
+    config = PBRConfig(fusion="plain", explain="scores")
+    plain = PBRRetriever(embeddings=emb, vectorstore=store, k=5, config=config)
+    plain.add_documents(docs, user_id="alice")
+    keep_all = PBRRetriever(
+        embeddings=emb, vectorstore=store, k=5, config=config, search_kwargs={"filter": bool}
+    )
+
+    def ids(r: PBRRetriever, query: str) -> list[str | None]:
+        got = asyncio.run(r.ainvoke(query, user_id="alice")) if use_async else None
+        got = got if got is not None else r.invoke(query, user_id="alice")
+        return [d.id for d in got]
+
+    for query in ("oolong", "sister lisbon"):
+        assert ids(keep_all, query) == ids(plain, query) and ids(plain, query)[0] == "target"
+    nobody = PBRRetriever(
+        embeddings=emb, vectorstore=store, k=5, search_kwargs={"filter": lambda d: False}
+    )
+    assert nobody.invoke("oolong", user_id="alice") == []
