@@ -19,6 +19,7 @@ import asyncio
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -45,6 +46,9 @@ __all__ = ["PBRSearchItem", "PBRStore"]
 
 #: How many items one listing request of the wrapped store asks for.
 DEFAULT_PAGE_SIZE = 1000
+#: How many namespace prefixes' latest explanations a PBRStore keeps (the least recently
+#: searched go first): :meth:`PBRStore.last_explanation` of an older one is None.
+EXPLAINED_PREFIXES = 1024
 #: The LLM answers a PBRStore with an ``llm`` keeps in memory by default (see ``cache``).
 DEFAULT_CACHED_ANSWERS = 1024
 
@@ -361,7 +365,9 @@ class PBRStore(BaseStore):
             ),
             strict=strict,
         )
-        self._explanations: dict[tuple[str, ...], dict[str, Any]] = {}
+        # the latest explanation of the last EXPLAINED_PREFIXES prefixes searched (an LRU: a
+        # service over many users would otherwise hold one per user for good)
+        self._explanations: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
         self._searched: set[tuple[str, ...]] = set()  # prefixes whose views the corpus keeps
         self._guard = threading.Lock()
 
@@ -393,7 +399,8 @@ class PBRStore(BaseStore):
         view, or ``limit=0``): pbr's explanation payload (query, fusion, terms used and dropped,
         ``w1``/``w2``, timings, ``degraded``; its ``user_id`` is pbr's id of the prefix,
         :func:`scope_id`) plus ``"namespace"``, ``"user"``, ``"mode"`` and ``"results"``: per
-        result its ``namespace``, ``key``, ``score`` and both legs' scores and ranks."""
+        result its ``namespace``, ``key``, ``score`` and both legs' scores and ranks. Kept for
+        the :data:`EXPLAINED_PREFIXES` most recently searched prefixes."""
         with self._guard:
             found = self._explanations.get(tuple(namespace_prefix))
         return None if found is None else dict(found)
@@ -406,6 +413,9 @@ class PBRStore(BaseStore):
                 self._explanations.pop(prefix, None)
             else:
                 self._explanations[prefix] = payload
+                self._explanations.move_to_end(prefix)
+                while len(self._explanations) > EXPLAINED_PREFIXES:
+                    self._explanations.popitem(last=False)
 
     # -- BaseStore --------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:

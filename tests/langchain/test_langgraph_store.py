@@ -792,3 +792,20 @@ def test_the_pages_of_one_search_with_a_sampling_llm_neither_repeat_nor_skip() -
             it.key for it in store.search(ns, query="what do I enjoy?", limit=5, offset=offset)
         ]
     assert sorted(pages) == [f"m{i:02d}" for i in range(30)]
+
+
+def test_last_explanations_are_kept_for_the_most_recently_searched_prefixes(monkeypatch) -> None:
+    """One explanation per prefix held for good would grow with every user a service sees
+    (outside max_cache_bytes): PBRStore keeps the EXPLAINED_PREFIXES most recent ones."""
+    import langchain_pbr.memory_store as memory_store
+
+    monkeypatch.setattr(memory_store, "EXPLAINED_PREFIXES", 2)
+    inner = InMemoryStore()
+    for user in ("ann", "ben", "cai"):
+        inner.put(("memories", user), "k", {"content": f"{user} likes kale salad"})
+    store = PBRStore(inner, BagOfWords())
+    for user in ("ann", "ben", "cai"):
+        store.search(("memories", user), query="salad")
+    assert store.last_explanation(("memories", "ann")) is None
+    assert store.last_explanation(("memories", "cai")) is not None
+    assert store.last_explanation(("memories", "ben")) is not None
