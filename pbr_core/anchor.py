@@ -83,13 +83,24 @@ class AnchorResult:
 
     @cached_property
     def _ranking(self) -> np.ndarray:
-        # Sorted once per anchor (ties: lower index first), not once per query.
-        return np.argsort(-self.pagerank, kind="stable")
+        # Sorted once per anchor, not once per query, on π to RANKING_DIGITS significant
+        # digits (ties: lower index first): a warm-started PageRank stops within its tolerance
+        # of the fixed point, so items tied exactly there (isolated items, symmetric pairs) come
+        # out ~1e-8 apart in an order a rebuild would not give.
+        pi = self.pagerank
+        top = float(pi.max()) if pi.size else 0.0
+        if top <= 0:
+            return np.arange(pi.size)
+        return np.argsort(-np.round(pi / top, RANKING_DIGITS), kind="stable")
 
     def top_items(self, count: int) -> list[tuple[int, float]]:
         """Indices and PageRank of the ``count`` most central history items, most central first."""
         pi = self.pagerank
         return [(int(i), float(pi[i])) for i in self._ranking[: max(count, 0)]]
+
+
+#: The significant digits (of π over its maximum) :meth:`AnchorResult.top_items` orders by.
+RANKING_DIGITS = 4
 
 
 # -- kNN search ----------------------------------------------------------------------------------
