@@ -217,9 +217,9 @@ def _settings_of(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 def _takes_two(loader: Callable[..., Any]) -> bool:
     """Whether a vector_store_loader takes ``(folder, user_id)`` rather than ``(folder)``: its
-    second positional parameter is required or named ``user_id`` (an optional one is the
-    loader's own, e.g. ``FaissVectorStore.from_persist_dir(persist_dir, fs=None)``), or it
-    takes ``*args``."""
+    second positional parameter is required or names a user (``user_id``, ``user``; another
+    optional one is the loader's own, e.g. ``FaissVectorStore.from_persist_dir(persist_dir,
+    fs=None)``), or it takes ``*args``."""
     try:
         params = inspect.signature(loader).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable: the one-argument form
@@ -227,7 +227,7 @@ def _takes_two(loader: Callable[..., Any]) -> bool:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) >= 2:
         second = positional[1]
-        return second.default is second.empty or second.name == "user_id"
+        return second.default is second.empty or "user" in second.name
     return any(p.kind is p.VAR_POSITIONAL for p in params)
 
 

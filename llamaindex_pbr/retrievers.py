@@ -125,6 +125,9 @@ class _Keep:
 _KEEP = _Keep()
 
 
+_SHARED_LOCKS = ("_refreshing", "_refreshing_guard")
+
+
 @dataclass
 class _Shared:
     """What every view of one retriever shares: host objects, histories, indexes, caches.
@@ -149,6 +152,14 @@ class _Shared:
     @property
     def partitioned(self) -> bool:
         return self.user_indexes is not None
+
+    def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
+        return {k: v for k, v in self.__dict__.items() if k not in _SHARED_LOCKS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._refreshing = {}
+        self._refreshing_guard = threading.Lock()
 
     def refresh_lock(self, user_id: str) -> threading.Lock:
         """The lock of ``user_id``'s document refreshes: two refreshes of one document that
@@ -733,8 +744,12 @@ class PBRRetriever(BaseRetriever):
         """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules);
         ``new_ids``: how many nodes were made by this call, with ids a retry would not repeat."""
         groups, vectors, extras = batch_of(copies, users, held=not insert)
+        # nodes the index holds already: under their node ids (pbr's key for those it wrote)
+        held = None if insert else {u: [n.node_id for n in nodes] for u, nodes in extras.items()}
         with host_store_errors(self._any_store(), "add", new_ids=new_ids):
-            self._shared.corpus.add_many(groups, vectors=vectors, extras=extras, write_host=insert)
+            self._shared.corpus.add_many(
+                groups, vectors=vectors, extras=extras, write_host=insert, held_keys=held
+            )
         return [n.node_id for n in copies]
 
     def add_documents(
@@ -963,8 +978,9 @@ class PBRRetriever(BaseRetriever):
             vector_store_loader: ``folder → vector store`` for stores that persist themselves
                 (e.g. ``FaissVectorStore.from_persist_dir``), or ``(folder, user_id) → vector
                 store`` to find a partition's store by its user (``user_id`` is None for one
-                shared index): a loader whose second positional parameter is required or named
-                ``user_id``; an optional one is the loader's own and is left alone. Default:
+                shared index): a loader whose second positional parameter is required or names
+                a user (``user_id``, ``user``); another optional one is the loader's own and is
+                left alone. Default:
                 ``SimpleVectorStore``.
             llm, vector_store_factory, cache, callback_manager, verbose: as in the class.
         """

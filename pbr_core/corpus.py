@@ -324,6 +324,8 @@ class Corpus:
         self._evicted: set[str] = set()
         self._window_of: tuple[object, Window | None] | None = None
         self._locks: dict[str, threading.Lock] = {}
+        # one add or delete per user at a time (reads do not take it: see _writes_locked)
+        self._write_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         # requests under way per user (in_use): the cache does not evict them meanwhile
         self._in_use: dict[str, int] = {}
@@ -332,7 +334,8 @@ class Corpus:
         self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
-        skip = ("_locks", "_locks_guard", "_window_of", "_in_use")  # locks; a closure; requests
+        # locks; a tokenizer closure; the requests under way
+        skip = ("_locks", "_write_locks", "_locks_guard", "_window_of", "_in_use")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -343,6 +346,7 @@ class Corpus:
         self.__dict__.setdefault("_evicted", set())
         self._window_of = None
         self._locks = {}
+        self._write_locks = {}
         self._locks_guard = threading.Lock()
         self._in_use = {}
         self.cache.attach(self)
@@ -501,6 +505,7 @@ class Corpus:
         vectors: Mapping[str, Any] | None = None,
         extras: Mapping[str, Sequence[Any]] | None = None,
         write_host: bool = True,
+        held_keys: Mapping[str, Sequence[str]] | None = None,
     ) -> dict[str, list[str]]:
         """Add items of several users as one batch: all validated, then one host write.
 
@@ -514,6 +519,9 @@ class Corpus:
             write_host: False records items the host already holds under their own ids, for a
                 host that cannot list; with one that can, nothing is recorded (validated only):
                 the next read lists them as the host holds them.
+            held_keys: with ``write_host=False``, user id -> the keys the host holds that
+                user's items under, one per item (where they are not the items' ids: a record
+                pbr wrote, read back from a docstore).
 
         Raises:
             ValueError / EmbeddingError: anything invalid in any group; nothing is written.
@@ -521,7 +529,10 @@ class Corpus:
                 next read reconciles whatever part of the batch landed.
         """
         self.check_model()
-        return self._commit(self._plan(groups, vectors, extras), write_host=write_host)
+        keys: dict[tuple[str, str], str] = {}
+        for user, given in (held_keys or {}).items():
+            keys.update(((user, item.id), key) for item, key in zip(groups.get(user, ()), given))
+        return self._commit(self._plan(groups, vectors, extras), write_host=write_host, keys=keys)
 
     async def aadd_many(
         self,
@@ -558,7 +569,7 @@ class Corpus:
         """
         check_user_id(user_id)
         ids = check_ids(ids)
-        with self._user_lock(user_id):
+        with self._writes_locked([user_id]), self._user_lock(user_id):
             history = self._refresh(user_id) if self.verified else self.cache._current(user_id)
             known = self._known.get(user_id, _Known())
             missing = sorted({i for i in ids if history is None or history.position(i) is None})
@@ -749,12 +760,15 @@ class Corpus:
 
     # -- internals -----------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _users_locked(self, user_ids: Iterable[str]) -> Iterator[None]:
-        """Hold the locks of ``user_ids``, taken in sorted order (the one order of every
-        multi-user hold, so two batches never wait on each other's locks)."""
+    def _writes_locked(self, user_ids: Iterable[str]) -> Iterator[None]:
+        """Hold the write locks of ``user_ids`` (an add or a delete of theirs at a time), taken
+        in sorted order (the one order of every multi-user hold, so two batches never wait on
+        each other's locks), always before a user's lock, never inside one."""
         with contextlib.ExitStack() as stack:
             for user_id in sorted(set(user_ids)):
-                stack.enter_context(self._user_lock(user_id))
+                with self._locks_guard:
+                    lock = self._write_locks.setdefault(user_id, threading.Lock())
+                stack.enter_context(lock)
             yield
 
     def _user_lock(self, user_id: str) -> threading.Lock:
@@ -863,20 +877,25 @@ class Corpus:
             return item
         return HistoryItem(id=item.id, text=item.text, metadata=meta, timestamp=timestamp)
 
-    def _records(self, plan: list[_Group], *, held: bool = False) -> list[Record]:
-        """The host records of ``plan``; ``held``: the host holds them already, under the
-        items' own ids (records written before pbr), so those ids are their keys, except a
-        record pbr wrote (its metadata names its id, :data:`ITEM_ID_KEY`, as
-        :meth:`Record.stored` reads it): pbr's scoped key."""
+    def _records(
+        self,
+        plan: list[_Group],
+        *,
+        held: bool = False,
+        held_keys: Mapping[tuple[str, str], str] | None = None,
+    ) -> list[Record]:
+        """The host records of ``plan``; ``held``: the host holds them already, under the keys
+        ``held_keys`` gives ((user, item id) → key), else under the items' own ids (records
+        written before pbr)."""
+        held_keys = held_keys or {}
         records: list[Record] = []
         for user_id, items, unit, extras in plan:
             for item, vector, extra in zip(items, unit, extras):
-                if not held:
-                    key = self._host_key(user_id, item.id)
-                elif item.metadata.get(ITEM_ID_KEY) == item.id:
-                    key = scoped_key(user_id, item.id)
-                else:
-                    key = item.id
+                key = (
+                    self._host_key(user_id, item.id)
+                    if not held
+                    else held_keys.get((user_id, item.id), item.id)
+                )
                 records.append(
                     Record(
                         key=key,
@@ -891,7 +910,13 @@ class Corpus:
                 )
         return records
 
-    def _commit(self, plan: list[_Group], *, write_host: bool = True) -> dict[str, list[str]]:
+    def _commit(
+        self,
+        plan: list[_Group],
+        *,
+        write_host: bool = True,
+        keys: Mapping[tuple[str, str], str] | None = None,
+    ) -> dict[str, list[str]]:
         out = {g.user_id: [item.id for item in g.items] for g in plan}
         if not plan or (not write_host and self.verified):
             # Records the host holds already, over a host that lists: it is the truth, and the
@@ -902,11 +927,12 @@ class Corpus:
         # Embedded before the host write: an embedder's fault then leaves nothing written (over
         # a host that cannot list, a record pbr's history does not hold could not be deleted).
         windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
-        # The users' locks from the host write to the cache's update: a delete of one of these
-        # items runs wholly before or after, never between (it would be undone in the cache).
-        with self._users_locked(g.user_id for g in plan):
+        # The users' write locks from the host write to the cache's update: a delete of one of
+        # these items runs wholly before or after, never between (it would be undone in the
+        # cache). Reads take no write lock: they never wait for the host write.
+        with self._writes_locked(g.user_id for g in plan):
             if self.host is not None:
-                records = self._records(plan, held=not write_host)
+                records = self._records(plan, held=not write_host, held_keys=keys)
                 if write_host:
                     self.host.upsert(records)  # the one write; a fault leaves the cache as it was
                 for record in records:
@@ -923,14 +949,15 @@ class Corpus:
                     if record.key != scoped_key(record.user_id, record.item_id):
                         own_keys.setdefault(record.user_id, {})[record.item_id] = record.key
             for user_id, items, unit, _ in plan:
-                if user_id in self._evicted and self.verified:
-                    self._refresh(user_id)  # the rest of the user first: never a partial view
-                self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
-                if self.host is not None:
-                    known = self._known.setdefault(user_id, _Known())
-                    for record in by_user[user_id]:
-                        known.key_of[record.item_id] = record.key
-                        known.revisions[record.key] = revision(self._as_listed(record))
+                with self._user_lock(user_id):
+                    if user_id in self._evicted and self.verified:
+                        self._refresh(user_id)  # the rest of the user first: no partial view
+                    self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
+                    if self.host is not None:
+                        known = self._known.setdefault(user_id, _Known())
+                        for record in by_user[user_id]:
+                            known.key_of[record.item_id] = record.key
+                            known.revisions[record.key] = revision(self._as_listed(record))
         return out
 
     def _as_listed(self, record: Record) -> Record:

@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_STEMMER",
     "ENGLISH_STOP_WORDS",
     "STEMMERS",
+    "TOKENIZER_VERSION",
     "LexicalIndex",
     "StemmerName",
     "analyze",
@@ -105,6 +106,11 @@ _STOP_WORDS = """
 #: content word, nor "may", which is also a month. Single letters never survive the token pattern
 #: and are listed only for completeness.
 ENGLISH_STOP_WORDS: frozenset[str] = frozenset(_STOP_WORDS.split())
+
+#: The tokenizer's version, kept with what holds BM25 indexes (a pickled history, a shared
+#: state's format), so an index of another version is rebuilt, not read: 2 keeps combining
+#: marks and matches text in NFC form; 1 cut words at their marks.
+TOKENIZER_VERSION = 2
 
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 # The same runs of two or more word characters, combining marks counted as word characters

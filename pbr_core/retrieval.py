@@ -410,9 +410,10 @@ async def aretrieve(
         with host_errors():
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
-                if history is not None and not _derived(history, config):
+                ranks = final_search is None  # else the caller's search ranks: no BM25 index
+                if history is not None and not _derived(history, config, ranks):
                     # a cold user's anchor and BM25 index: CPU work (1.5 s at 10k items)
-                    await asyncio.to_thread(_derive, history, config)
+                    await asyncio.to_thread(_derive, history, config, ranks)
                 return history
             if isinstance(effect, _Filter):
                 assert host_filter is not None
@@ -437,22 +438,23 @@ async def aretrieve(
     return retrieval
 
 
-def _derived(history: UserHistory, config: PBRConfig) -> bool:
+def _derived(history: UserHistory, config: PBRConfig, ranks: bool) -> bool:
     """Whether what a request with ``config`` derives from ``history`` is built: the anchor
-    (where the fusion uses it) and the BM25 index (where the search has a lexical leg)."""
+    (where the fusion uses it) and the BM25 index (where pbr ranks, ``ranks``, and the search
+    has a lexical leg)."""
     anchor = MODE_TERMS[config.fusion][0] and len(history) >= 2
-    lexical = config.search != "dense"
+    lexical = ranks and config.search != "dense"
     return (not anchor or history.has_anchor(config)) and (
         not lexical or history.has_lexical(config.lexical_stemmer)
     )
 
 
-def _derive(history: UserHistory, config: PBRConfig) -> None:
+def _derive(history: UserHistory, config: PBRConfig, ranks: bool) -> None:
     """Build what :func:`_derived` checks (the async driver runs it in a worker thread, so a
     cold user's derivation never runs on the event loop)."""
     if MODE_TERMS[config.fusion][0] and len(history) >= 2:
         history.anchor(config)
-    if config.search != "dense":
+    if ranks and config.search != "dense":
         history.lexical(config.lexical_stemmer)
 
 

@@ -20,7 +20,13 @@ import numpy as np
 from .anchor import AnchorResult, compute_anchor, update_anchor
 from .config import PBRConfig
 from .items import HistoryItem
-from .lexical import DEFAULT_STEMMER, LexicalIndex, StemmerName, check_stemmer
+from .lexical import (
+    DEFAULT_STEMMER,
+    TOKENIZER_VERSION,
+    LexicalIndex,
+    StemmerName,
+    check_stemmer,
+)
 
 __all__ = ["AnchorKey", "UserHistory", "item_nbytes", "top_k"]
 
@@ -107,6 +113,8 @@ class UserHistory:
         self._window_rows: tuple[np.ndarray, np.ndarray] | None = None
         # The BM25 index of the items under each analyzer a search asked for (its stemmer).
         self._lexical: dict[StemmerName | None, LexicalIndex] = {}
+        # which tokenizer its BM25 indexes were built with (an unpickled older one: rebuilt)
+        self._tokenizer = TOKENIZER_VERSION
         # Per analyzer, the previous snapshot's index to derive ours from, and where each of our
         # rows was in it (-1: new or changed text).
         self._lexical_parents: dict[StemmerName | None, tuple[LexicalIndex, np.ndarray]] = {}
@@ -139,6 +147,10 @@ class UserHistory:
                 parent[0].__dict__.pop("_others", None)
             self._lexical_parents = {} if parent is None else {parent[0].stemmer: parent}
             self._counted = None  # its count held one index; the others are counted now
+        if self.__dict__.get("_tokenizer") != TOKENIZER_VERSION:  # indexes of another tokenizer
+            self._lexical, self._lexical_parents = {}, {}  # (their terms would miss the
+            self._tokenizer = TOKENIZER_VERSION  # query's): built again on first use
+            self._counted = None
         self._lock = threading.Lock()
 
     def __len__(self) -> int:

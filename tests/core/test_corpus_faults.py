@@ -259,3 +259,38 @@ def test_an_async_add_checks_and_writes_the_host_off_the_event_loop() -> None:
     asyncio.run(corpus.aadd_many({"alice": [HistoryItem("a", "kale salad")]}))
     assert on_loop == [False, False]
     assert ids_of(corpus, "alice") == ["a"]
+
+
+@pytest.mark.parametrize("host_kind", [ListingHost, SilentHost])
+def test_a_read_does_not_wait_for_an_add_writing_the_host(host_kind: type) -> None:
+    """A read of a user whose add is writing the host returns the user as it was (adds and
+    deletes of a user wait for each other; reads wait for neither)."""
+    import threading
+
+    written, resume = threading.Event(), threading.Event()
+
+    class Pausing(host_kind):  # type: ignore[misc, valid-type]
+        pause = False
+
+        def upsert(self, records: Sequence[Record]) -> None:
+            super().upsert(records)
+            if self.pause:
+                self.pause = False
+                written.set()
+                resume.wait(10)
+
+    host = Pausing()
+    corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore())
+    corpus.add("alice", [HistoryItem("a", "kale salad")])
+    host.pause = True
+    adding = threading.Thread(target=corpus.add, args=("alice", [HistoryItem("b", "run")]))
+    adding.start()
+    assert written.wait(10)
+    seen: list[list[str]] = []
+    reading = threading.Thread(target=lambda: seen.append(ids_of(corpus, "alice")))
+    reading.start()
+    reading.join(5)
+    assert not reading.is_alive()  # it did not wait for the add
+    resume.set()
+    adding.join(10)
+    assert seen[0] in (["a"], ["a", "b"]) and ids_of(corpus, "alice") == ["a", "b"]

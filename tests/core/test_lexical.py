@@ -364,3 +364,26 @@ def test_an_index_counts_the_bytes_of_a_large_vocabulary() -> None:
     finally:
         tracemalloc.stop()
     assert abs(index.nbytes - held) / held < 0.05
+
+
+def test_a_history_pickled_with_another_tokenizers_index_builds_it_again() -> None:
+    """A BM25 index of the older tokenizer (words cut at their combining marks) is not read
+    back from a pickle: its terms would miss the query's (an older pickle kept it, and derived
+    every later index from it)."""
+    import pickle
+
+    from pbr_core import HistoryItem
+    from pbr_core.snapshot import UserHistory
+
+    texts = ["मुझे चाय पसंद है", "I like coffee"]
+    items = [HistoryItem(f"i{n}", t) for n, t in enumerate(texts)]
+    history = UserHistory("u", items, np.eye(2, dtype=np.float32), 1)
+    history.lexical(None)
+    state = history.__getstate__()
+    state.pop("_tokenizer")  # as an older pbr pickled it
+    older = UserHistory.__new__(UserHistory)
+    older.__setstate__(state)
+    assert not older.has_lexical(None)
+    assert older.lexical(None).scores("चाय")[0] > 0
+    again = pickle.loads(pickle.dumps(history))
+    assert again.has_lexical(None)  # this tokenizer's: kept

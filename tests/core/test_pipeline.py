@@ -18,6 +18,7 @@ from pbr_core import (
     PersistenceError,
     Personalizer,
     PseudoFeedback,
+    SearchHit,
     UnknownUserError,
     compute_anchor,
     fuse,
@@ -504,3 +505,25 @@ async def test_an_async_search_builds_a_cold_users_anchor_and_bm25_index_off_the
     p = make(config=PBRConfig(fusion="no_prf"))
     found = await p.asearch("alice", "dinner?", k=2)
     assert on_loop == {"anchor": False, "lexical": False} and len(found.hits) == 2
+
+
+async def test_an_async_search_a_callers_own_search_ranks_builds_no_bm25_index(monkeypatch) -> None:
+    """``Personalizer(vector_search=...)`` ranks with the caller's search: pbr's BM25 index
+    would be memory and CPU spent for nothing (an async request built it)."""
+    import pbr_core.snapshot as snapshot
+
+    built: list[bool] = []
+    real_build = snapshot.LexicalIndex.build
+    monkeypatch.setattr(
+        snapshot.LexicalIndex,
+        "build",
+        staticmethod(lambda *a, **k: built.append(True) or real_build(*a, **k)),
+    )
+
+    class Theirs:
+        def search(self, user_id, vector, k):
+            return [SearchHit(id="a1", score=1.0)]
+
+    p = make(config=PBRConfig(fusion="no_prf"), vector_search=Theirs())
+    found = await p.asearch("alice", "dinner?", k=1)
+    assert [h.id for h in found.hits] == ["a1"] and built == []

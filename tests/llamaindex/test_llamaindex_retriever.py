@@ -1223,8 +1223,10 @@ def test_a_loader_with_an_optional_second_parameter_is_called_with_the_folder_al
 
     def by_user(folder: str, user_id: str | None = None) -> Any: ...
 
+    def by_owner(folder: str, user: str | None = None) -> Any: ...
+
     assert not _takes_two(faiss_like) and not _takes_two(SimpleVectorStore.from_persist_dir)
-    assert _takes_two(lambda folder, user: None) and _takes_two(by_user)
+    assert _takes_two(lambda folder, user: None) and _takes_two(by_user) and _takes_two(by_owner)
     assert not _takes_two(lambda folder: None)
 
 
@@ -1250,3 +1252,47 @@ def test_vectors_a_pipeline_wrote_around_the_docstore_are_warned_about_once(
         assert retriever.retrieve("banana", user_id="alice") == []
         retriever.retrieve("pasta", user_id="alice")
     assert caplog.text.count("docstore lacks") == 1
+
+
+def test_a_node_indexed_around_pbr_then_updated_through_it_is_read_back_under_its_own_key() -> None:
+    """The app indexed "n1" itself; pbr records it and rewrites it under "n1" on an update
+    (its pbr_id then "n1" too): a second retriever holds it under "n1", ranks it and deletes it
+    (a scoped key derived from its pbr_id named no record: it was hidden and undeletable)."""
+    from llama_index.core import StorageContext
+
+    embed_model = HashEmbedding(dim=64)
+    own = [
+        TextNode(text="banana before my run", id_="n1", metadata={"user_id": "alice"}),
+        TextNode(text="kale salad", id_="n2", metadata={"user_id": "alice"}),
+    ]
+    index = VectorStoreIndex(
+        own,
+        storage_context=StorageContext.from_defaults(vector_store=OpaqueStore()),
+        embed_model=embed_model,
+    )
+    config = PBRConfig(fusion="plain")
+    first = PBRRetriever.from_defaults(
+        index=index, llm=MockLLM(), embed_model=embed_model, config=config
+    )
+    first.for_user("alice").add_nodes([TextNode(text="banana bread before my run", id_="n1")])
+    second = PBRRetriever.from_defaults(
+        index=index, llm=MockLLM(), embed_model=embed_model, config=config
+    )
+    found = second.retrieve("banana", user_id="alice")
+    assert [n.node.node_id for n in found] == ["n1", "n2"]
+    second.for_user("alice").delete_nodes(["n1"])
+    assert sorted(index.index_struct.nodes_dict) == ["n2"]
+
+
+def test_a_retriever_can_be_copied_and_pickled() -> None:
+    """Its locks are made anew by a copy or an unpickle (a refresh lock held by the shared
+    state made both fail with "cannot pickle '_thread.lock' object")."""
+    import copy
+    import pickle
+
+    from doubles import llamaindex_notes_retriever
+
+    r = llamaindex_notes_retriever(["kale salad", "morning run"], PBRConfig(fusion="plain"), 2)
+    for clone in (copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
+        assert clone.retrieve("run")[0].node.get_content() == "morning run"
+        assert clone.refresh_ref_docs([]) == []
