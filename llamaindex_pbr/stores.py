@@ -89,10 +89,18 @@ def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
     def write(records: Sequence[Record]) -> None:
         # LlamaIndex's add only inserts (node_id is no key): the old rows of these keys are
         # deleted in the same transaction, so a replacement is atomic and nothing duplicates.
+        # Of each record's owner only: another user may hold a row of the same node_id.
         nodes = [stored_node(r, user_key) for r in records]
         column = table.c.node_id
+        by_owner: dict[str, list[str]] = {}
+        for record in records:
+            by_owner.setdefault(record.user_id, []).append(record.key)
         with store._session() as session, session.begin():
-            session.execute(table.delete().where(column.in_([n.node_id for n in nodes])))
+            for user, keys in sorted(by_owner.items()):
+                mine = column.in_(keys)
+                if owner is None:  # a shared table: the owner's rows (a partition's are all)
+                    mine = mine & (table.c.metadata_[user_key].astext == user)
+                session.execute(table.delete().where(mine))
             for node in nodes:
                 session.add(store._node_to_table_row(node))
 

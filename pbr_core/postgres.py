@@ -298,10 +298,16 @@ class BulkPlan:
     unique_key: bool
 
     def statements(
-        self, table: PgTable, rows: Sequence[PgRow], dumps: Callable[[Any], str]
+        self,
+        table: PgTable,
+        rows: Sequence[PgRow],
+        dumps: Callable[[Any], str],
+        owners: tuple[str, Sequence[str]] | None = None,
     ) -> list[tuple[str, Mapping[str, Any]]]:
         """The statements writing ``rows`` (one transaction): an upsert by key, or where the
-        key is not unique a delete of the keys, then the inserts."""
+        key is not unique a delete of the keys, then the inserts. ``owners``: the user key and
+        each row's owner, where the table holds several users' rows: a key another user's row
+        also has (LlamaIndex's ``node_id`` is not unique) is deleted for the row's owner only."""
         t = table
         key, text, meta, vec = (quote_ident(c) for c in (t.key, t.text, t.metadata, t.vector))
         vectors = np.stack([np.asarray(r.vector, dtype=np.float32).reshape(-1) for r in rows])
@@ -340,9 +346,21 @@ class BulkPlan:
             )
             return [(insert, params)]
         # A key column without a unique index (LlamaIndex's node_id): the old rows of these keys
-        # go first, in the same transaction, as the framework's replacement does.
-        delete = f"DELETE FROM {t.qualified} WHERE {key} = ANY(:pbr_keys)"
-        return [(delete, {"pbr_keys": keys}), (insert + " RETURNING 1", params)]
+        # go first, in the same transaction, as the framework's replacement does; of the rows'
+        # owners only (another user may hold a row of the same key), through the owner index.
+        if owners is None:
+            delete = f"DELETE FROM {t.qualified} WHERE {t.scoped()} AND {key} = ANY(:pbr_keys)"
+            return [(delete, t.params(pbr_keys=keys)), (insert + " RETURNING 1", params)]
+        user_key, of_rows = owners
+        delete = (
+            f"DELETE FROM {t.qualified} USING unnest(CAST(:pbr_keys AS text[]), "
+            "CAST(:pbr_owners AS text[])) AS d(k, o) "
+            f"WHERE {t.scoped()} AND {key} = d.k AND {t.owner_expr(user_key)} = d.o"
+        )
+        return [
+            (delete, t.params(pbr_keys=keys, pbr_owners=list(of_rows))),
+            (insert + " RETURNING 1", params),
+        ]
 
 
 # The columns of a table, their types and whether the database fills them (a default, an
@@ -395,6 +413,18 @@ def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     not unique, its text, metadata and vector."""
     key, text, meta, vector = row
     return (key is None, key or "", text or "", meta or "", bytes(vector or b""))
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in ``value``'s strings (keys included, at any depth): what
+    PostgreSQL's text and JSON refuse. (The six characters ``\\u0000`` are no NUL.)"""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def _row(key: Any, text: Any, meta: Any) -> tuple[str, str, dict[str, Any]]:
@@ -680,7 +710,7 @@ class PgRecords:
     def validate(self, records: Sequence[Record]) -> None:
         """PostgreSQL text and JSON cannot hold a NUL character."""
         for r in records:
-            if "\x00" in r.text or "\\u0000" in json.dumps(dict(r.metadata), default=str):
+            if "\x00" in r.text or _holds_nul(r.metadata):
                 raise ValueError(
                     f"item {r.item_id!r} of user {r.user_id!r}: PostgreSQL cannot store a NUL "
                     "character (\\x00) in text or metadata; remove it"
@@ -714,11 +744,15 @@ class PgRecords:
         one statement of pbr's where :meth:`bulk_plan` allows, else the framework's write."""
         if not records:
             return
+        # In owner order: each owner's revision row is locked as its rows are written, so two
+        # workers writing the same users lock them in the same order (else they deadlock).
+        records = sorted(records, key=lambda r: r.user_id)
         plan = self.bulk_plan()
         if plan is None or self._rows is None:
             self._write(records)
             return
-        written = self.sql(plan.statements(self.table, self._rows(records), self._dumps))
+        owners = None if self.owner is not None else (self.user_key, [r.user_id for r in records])
+        written = self.sql(plan.statements(self.table, self._rows(records), self._dumps, owners))
         if len(written) != len(records):  # the scope was gone: the insert wrote no row
             raise ValueError(
                 f"{self.table.scope_column} {self.table.scope!r} of {self.table.qualified} no "

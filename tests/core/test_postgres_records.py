@@ -309,6 +309,11 @@ def test_a_nul_character_is_refused_before_anything_is_written(
         )
     count = corpus.host.sql([("SELECT count(*) FROM notes", {})])  # type: ignore[union-attr]
     assert count == [(0,)]
+    with pytest.raises(ValueError, match="NUL"):  # a NUL in a metadata key, deep down
+        corpus.add("alice", [HistoryItem(id="a", text="fine", metadata={"n": [{"k\x00": 1}]})])
+    # the six characters \u0000 are no NUL (code, a regex): stored as they are (refused before)
+    corpus.add("alice", [HistoryItem(id="c", text="fine", metadata={"regex": "\\u0000"})])
+    assert _ids(corpus, "alice") == ["c"]
 
 
 def test_a_disabled_trigger_makes_every_read_list_again(

@@ -131,3 +131,41 @@ def test_a_per_user_partition_of_postgres_tables_is_verified(pgvector_engine: An
     stores["ann"].delete_nodes([key])
     assert sorted(n.node.node_id for n in ann.retrieve("note")) == ["n1", "n2"]
     assert len(base.for_user("ben", similarity_top_k=5).retrieve("note")) == 3
+
+
+@pytest.mark.parametrize("own_write", [True, False])
+def test_replacing_a_users_node_leaves_another_users_row_of_the_same_id(
+    pgvector_engine: Any, own_write: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two users' rows written before pbr may share a ``node_id`` (no key in LlamaIndex's
+    table): ann's update deletes her row only, by pbr's own statement or the store's session
+    (before, both deleted every row of the id: ben's was lost)."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    from pbr_core.postgres import PgRecords
+
+    if not own_write:  # pbr writes through the store's session where its table is unexpected
+        monkeypatch.setattr(PgRecords, "bulk_plan", lambda self: None)
+    base, store = _base(pgvector_engine, table="shared_ids")
+    assert isinstance(store, PGVectorStore)
+    store.add(
+        [
+            TextNode(
+                id_="doc-0",
+                text=f"{user} likes green tea",
+                metadata={"user_id": user},
+                embedding=EMB.get_text_embedding(f"{user} likes green tea"),
+            )
+            for user in ("ann", "ben")
+        ]
+    )
+    ben, ann = base.for_user("ben", similarity_top_k=5), base.for_user("ann", similarity_top_k=5)
+    assert [n.node.get_content() for n in ben.retrieve("tea")] == ["ben likes green tea"]
+    assert [n.node.get_content() for n in ann.retrieve("tea")] == ["ann likes green tea"]
+    ann.add_nodes([TextNode(id_="doc-0", text="ann now likes black tea")])  # under "doc-0"
+    with pgvector_engine[0].connect() as conn:
+        rows = conn.execute(
+            text(f"SELECT text FROM {store.schema_name}.data_shared_ids ORDER BY text")
+        ).all()
+    assert [r[0] for r in rows] == ["ann now likes black tea", "ben likes green tea"]
+    assert [n.node.get_content() for n in ben.retrieve("tea")] == ["ben likes green tea"]
