@@ -381,12 +381,19 @@ _JSON_TYPES = ("json", "jsonb")
 # the two triggers' state (how each is enabled, and the version of its catalog row), read in
 # one statement with whatever it guards.
 def token_columns(table: PgTable) -> str:
-    """The two columns, over ``table`` (its schema holds pbr's own tables)."""
+    """The two columns, over ``table`` (its schema holds pbr's own tables). Where the store's
+    rows are looked up by name each time (a LangChain collection), the second also holds the
+    scope the name finds now: a collection renamed in its place (a blue/green re-index) moves
+    the token though no row changed."""
+    triggers = (
+        "(SELECT string_agg(tgenabled::text || xmin::text, ',' ORDER BY tgname) FROM pg_trigger "
+        "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc))"
+    )
+    if table.scope_lookup is not None:
+        triggers = f"({triggers} || '|' || coalesce(({table.scope_lookup})::text, ''))"
     return (
         f"(SELECT rev FROM {table.own('pbr_revisions')} WHERE tbl = to_regclass(:tbl) AND "
-        "user_key = :key AND owner = :user), (SELECT string_agg(tgenabled::text || "
-        "xmin::text, ',' ORDER BY tgname) FROM pg_trigger WHERE tgrelid = to_regclass(:tbl) "
-        "AND tgname IN (:rev, :trunc))"
+        f"user_key = :key AND owner = :user), {triggers}"
     )
 
 
@@ -396,7 +403,8 @@ def _token(rev: Any, triggers: Any) -> str | None:
     load) changes it, whatever was written meanwhile; None unless both triggers fire for every
     session (``ENABLE ALWAYS``: a replication apply worker or a session with
     ``session_replication_role = replica`` skips an ordinary trigger)."""
-    parts = triggers.split(",") if isinstance(triggers, str) else []
+    armed = triggers.split("|", 1)[0] if isinstance(triggers, str) else ""
+    parts = armed.split(",") if armed else []
     if len(parts) != 2 or not all(part.startswith("A") for part in parts):
         return None
     return f"{'none' if rev is None else rev}@{triggers}"
@@ -835,12 +843,9 @@ class PgRecords:
         created again, ``ALTER TABLE ... DISABLE TRIGGER``), checked in the same statement."""
         if not self.tokens or self.owner is not None:
             return None
-        params = {
-            "tbl": self.table.regclass,
-            "key": self.user_key,
-            "user": user_id,
-            **self._trigger_names(),
-        }
+        params = self.table.params(
+            tbl=self.table.regclass, key=self.user_key, user=user_id, **self._trigger_names()
+        )
         rev, armed = self._read_all(f"SELECT {token_columns(self.table)}", params)[0]
         return _token(rev, armed)
 

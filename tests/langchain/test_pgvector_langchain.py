@@ -294,3 +294,35 @@ def test_a_batch_of_several_users_writes_their_rows_in_owner_order(pgvector_engi
     )
     owner_of = {scoped_key(u, f"{u}{i}"): u for u in users for i in range(3)}
     assert [owner_of[k] for k in written[-1]] == ["ann"] * 3 + ["ben"] * 3 + ["cai"] * 3
+
+
+def test_a_collection_renamed_into_the_stores_name_is_seen_by_a_warm_worker(
+    pgvector_engine: Any,
+) -> None:
+    """A blue/green re-index renames the rebuilt collection to the served name: no row
+    changes, but the name finds another collection now, and the token says so (before, a warm
+    worker served the old collection's rows; a cold one the new)."""
+    engine = pgvector_engine[0]
+    name = f"lc-{uuid.uuid4().hex[:8]}"
+    served = _store(engine, name)
+    warm = _retriever(served)
+    warm.add_documents([Document("alice old index: likes tea")], user_id="alice", ids=["a"])
+    rebuilt = _store(engine, f"{name}-v2")
+    rebuilt.add_documents(
+        [Document("alice new index: likes coffee", metadata={"user_id": "alice"})]
+    )
+    assert [d.page_content for d in warm.invoke("drinks", user_id="alice")] == [
+        "alice old index: likes tea"
+    ]
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE langchain_pg_collection SET name = :old WHERE name = :name"),
+            {"old": f"{name}-old", "name": name},
+        )
+        conn.execute(
+            text("UPDATE langchain_pg_collection SET name = :name WHERE name = :v2"),
+            {"name": name, "v2": f"{name}-v2"},
+        )
+    assert [d.page_content for d in warm.invoke("drinks", user_id="alice")] == [
+        "alice new index: likes coffee"
+    ]
