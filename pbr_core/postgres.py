@@ -1087,22 +1087,35 @@ class _EngineSql:
     def __call__(
         self, statements: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[tuple[Any, ...]]:
+        with self.engine.connect() as conn:
+            if getattr(conn.connection.driver_connection, "autocommit", False):
+                # an engine made with isolation_level="AUTOCOMMIT": pbr's statements are still
+                # one transaction (a replacement's delete and insert; setup under its lock);
+                # the pool resets the level when the connection goes back
+                conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                return self._run(conn, statements)
+
+    @staticmethod
+    def _run(
+        conn: Any, statements: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> list[tuple[Any, ...]]:
+        """The statements on ``conn``, in its transaction: the last one's rows."""
         from sqlalchemy import text
 
         rows: list[tuple[Any, ...]] = []
-        with self.engine.begin() as conn:
-            for statement, params in statements:
-                if params:
-                    bound = _bindable(params, conn.connection.driver_connection)
-                    result = conn.execute(text(_colons_quoted(statement)), bound)
-                    rows = [tuple(r) for r in result] if result.returns_rows else []
-                else:  # DDL holding '%' or ':' (plpgsql bodies): the driver parses nothing
-                    cursor = conn.connection.cursor()
-                    try:
-                        cursor.execute(statement)
-                        rows = [tuple(r) for r in cursor.fetchall()] if cursor.description else []
-                    finally:
-                        cursor.close()
+        for statement, params in statements:
+            if params:
+                bound = _bindable(params, conn.connection.driver_connection)
+                result = conn.execute(text(_colons_quoted(statement)), bound)
+                rows = [tuple(r) for r in result] if result.returns_rows else []
+            else:  # DDL holding '%' or ':' (plpgsql bodies): the driver parses nothing
+                cursor = conn.connection.cursor()
+                try:
+                    cursor.execute(statement)
+                    rows = [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+                finally:
+                    cursor.close()
         return rows
 
     def binary(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]] | None:

@@ -169,3 +169,51 @@ def test_replacing_a_users_node_leaves_another_users_row_of_the_same_id(
         ).all()
     assert [r[0] for r in rows] == ["ann now likes black tea", "ben likes green tea"]
     assert [n.node.get_content() for n in ben.retrieve("tea")] == ["ben likes green tea"]
+
+
+def test_over_an_autocommit_engine_a_failed_replacement_keeps_the_old_row(
+    pgvector_engine: Any,
+) -> None:
+    """A replacement (delete of the key's rows, then the insert) is one transaction even over
+    an engine made with ``isolation_level="AUTOCOMMIT"``: an insert that fails leaves the old
+    row (before, the delete had committed on its own: the item was gone)."""
+    import numpy as np
+    from llama_index.vector_stores.postgres import PGVectorStore
+    from sqlalchemy import create_engine
+
+    from pbr_core import HistoryItem
+    from pbr_core.corpus import Corpus
+
+    engine = create_engine(pgvector_engine[0].url, isolation_level="AUTOCOMMIT")
+    try:
+        store = PGVectorStore(
+            engine=engine, async_engine=pgvector_engine[1], table_name="auto", embed_dim=32
+        )
+        index = VectorStoreIndex(
+            [], storage_context=StorageContext.from_defaults(vector_store=store), embed_model=EMB
+        )
+        corpus = Corpus(IndexRecords(index, "user_id"), embedder=EMB)
+        vector = np.eye(32, dtype=np.float32)[:1]
+        corpus.add("alice", [HistoryItem(id="n1", text="alice pin is 1234")], vectors=vector)
+        with engine.connect() as conn:
+            conn.execute(
+                text(
+                    "CREATE FUNCTION pbr_test_boom() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'injected failure'; END $$"
+                )
+            )
+            conn.execute(
+                text(
+                    f"CREATE TRIGGER boom BEFORE INSERT ON {store.schema_name}.data_auto "
+                    "FOR EACH ROW EXECUTE FUNCTION pbr_test_boom()"
+                )
+            )
+        with pytest.raises(Exception, match="injected failure"):
+            corpus.add("alice", [HistoryItem(id="n1", text="alice pin is 5678")], vectors=vector)
+        with engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT text FROM {store.schema_name}.data_auto")).all()
+        assert [r[0] for r in rows] == ["alice pin is 1234"]
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text("DROP FUNCTION IF EXISTS pbr_test_boom() CASCADE"))
+        engine.dispose()
