@@ -10,8 +10,9 @@ is here:
 * **Listing by owner through an index.** A user's rows are ``metadata ->> user_key = user``;
   neither framework indexes that expression (LangChain has a GIN index for ``@>`` filters,
   LlamaIndex indexes ``ref_doc_id`` only), so :meth:`PgRecords.setup` creates a btree index on
-  it (``CREATE INDEX IF NOT EXISTS``, named ``pbr_owner_*``). A listing is then an index scan of
-  the user's rows, whatever the table's size.
+  it where the table has none (named ``pbr_owner_*``; with the table's oid where a table renamed
+  away kept that name). A listing is then an index scan of the user's rows, whatever the
+  table's size.
 * **Vectors read back** in pgvector's binary form (``vector_send``; the text form
   ``[0.1,0.2,...]`` for a ``halfvec`` column), parsed here: no driver type registration needed.
 * **Cheap verification.** :meth:`PgRecords.setup` installs a row trigger (``pbr_rev_*``) that
@@ -423,6 +424,27 @@ def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (key is None, key or "", text or "", meta or "", bytes(vector or b""))
 
 
+def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
+    """The DDL of pbr's owner index on ``table`` (``columns``: the scope column and the owner
+    expression), where the table has none yet: named ``pbr_owner_<suffix>``, or, where another
+    table holds that name (a table renamed away, this one made under its old name), that name
+    and this table's oid. (``CREATE INDEX IF NOT EXISTS`` would see the other table's index
+    and create none: every listing a sequential scan.)"""
+    name = f"pbr_owner_{suffix}"
+    this = f"{quote_literal(table.qualified)}::regclass"
+    # format()'s template: a SQL string, '%' doubled for format, quotes doubled for the string
+    template = f"CREATE INDEX %I ON {table.qualified} ({columns})".replace("%I", "\x00")
+    template = template.replace("%", "%%").replace("\x00", "%I").replace("'", "''")
+    return (
+        "DO $pbr$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON "
+        f"c.oid = i.indexrelid WHERE i.indrelid = {this} AND c.relname LIKE "
+        f"{quote_literal(name.replace('_', chr(92) + '_') + '%')}) THEN EXECUTE format("
+        f"'{template}', CASE WHEN to_regclass({quote_literal(table.own(name))}) IS NULL THEN "
+        f"{quote_literal(name)} ELSE {quote_literal(name + '_')} || {this}::oid END); "
+        "END IF; END $pbr$"
+    )
+
+
 def _holds_nul(value: Any) -> bool:
     """Whether a NUL character is in ``value``'s strings (keys included, at any depth): what
     PostgreSQL's text and JSON refuse. (The six characters ``\\u0000`` are no NUL.)"""
@@ -565,10 +587,7 @@ class PgRecords:
         meta = quote_ident(t.metadata)
         statements: list[tuple[str, Mapping[str, Any]]] = [
             (f"SELECT pg_advisory_xact_lock({_LOCK})", {}),
-            (
-                f"CREATE INDEX IF NOT EXISTS pbr_owner_{suffix} ON {t.qualified} ({scope}{owner})",
-                {},
-            ),
+            (_owner_index(t, suffix, f"{scope}{owner}"), {}),
             (_FUNCTIONS.replace("@S@", quote_ident(t.schema)), {}),
             (
                 f"CREATE OR REPLACE TRIGGER pbr_rev_{suffix} AFTER INSERT OR UPDATE OR DELETE "
@@ -669,11 +688,14 @@ class PgRecords:
                         "LIKE '%pg_temp%') = 2 AND (SELECT count(*) FROM pg_trigger t JOIN "
                         "pg_proc f ON f.oid = t.tgfoid WHERE t.tgrelid = to_regclass(:tbl) AND "
                         "t.tgname IN (:rev, :trunc) AND t.tgenabled = 'A' AND f.pronamespace = "
-                        "to_regnamespace(:schema)) = 2)",
+                        "to_regnamespace(:schema)) = 2 AND EXISTS (SELECT 1 FROM pg_index i "
+                        "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
+                        "to_regclass(:tbl) AND c.relname LIKE :index))",
                         {
                             "tbl": self.table.regclass,
                             "states": self.table.own("pbr_states"),
                             "schema": quote_ident(self.table.schema),
+                            "index": f"pbr\\_owner\\_{self.table.suffix(self.user_key)}%",
                             **self._trigger_names(),
                         },
                     )

@@ -278,6 +278,33 @@ def test_listing_a_user_runs_on_the_owner_index(pgvector_engine: Any) -> None:
     assert len(host.list_user("u7")) == 50
 
 
+def test_a_table_made_under_a_renamed_tables_name_gets_its_own_owner_index(
+    pgvector_engine: Any,
+) -> None:
+    """The renamed table keeps its index named pbr_owner_<suffix>: the new table gets one of
+    its own, named with its oid (before, CREATE INDEX IF NOT EXISTS saw the other table's and
+    created none: every listing a sequential scan)."""
+    engine = pgvector_engine[0]
+    _records(engine, "archived")
+    sql = engine_sql(engine)
+    sql([("ALTER TABLE archived RENAME TO archived_2025", {})])
+    host = _records(engine, "archived")  # a new table under the old name
+    indexes = host.sql(
+        [
+            (
+                "SELECT c.relname, i.indrelid::regclass::text FROM pg_index i JOIN pg_class c "
+                "ON c.oid = i.indexrelid WHERE c.relname LIKE 'pbr_owner_%' AND "
+                "i.indrelid::regclass::text IN ('archived', 'archived_2025') ORDER BY 2",
+                {},
+            )
+        ]
+    )
+    assert [table for _, table in indexes] == ["archived", "archived_2025"]
+    assert indexes[0][0] != indexes[1][0]
+    again = PgRecords(host.table, host.sql, "user_id", _writer(host.table, host.sql))
+    assert again.change_token("u1") is not None  # set up, found current: nothing made again
+
+
 def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
     pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
