@@ -424,6 +424,26 @@ def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (key is None, key or "", text or "", meta or "", bytes(vector or b""))
 
 
+#: Whether pbr's install on a table is this version's: its triggers (enabled ALWAYS, this
+#: version's functions, in the table's schema: security definer with ``pg_temp`` last,
+#: stamping a partition's writes as its partitioned table's), ``pbr_states`` and the owner index.
+_CURRENT = (
+    "to_regclass(:states) IS NOT NULL AND (SELECT count(*) FROM pg_proc WHERE pronamespace = "
+    "to_regnamespace(:schema) AND proname IN ('pbr_bump_revision', 'pbr_truncate_revision') AND "
+    "prosecdef AND prosrc LIKE '%pg_partition_root%' AND array_to_string(proconfig, ',') LIKE "
+    "'%pg_temp%') = 2 AND (SELECT count(*) FROM pg_trigger t JOIN pg_proc f ON f.oid = "
+    "t.tgfoid WHERE t.tgrelid = to_regclass(:tbl) AND t.tgname IN (:rev, :trunc) AND "
+    "t.tgenabled = 'A' AND f.pronamespace = to_regnamespace(:schema)) = 2 AND EXISTS (SELECT 1 "
+    "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
+    "to_regclass(:tbl) AND c.relname LIKE :index)"
+)
+
+
+#: True in :meth:`PgRecords.setup`'s transaction unless another worker installed pbr on the
+#: table while this one waited for the lock.
+_NOT_INSTALLED = "current_setting('pbr.installed', true) IS DISTINCT FROM 'true'"
+
+
 def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
     """The DDL of pbr's owner index on ``table`` (``columns``: the scope column and the owner
     expression), where the table has none yet: named ``pbr_owner_<suffix>``, or, where another
@@ -587,6 +607,13 @@ class PgRecords:
         meta = quote_ident(t.metadata)
         statements: list[tuple[str, Mapping[str, Any]]] = [
             (f"SELECT pg_advisory_xact_lock({_LOCK})", {}),
+            # Installed meanwhile by a worker that held the lock first: then the owners' stamps
+            # and the shared states stay (each worker starting at once re-stamped every owner,
+            # invalidating every cache, after a scan of the whole table).
+            (
+                f"SELECT set_config('pbr.installed', ({_CURRENT})::text, true)",
+                self._current_params(),
+            ),
             (_owner_index(t, suffix, f"{scope}{owner}"), {}),
             (_FUNCTIONS.replace("@S@", quote_ident(t.schema)), {}),
             (
@@ -610,14 +637,15 @@ class PgRecords:
                 f"INSERT INTO {t.own('pbr_revisions')} SELECT to_regclass(:tbl), :key, o, "
                 f"nextval({quote_literal(t.own('pbr_revision_seq'))}) FROM (SELECT DISTINCT "
                 f"{meta} ->> "
-                f"{quote_literal(key)} AS o FROM {t.qualified}) owners WHERE o IS NOT NULL "
+                f"{quote_literal(key)} AS o FROM {t.qualified} WHERE {_NOT_INSTALLED}) owners "
+                "WHERE o IS NOT NULL "
                 "ON CONFLICT ON CONSTRAINT pbr_revisions_pkey DO UPDATE SET rev = EXCLUDED.rev",
                 {"tbl": t.regclass, "key": key},
             ),
             # Derived states of this table, and of tables dropped since: not to be kept.
             (
-                f"DELETE FROM {t.own('pbr_states')} WHERE tbl = to_regclass(:tbl) "
-                "OR tbl NOT IN (SELECT oid FROM pg_class)",
+                f"DELETE FROM {t.own('pbr_states')} WHERE {_NOT_INSTALLED} AND (tbl = "
+                "to_regclass(:tbl) OR tbl NOT IN (SELECT oid FROM pg_class))",
                 {"tbl": t.regclass},
             ),
         ]
@@ -680,24 +708,8 @@ class PgRecords:
                 [
                     (
                         "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = "
-                        "to_regclass(:tbl) AND tgname IN (:rev, :trunc)), "
-                        "(to_regclass(:states) IS NOT NULL AND (SELECT count(*) FROM "
-                        "pg_proc WHERE pronamespace = to_regnamespace(:schema) AND proname IN "
-                        "('pbr_bump_revision', 'pbr_truncate_revision') AND prosecdef AND "
-                        "prosrc LIKE '%pg_partition_root%' AND array_to_string(proconfig, ',') "
-                        "LIKE '%pg_temp%') = 2 AND (SELECT count(*) FROM pg_trigger t JOIN "
-                        "pg_proc f ON f.oid = t.tgfoid WHERE t.tgrelid = to_regclass(:tbl) AND "
-                        "t.tgname IN (:rev, :trunc) AND t.tgenabled = 'A' AND f.pronamespace = "
-                        "to_regnamespace(:schema)) = 2 AND EXISTS (SELECT 1 FROM pg_index i "
-                        "JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = "
-                        "to_regclass(:tbl) AND c.relname LIKE :index))",
-                        {
-                            "tbl": self.table.regclass,
-                            "states": self.table.own("pbr_states"),
-                            "schema": quote_ident(self.table.schema),
-                            "index": f"pbr\\_owner\\_{self.table.suffix(self.user_key)}%",
-                            **self._trigger_names(),
-                        },
+                        f"to_regclass(:tbl) AND tgname IN (:rev, :trunc)), ({_CURRENT})",
+                        self._current_params(),
                     )
                 ]
             )
@@ -706,6 +718,16 @@ class PgRecords:
         if not rows:
             return False, False
         return rows[0][0] == 2, bool(rows[0][1])
+
+    def _current_params(self) -> dict[str, Any]:
+        """The parameters of :data:`_CURRENT` for this table."""
+        return {
+            "tbl": self.table.regclass,
+            "states": self.table.own("pbr_states"),
+            "schema": quote_ident(self.table.schema),
+            "index": f"pbr\\_owner\\_{self.table.suffix(self.user_key)}%",
+            **self._trigger_names(),
+        }
 
     def _access(self) -> tuple[bool, bool, bool]:
         """(whether this role may read ``pbr_revisions``, else it cannot verify by revision;

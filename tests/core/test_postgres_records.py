@@ -305,6 +305,22 @@ def test_a_table_made_under_a_renamed_tables_name_gets_its_own_owner_index(
     assert again.change_token("u1") is not None  # set up, found current: nothing made again
 
 
+def test_a_worker_that_waited_for_anothers_install_stamps_no_owner_again(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers starting at once all find pbr not installed; the first installs under the
+    lock, and the others, once they hold it, find it installed: they stamp no owner again
+    (before, each re-stamped every owner after a scan of the whole table, invalidating every
+    worker's cache and every shared state)."""
+    host = _records(pgvector_engine[0])
+    corpus, _ = _corpus(host, hash_embedder)
+    _add(corpus, "alice", {"x": "alice one"})
+    token = host.change_token("alice")
+    monkeypatch.setattr(PgRecords, "_installed", lambda self: (False, False))  # read too early
+    late = PgRecords(host.table, host.sql, "user_id", _writer(host.table, host.sql))
+    assert _revision_of(late.change_token("alice")) == _revision_of(token)
+
+
 def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
     pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
