@@ -136,6 +136,8 @@ class Record:
         timestamp: POSIX seconds, or None.
         extra: the adapter's own object for this record (e.g. the node it writes), passed
             through untouched.
+        stamp: the host's version of the stored row where it has one (PostgreSQL: the row
+            version's ``xmin``), so that a change of the vector alone changes the revision.
     """
 
     key: str
@@ -146,6 +148,7 @@ class Record:
     vector: np.ndarray | None = None
     timestamp: float | None = None
     extra: Any = None
+    stamp: str | None = None
 
     @classmethod
     def stored(
@@ -157,6 +160,7 @@ class Record:
         *,
         user_key: str,
         owner: str | None = None,
+        stamp: str | None = None,
     ) -> Record | None:
         """A record as a host store holds it: owner from ``metadata[user_key]`` (else
         ``owner``, for a per-user partition), the user's id from :data:`ITEM_ID_KEY` (else the
@@ -173,6 +177,7 @@ class Record:
             metadata={k: v for k, v in metadata.items() if k != ITEM_ID_KEY},
             vector=None if vector is None else np.asarray(vector, dtype=np.float32),
             timestamp=stored_timestamp(metadata),
+            stamp=stamp,
         )
 
     def item(self) -> HistoryItem:
@@ -242,13 +247,18 @@ class HostRecords(Protocol):
 
 
 def revision(record: Record) -> str:
-    """A record's revision: a hash of its text, metadata and timestamp (not its vector).
+    """A record's revision: a hash of its text, metadata, timestamp and, where the host gives
+    one, its row's stamp (PostgreSQL's ``xmin``: a new one with every write of the row, so a
+    vector changed alone is seen too); not of the vector itself.
 
     Cheap to compute from a listing without vectors (about 4 µs a record); a changed item has a
     new revision, so a cached vector is re-read exactly when the item changed. (A store that
-    returns a nested metadata value with its keys in another order costs one spurious re-read.)
+    returns a nested metadata value with its keys in another order costs one spurious re-read;
+    so does each row this process wrote, read back once with its stamp.)
     """
     payload = f"{record.text}\x00{sorted(record.metadata.items())!r}\x00{record.timestamp!r}"
+    if record.stamp is not None:
+        payload += f"\x00{record.stamp}"
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 

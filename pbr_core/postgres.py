@@ -420,7 +420,7 @@ def _by_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A row's place in a user's rows, the same on every worker: its key, compared by code
     point (PostgreSQL's ``"C"`` collation of UTF-8; a NULL key last), then, for a key that is
     not unique, its text, metadata and vector."""
-    key, text, meta, vector = row
+    key, text, meta, vector = row[:4]
     return (key is None, key or "", text or "", meta or "", bytes(vector or b""))
 
 
@@ -911,21 +911,22 @@ class PgRecords:
         k = quote_ident(t.key)
         distinct, order = self._newest_only()
         state = (
-            "s.rev, s.state, NULL::text, NULL::text, NULL::text, NULL::bytea FROM (SELECT 1) "
-            f"one LEFT JOIN {t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND "
-            "s.reader = :reader AND s.owner = :user"
+            "s.rev, s.state, NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::text FROM "
+            f"(SELECT 1) one LEFT JOIN {t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) "
+            "AND s.reader = :reader AND s.owner = :user"
             if self.states
-            else "NULL::bigint, NULL::bytea, NULL::text, NULL::text, NULL::text, NULL::bytea"
+            else "NULL::bigint, NULL::bytea, NULL::text, NULL::text, NULL::text, NULL::bytea, "
+            "NULL::text"
         )
         # The head (token, shared state) and then the rows, unsorted: a server-side sort would
         # carry every row's vector (1.5 kB at 384-d) and spill to disk past work_mem; keys are
         # unique (a primary key, or the newest row per key), so the order is made here.
         statement = (
             f"SELECT 0, {token_columns(t)}, {state} UNION ALL "
-            "SELECT 1, NULL, NULL, NULL, NULL, k::text, t, m::text, v "
+            "SELECT 1, NULL, NULL, NULL, NULL, k::text, t, m::text, v, x "
             f"FROM (SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, "
-            f"{quote_ident(t.metadata)} AS m, {vector} AS v FROM {t.qualified} "
-            f"WHERE {t.scoped()} AND {self._mine()}{order}) mine"
+            f"{quote_ident(t.metadata)} AS m, {vector} AS v, xmin::text AS x FROM "
+            f"{t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}) mine"
         )
         params = t.params(
             tbl=t.regclass,
@@ -942,11 +943,11 @@ class PgRecords:
         body = sorted((row[5:] for row in rows if row[0] == 1), key=_by_key)
         # the engine's JSON decoder (create_engine(json_deserializer=...)), as a listing's
         loads = getattr(self.sql, "loads", json.loads)
-        metas = loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
-        parsed = parse_vectors(b"".join(v or b"\x00\x00\x00\x00" for *_, v in body), len(body))
+        metas = loads("[" + ",".join(m or "null" for _, _, m, _, _ in body) + "]")
+        parsed = parse_vectors(b"".join(v or b"\x00\x00\x00\x00" for *_, v, _ in body), len(body))
         out = []
-        for (key, text, _, _), meta, vec in zip(body, metas, parsed):
-            record = self._record(user_id, *_row(key, text, meta), vec)
+        for (key, text, _, _, stamp), meta, vec in zip(body, metas, parsed):
+            record = self._record(user_id, *_row(key, text, meta), vec, stamp)
             if record is not None:
                 out.append(record)
         token = _token(rev, armed)
@@ -1024,7 +1025,7 @@ class PgRecords:
     # -- reading -------------------------------------------------------------------------------
     def rows(self, user_id: str, keys: Sequence[str] | None) -> list[tuple[str, str, dict]]:
         """``(key, text, stored metadata)`` of the user's rows (all, or of ``keys``)."""
-        return [(k, text, meta) for k, text, meta, _ in self._select(user_id, keys, False)]
+        return [(k, text, meta) for k, text, meta, _, _ in self._select(user_id, keys, False)]
 
     def _mine(self) -> str:
         if self.owner is not None:  # a per-user table: every row is its user's
@@ -1033,7 +1034,9 @@ class PgRecords:
 
     def _select(
         self, user_id: str, keys: Sequence[str] | None, vectors: bool
-    ) -> list[tuple[str, str, dict[str, Any], Any]]:
+    ) -> list[tuple[str, str, dict[str, Any], Any, str]]:
+        """``(key, text, metadata, vector or None, the row version's xmin)`` of the user's
+        rows (all, or of ``keys``)."""
         t = self.table
         k = quote_ident(t.key)
         vector = self._vector_select() if vectors else "NULL"
@@ -1044,12 +1047,12 @@ class PgRecords:
             params["keys"] = list(keys)
         distinct, order = self._newest_only()
         statement = (
-            f"SELECT {distinct}{k}, {quote_ident(t.text)}, {quote_ident(t.metadata)}, {vector} "
-            f"FROM {t.qualified} WHERE {where}{order}"
+            f"SELECT {distinct}{k}, {quote_ident(t.text)}, {quote_ident(t.metadata)}, {vector}, "
+            f"xmin::text FROM {t.qualified} WHERE {where}{order}"
         )
         out = []
-        for key, text, meta, vec in self.sql([(statement, params)]):
-            out.append((*_row(key, text, meta), vec))
+        for key, text, meta, vec, stamp in self.sql([(statement, params)]):
+            out.append((*_row(key, text, meta), vec, stamp))
         return out
 
     def _vector_select(self) -> str:
@@ -1083,20 +1086,28 @@ class PgRecords:
 
     def _read(self, user_id: str, keys: Sequence[str] | None, *, vectors: bool) -> list[Record]:
         out = []
-        for key, text, meta, vec in self._select(user_id, keys, vectors):
-            record = self._record(user_id, key, text, meta, parse_vector(vec))
+        for key, text, meta, vec, stamp in self._select(user_id, keys, vectors):
+            record = self._record(user_id, key, text, meta, parse_vector(vec), stamp)
             if record is not None:
                 out.append(record)
         return out
 
     def _record(
-        self, user_id: str, key: str, text: str, meta: Any, vector: np.ndarray | None
+        self,
+        user_id: str,
+        key: str,
+        text: str,
+        meta: Any,
+        vector: np.ndarray | None,
+        stamp: str | None = None,
     ) -> Record | None:
-        """A row as ``user_id``'s record (metadata as the framework reads it back); None for a
-        row that is not that user's."""
+        """A row as ``user_id``'s record (metadata as the framework reads it back, ``stamp``
+        its row version's ``xmin``); None for a row that is not that user's."""
         if self._read_metadata is not None:
             meta = self._read_metadata(key, meta, text)
-        record = Record.stored(key, text, meta, vector, user_key=self.user_key, owner=self.owner)
+        record = Record.stored(
+            key, text, meta, vector, user_key=self.user_key, owner=self.owner, stamp=stamp
+        )
         return record if record is not None and record.user_id == user_id else None
 
     def _newest_only(self) -> tuple[str, str]:

@@ -321,6 +321,33 @@ def test_a_worker_that_waited_for_anothers_install_stamps_no_owner_again(
     assert _revision_of(late.change_token("alice")) == _revision_of(token)
 
 
+@pytest.mark.parametrize("cold_first", [False, True])
+def test_a_vector_changed_alone_is_seen_by_a_warm_worker(
+    pgvector_engine: Any, hash_embedder: Any, cold_first: bool
+) -> None:
+    """A row whose vector alone changes (re-embedded by another process; same text and
+    metadata) moves the token, and its row version (xmin) is part of the revision: the warm
+    worker reads the new vector (before, the revision matched and it kept the old one)."""
+    host = _records(pgvector_engine[0])
+    writer, _ = _corpus(host, hash_embedder)
+    _add(writer, "alice", {"x": "alice one", "y": "alice two"})
+    reader = Corpus(host, embedder=hash_embedder) if cold_first else writer
+    before = np.array(reader.history("alice").vectors)  # type: ignore[union-attr]
+    other = np.zeros(DIM)
+    other[3] = 1.0
+    host.sql(
+        [
+            (
+                "UPDATE notes SET emb = CAST(:v AS vector) WHERE id = :k",
+                {"v": json.dumps(other.tolist()), "k": host.list_user("alice")[0].key},
+            )
+        ]
+    )
+    after = np.array(reader.history("alice").vectors)  # type: ignore[union-attr]
+    assert not np.allclose(before, after)
+    assert any(np.allclose(row, other, atol=1e-6) for row in after)
+
+
 def test_a_role_that_may_not_create_the_trigger_still_verifies_by_listing(
     pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
