@@ -89,7 +89,11 @@ class FusionResult:
 
 def trust(q: np.ndarray, term: np.ndarray, low: float, high: float) -> float:
     """How much ``"safe"`` fusion trusts a pseudo-feedback term: its cosine with the query,
-    mapped linearly from ``low`` (0) to ``high`` (1) and clipped."""
+    mapped linearly from ``low`` (0) to ``high`` (1) and clipped. ``low < high``, as
+    :class:`PBRConfig` requires (equal bounds divided by zero; reversed ones inverted the
+    ramp)."""
+    if not low < high:
+        raise ValueError(f"trust_low must be below trust_high, got {low!r} and {high!r}")
     return float(np.clip((cosine(q, term) - low) / (high - low), 0.0, 1.0))
 
 

@@ -33,7 +33,7 @@ question about nothing the user said as much as one about their own words. What 
 result **returns** is its relevance, a score with one meaning across queries and users
 (:func:`relevance`, in [0, 1]):
 
-    a(d)     = 1 − (1 − max(cos(d), 0)) · (1 − w · min(1, bm25(d) / ceiling))
+    a(d)     = 1 − (1 − max(cos(d), 0)) · (1 − min(1, w) · min(1, bm25(d) / ceiling))
     score_i  = min(a(d_1), …, a(d_i))             (d_i: the i-th result of the fused order)
 
 the cosine and the item's own lexical coverage (at the rule's weight ``w``) as two pieces of

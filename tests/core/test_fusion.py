@@ -160,3 +160,17 @@ def test_every_fusion_mode_says_which_terms_it_uses() -> None:
 
     assert tuple(MODE_TERMS) == FUSION_MODES  # one list of modes, the FusionMode type's
     assert MODE_TERMS["paper"] == MODE_TERMS["full"]  # "paper" is the issue's name for "full"
+
+
+def test_safe_fusions_trust_ramp_needs_its_low_bound_below_its_high_one() -> None:
+    """Direct callers of ``fuse`` / ``trust`` (a custom fusion rule) get the rule PBRConfig
+    applies (before: a ZeroDivisionError for equal bounds, an inverted ramp for reversed)."""
+    import pytest
+
+    from pbr_core.fusion import trust
+
+    q, f = np.array([1.0, 0.0]), np.array([0.8, 0.6])
+    for low, high in ((0.6, 0.6), (0.9, 0.3)):
+        with pytest.raises(ValueError, match="trust_low must be below trust_high"):
+            trust(q, f, low, high)
+    assert trust(q, f, 0.3, 0.9) == pytest.approx(0.8333333)
