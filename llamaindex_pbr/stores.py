@@ -33,7 +33,7 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 from pbr_core.chroma import check_flat_metadata, collection_of, upsert_in_batches
 from pbr_core.corpus import ITEM_ID_KEY, Record
 from pbr_core.items import copy_metadata
-from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql
+from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql, transaction
 
 from ._bridge import with_keys
 
@@ -89,20 +89,23 @@ def _pg_records(store: Any, user_key: str, owner: str | None) -> PgRecords:
     def write(records: Sequence[Record]) -> None:
         # LlamaIndex's add only inserts (node_id is no key): the old rows of these keys are
         # deleted in the same transaction, so a replacement is atomic and nothing duplicates.
-        # Of each record's owner only: another user may hold a row of the same node_id.
-        nodes = [stored_node(r, user_key) for r in records]
-        column = table.c.node_id
-        by_owner: dict[str, list[str]] = {}
+        from sqlalchemy.orm import Session
+
+        # Of each record's owner only (another user may hold a row of the same node_id), owner
+        # by owner in owner order (pbr's trigger locks their revision rows in that order), in one
+        # transaction whatever the engine's autocommit.
+        by_owner: dict[str, list[Record]] = {}
         for record in records:
-            by_owner.setdefault(record.user_id, []).append(record.key)
-        with store._session() as session, session.begin():
-            for user, keys in sorted(by_owner.items()):
-                mine = column.in_(keys)
+            by_owner.setdefault(record.user_id, []).append(record)
+        column = table.c.node_id
+        with transaction(store._engine) as conn, Session(bind=conn) as session:
+            for user, mine in sorted(by_owner.items()):
+                gone = column.in_([r.key for r in mine])
                 if owner is None:  # a shared table: the owner's rows (a partition's are all)
-                    mine = mine & (table.c.metadata_[user_key].astext == user)
-                session.execute(table.delete().where(mine))
-            for node in nodes:
-                session.add(store._node_to_table_row(node))
+                    gone = gone & (table.c.metadata_[user_key].astext == user)
+                session.execute(table.delete().where(gone))
+                session.add_all(store._node_to_table_row(stored_node(r, user_key)) for r in mine)
+                session.flush()
 
     return PgRecords(
         PgTable(

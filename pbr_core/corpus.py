@@ -895,17 +895,21 @@ class Corpus:
         held_keys: Mapping[tuple[str, str], str] | None = None,
     ) -> list[Record]:
         """The host records of ``plan``; ``held``: the host holds them already, under the keys
-        ``held_keys`` gives ((user, item id) → key), else under the items' own ids (records
-        written before pbr)."""
+        ``held_keys`` gives ((user, item id) → key), else, for a record pbr wrote (its metadata
+        names its id, :data:`ITEM_ID_KEY`), under pbr's scoped key, else under the item's own
+        id (a record written before pbr)."""
         held_keys = held_keys or {}
         records: list[Record] = []
         for user_id, items, unit, extras in plan:
             for item, vector, extra in zip(items, unit, extras):
-                key = (
-                    self._host_key(user_id, item.id)
-                    if not held
-                    else held_keys.get((user_id, item.id), item.id)
-                )
+                if not held:
+                    key = self._host_key(user_id, item.id)
+                elif (user_id, item.id) in held_keys:
+                    key = held_keys[(user_id, item.id)]
+                elif item.metadata.get(ITEM_ID_KEY) == item.id:  # one pbr wrote: its key
+                    key = scoped_key(user_id, item.id)
+                else:
+                    key = item.id
                 records.append(
                     Record(
                         key=key,

@@ -44,13 +44,14 @@ is here:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import re
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,7 @@ __all__ = [
     "quote_literal",
     "record_rows",
     "token_columns",
+    "transaction",
 ]
 
 log = logging.getLogger("pbr.postgres")
@@ -307,8 +309,30 @@ class BulkPlan:
     ) -> list[tuple[str, Mapping[str, Any]]]:
         """The statements writing ``rows`` (one transaction): an upsert by key, or where the
         key is not unique a delete of the keys, then the inserts. ``owners``: the user key and
-        each row's owner, where the table holds several users' rows: a key another user's row
-        also has (LlamaIndex's ``node_id`` is not unique) is deleted for the row's owner only."""
+        each row's owner (rows sorted by owner), where the table holds several users' rows: a
+        key another user's row also has (LlamaIndex's ``node_id`` is not unique) is deleted
+        for the row's owner only, and each owner's delete and insert run before the next
+        owner's, so pbr's trigger locks the owners' revision rows in owner order (a delete of
+        all the keys first, then the inserts, locked them in two orders: workers deadlocked)."""
+        if owners is not None and not self.unique_key:
+            user_key, of_rows = owners
+            out: list[tuple[str, Mapping[str, Any]]] = []
+            start = 0
+            while start < len(rows):
+                end = start
+                while end < len(rows) and of_rows[end] == of_rows[start]:
+                    end += 1
+                part = rows[start:end]
+                delete = (
+                    f"DELETE FROM {table.qualified} WHERE {table.scoped()} AND "
+                    f"{table.owner_expr(user_key)} = :pbr_owner AND "
+                    f"{quote_ident(table.key)} = ANY(:pbr_keys)"
+                )
+                keys = [r.key for r in part]
+                out.append((delete, table.params(pbr_owner=of_rows[start], pbr_keys=keys)))
+                out.extend(self.statements(table, part, dumps)[1:])
+                start = end
+            return out
         t = table
         key, text, meta, vec = (quote_ident(c) for c in (t.key, t.text, t.metadata, t.vector))
         vectors = np.stack([np.asarray(r.vector, dtype=np.float32).reshape(-1) for r in rows])
@@ -349,19 +373,8 @@ class BulkPlan:
         # A key column without a unique index (LlamaIndex's node_id): the old rows of these keys
         # go first, in the same transaction, as the framework's replacement does; of the rows'
         # owners only (another user may hold a row of the same key), through the owner index.
-        if owners is None:
-            delete = f"DELETE FROM {t.qualified} WHERE {t.scoped()} AND {key} = ANY(:pbr_keys)"
-            return [(delete, t.params(pbr_keys=keys)), (insert + " RETURNING 1", params)]
-        user_key, of_rows = owners
-        delete = (
-            f"DELETE FROM {t.qualified} USING unnest(CAST(:pbr_keys AS text[]), "
-            "CAST(:pbr_owners AS text[])) AS d(k, o) "
-            f"WHERE {t.scoped()} AND {key} = d.k AND {t.owner_expr(user_key)} = d.o"
-        )
-        return [
-            (delete, t.params(pbr_keys=keys, pbr_owners=list(of_rows))),
-            (insert + " RETURNING 1", params),
-        ]
+        delete = f"DELETE FROM {t.qualified} WHERE {t.scoped()} AND {key} = ANY(:pbr_keys)"
+        return [(delete, t.params(pbr_keys=keys)), (insert + " RETURNING 1", params)]
 
 
 # The columns of a table, their types and whether the database fills them (a default, an
@@ -452,17 +465,21 @@ def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
     and create none: every listing a sequential scan.)"""
     name = f"pbr_owner_{suffix}"
     this = f"{quote_literal(table.qualified)}::regclass"
-    # format()'s template: a SQL string, '%' doubled for format, quotes doubled for the string
-    template = f"CREATE INDEX %I ON {table.qualified} ({columns})".replace("%I", "\x00")
-    template = template.replace("%", "%%").replace("\x00", "%I").replace("'", "''")
-    return (
-        "DO $pbr$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON "
+    # format()'s template: '%' doubled in the names (format reads only its own %I), then the
+    # quotes doubled for the SQL string the template is
+    template = "CREATE INDEX %I ON " + f"{table.qualified} ({columns})".replace("%", "%%")
+    body = (
+        "BEGIN IF NOT EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON "
         f"c.oid = i.indexrelid WHERE i.indrelid = {this} AND c.relname LIKE "
         f"{quote_literal(name.replace('_', chr(92) + '_') + '%')}) THEN EXECUTE format("
-        f"'{template}', CASE WHEN to_regclass({quote_literal(table.own(name))}) IS NULL THEN "
-        f"{quote_literal(name)} ELSE {quote_literal(name + '_')} || {this}::oid END); "
-        "END IF; END $pbr$"
+        f"{quote_literal(template)}, CASE WHEN to_regclass({quote_literal(table.own(name))}) IS "
+        f"NULL THEN {quote_literal(name)} ELSE {quote_literal(name + '_')} || {this}::oid END); "
+        "END IF; END"
     )
+    tag = "$pbr$"
+    while tag in body:  # a name holding the dollar quote's tag
+        tag = f"$pbr{len(tag)}$"
+    return f"DO {tag} {body} {tag}"
 
 
 def _holds_nul(value: Any) -> bool:
@@ -805,7 +822,8 @@ class PgRecords:
             return
         owners = None if self.owner is not None else (self.user_key, [r.user_id for r in records])
         written = self.sql(plan.statements(self.table, self._rows(records), self._dumps, owners))
-        if len(written) != len(records):  # the scope was gone: the insert wrote no row
+        if self.table.scope_lookup is not None and len(written) != len(records):
+            # the scope was gone: the insert wrote no row
             raise ValueError(
                 f"{self.table.scope_column} {self.table.scope!r} of {self.table.qualified} no "
                 "longer exists (deleted by another process?): nothing was written; create it "
@@ -1120,6 +1138,26 @@ class PgRecords:
         return f"DISTINCT ON ({k}) ", f" ORDER BY {k}, {quote_ident(t.newest)} DESC"
 
 
+@contextlib.contextmanager
+def transaction(engine: Any) -> Iterator[Any]:
+    """A connection of the SQLAlchemy ``engine`` in one transaction, committed at the end and
+    rolled back on an error, whatever its connections' autocommit: over an engine made with
+    ``isolation_level="AUTOCOMMIT"`` or ``connect_args={"autocommit": True}`` each statement
+    would commit on its own (a replacement's delete without its insert; setup's advisory lock
+    holding nothing). The connection goes back to the pool as it came."""
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        was = bool(getattr(driver, "autocommit", False))
+        if was:  # idle: the driver opens a transaction at the first statement
+            driver.autocommit = False
+        try:
+            with conn.begin():  # SQLAlchemy commits through the driver in every mode
+                yield conn
+        finally:
+            if was:
+                _EngineSql._restore(conn, driver, was)
+
+
 def engine_sql(engine: Any) -> Sql:
     """:data:`Sql` over a SQLAlchemy ``Engine`` (both frameworks' PostgreSQL stores hold one):
     each call is one transaction (``engine.begin()``). SQLAlchemy is imported here, not at the
@@ -1142,14 +1180,8 @@ class _EngineSql:
     def __call__(
         self, statements: Sequence[tuple[str, Mapping[str, Any]]]
     ) -> list[tuple[Any, ...]]:
-        with self.engine.connect() as conn:
-            if getattr(conn.connection.driver_connection, "autocommit", False):
-                # an engine made with isolation_level="AUTOCOMMIT": pbr's statements are still
-                # one transaction (a replacement's delete and insert; setup under its lock);
-                # the pool resets the level when the connection goes back
-                conn.execution_options(isolation_level="READ COMMITTED")
-            with conn.begin():
-                return self._run(conn, statements)
+        with transaction(self.engine) as conn:
+            return self._run(conn, statements)
 
     @staticmethod
     def _run(

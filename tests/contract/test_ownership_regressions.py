@@ -494,3 +494,30 @@ def test_an_item_recorded_over_a_store_that_cannot_list_is_deleted_from_it_after
     loaded.delete(["d1", "d2"], user_id="alice")
     assert store.inner.store == {}  # nothing of alice's left behind in the store
     assert len(loaded.history.get("alice")) == 0  # the record (this store cannot list) is empty
+
+
+def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_deleted() -> None:
+    """A new process without the saved history records what a store pbr cannot list holds
+    (``add_to_vectorstore=False``): a document pbr wrote (its metadata names its id) is held
+    under pbr's scoped key, so it is ranked and deleted (it was keyed by the bare id: found by
+    no search, deleted by no delete)."""
+    store = OpaqueStore(EMB)
+
+    def owned(user: str) -> dict[str, Any]:
+        return {"filter": lambda doc: doc.metadata.get("user_id") == user}
+
+    first = langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
+    )
+    first.add_documents([Document("alice likes green tea")], user_id="alice", ids=["n1"])
+    rows = list(store.inner.store.values())
+    docs = [Document(r["text"], id=r["metadata"]["pbr_id"], metadata=r["metadata"]) for r in rows]
+    second = langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
+    )
+    second.add_documents(docs, user_id="alice", ids=["n1"], add_to_vectorstore=False)
+    assert [d.page_content for d in second.invoke("tea", user_id="alice")] == [
+        "alice likes green tea"
+    ]
+    second.delete(["n1"], user_id="alice")
+    assert list(store.inner.store) == []

@@ -305,6 +305,42 @@ def test_a_table_made_under_a_renamed_tables_name_gets_its_own_owner_index(
     assert again.change_token("u1") is not None  # set up, found current: nothing made again
 
 
+@pytest.mark.parametrize(
+    ("name", "user_key"),
+    [("notes %I x", "user_id"), ("a$pbr$b", "user_id"), ("plain", "user%ID's")],
+)
+def test_names_holding_format_or_dollar_quote_marks_get_the_owner_index_and_trigger(
+    pgvector_engine: Any, name: str, user_key: str
+) -> None:
+    """A table or user key holding ``%I``, ``%`` or the DO block's ``$pbr$`` is set up like any
+    other (before, format() or the dollar quote broke setup: no token, no index, every read a
+    sequential scan)."""
+    sql = engine_sql(pgvector_engine[0])
+    quoted = '"' + name.replace('"', '""') + '"'
+    sql(
+        [
+            (
+                f"CREATE TABLE {quoted} (id text PRIMARY KEY, doc text, meta jsonb, "
+                f"emb vector({DIM}))",
+                {},
+            )
+        ]
+    )
+    table = PgTable("public", name, "id", "doc", "meta", "emb")
+    host = PgRecords(table, sql, user_key, _writer(table, sql))
+    assert host.change_token("alice") is not None
+    found = sql(
+        [
+            (
+                "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE i.indrelid = to_regclass(:tbl) AND c.relname LIKE 'pbr_owner_%'",
+                {"tbl": table.regclass},
+            )
+        ]
+    )
+    assert found == [(1,)]
+
+
 def test_a_worker_that_waited_for_anothers_install_stamps_no_owner_again(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

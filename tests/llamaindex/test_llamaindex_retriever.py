@@ -1295,4 +1295,5 @@ def test_a_retriever_can_be_copied_and_pickled() -> None:
     r = llamaindex_notes_retriever(["kale salad", "morning run"], PBRConfig(fusion="plain"), 2)
     for clone in (copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
         assert clone.retrieve("run")[0].node.get_content() == "morning run"
-        assert clone.refresh_ref_docs([]) == []
+        alice = clone.for_user("alice")
+        assert alice.refresh_ref_docs([Document(text="oat porridge", id_="breakfast")]) == [True]
