@@ -509,8 +509,11 @@ class PBRRetriever(BaseRetriever):
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
         new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
-            added = self._corpus().add_many({uid: items}, write_host=add_to_vectorstore)
+            added = self._corpus().add_many(
+                {uid: items}, write_host=add_to_vectorstore, held_keys=held
+            )
         return added.get(uid, [])
 
     async def aadd_documents(
@@ -525,8 +528,11 @@ class PBRRetriever(BaseRetriever):
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
         new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
-            added = await self._corpus().aadd_many({uid: items}, write_host=add_to_vectorstore)
+            added = await self._corpus().aadd_many(
+                {uid: items}, write_host=add_to_vectorstore, held_keys=held
+            )
         return added.get(uid, [])
 
     def delete(self, ids: Sequence[str], *, user_id: str) -> None:
@@ -632,6 +638,17 @@ class PBRRetriever(BaseRetriever):
             params["ls_embedding_provider"] = type(embedder).__name__
             params["ls_embedding_model"] = model_id(embedder)
         return params
+
+
+def _held_keys(
+    user_id: str, documents: Sequence[Document], ids: Sequence[str] | None, written: bool
+) -> dict[str, list[str | None]] | None:
+    """For documents the store holds already (``add_to_vectorstore=False``) given with ids of
+    their own, the keys the store holds them under: their ``Document.id`` (read back from the
+    store, that is its key, pbr's scoped one for a document pbr wrote)."""
+    if written or ids is None:
+        return None
+    return {user_id: [doc.id for doc in documents]}
 
 
 def _one_user(named: dict[str, Any]) -> str | None:

@@ -262,6 +262,19 @@ def revision(record: Record) -> str:
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
+def _held(
+    groups: Mapping[str, Sequence[HistoryItem]],
+    held_keys: Mapping[str, Sequence[str | None]] | None,
+) -> dict[tuple[str, str], str]:
+    """``held_keys`` as (user, item id) -> key, the unknown ones (None) left out."""
+    keys: dict[tuple[str, str], str] = {}
+    for user, given in (held_keys or {}).items():
+        for item, key in zip(groups.get(user, ()), given):
+            if key is not None:
+                keys[(user, item.id)] = key
+    return keys
+
+
 @dataclass
 class _Group:
     """One user's validated part of a batch."""
@@ -515,7 +528,7 @@ class Corpus:
         vectors: Mapping[str, Any] | None = None,
         extras: Mapping[str, Sequence[Any]] | None = None,
         write_host: bool = True,
-        held_keys: Mapping[str, Sequence[str]] | None = None,
+        held_keys: Mapping[str, Sequence[str | None]] | None = None,
     ) -> dict[str, list[str]]:
         """Add items of several users as one batch: all validated, then one host write.
 
@@ -530,8 +543,8 @@ class Corpus:
                 host that cannot list; with one that can, nothing is recorded (validated only):
                 the next read lists them as the host holds them.
             held_keys: with ``write_host=False``, user id -> the keys the host holds that
-                user's items under, one per item (where they are not the items' ids: a record
-                pbr wrote, read back from a docstore).
+                user's items under, one per item (None: not known), where they are not the
+                items' ids (a record pbr wrote, read back from the host).
 
         Raises:
             ValueError / EmbeddingError: anything invalid in any group; nothing is written.
@@ -539,9 +552,7 @@ class Corpus:
                 next read reconciles whatever part of the batch landed.
         """
         self.check_model()
-        keys: dict[tuple[str, str], str] = {}
-        for user, given in (held_keys or {}).items():
-            keys.update(((user, item.id), key) for item, key in zip(groups.get(user, ()), given))
+        keys = _held(groups, held_keys)
         return self._commit(self._plan(groups, vectors, extras), write_host=write_host, keys=keys)
 
     async def aadd_many(
@@ -551,6 +562,7 @@ class Corpus:
         vectors: Mapping[str, Any] | None = None,
         extras: Mapping[str, Sequence[Any]] | None = None,
         write_host: bool = True,
+        held_keys: Mapping[str, Sequence[str | None]] | None = None,
     ) -> dict[str, list[str]]:
         """Async :meth:`add_many`: native async embedding, the host's checks and write in a
         worker thread."""
@@ -566,8 +578,11 @@ class Corpus:
             given[user] = await self._aembed(user, items)
         # the plan's host.validate may be I/O too (PostgreSQL reads the keys it would take):
         # off the event loop with the write
+        keys = _held(groups, held_keys)
         return await asyncio.to_thread(
-            lambda: self._commit(self._plan(groups, given, extras), write_host=write_host)
+            lambda: self._commit(
+                self._plan(groups, given, extras), write_host=write_host, keys=keys
+            )
         )
 
     def delete(self, user_id: str, ids: Iterable[str]) -> None:

@@ -476,9 +476,10 @@ def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
         f"NULL THEN {quote_literal(name)} ELSE {quote_literal(name + '_')} || {this}::oid END); "
         "END IF; END"
     )
-    tag = "$pbr$"
+    tag, n = "$pbr$", 0
     while tag in body:  # a name holding the dollar quote's tag
-        tag = f"$pbr{len(tag)}$"
+        n += 1
+        tag = f"$pbr{n}$"
     return f"DO {tag} {body} {tag}"
 
 
@@ -822,7 +823,8 @@ class PgRecords:
             return
         owners = None if self.owner is not None else (self.user_key, [r.user_id for r in records])
         written = self.sql(plan.statements(self.table, self._rows(records), self._dumps, owners))
-        if self.table.scope_lookup is not None and len(written) != len(records):
+        one_insert = plan.unique_key or owners is None  # else the rows of the last owner's
+        if self.table.scope_lookup is not None and one_insert and len(written) != len(records):
             # the scope was gone: the insert wrote no row
             raise ValueError(
                 f"{self.table.scope_column} {self.table.scope!r} of {self.table.qualified} no "

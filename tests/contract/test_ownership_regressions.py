@@ -510,14 +510,46 @@ def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_delete
         llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
     )
     first.add_documents([Document("alice likes green tea")], user_id="alice", ids=["n1"])
-    rows = list(store.inner.store.values())
-    docs = [Document(r["text"], id=r["metadata"]["pbr_id"], metadata=r["metadata"]) for r in rows]
+    for id_given in (True, False):  # the store's key as Document.id, or no Document.id
+        rows = list(store.inner.store.items())
+        docs = [
+            Document(r["text"], id=k if id_given else None, metadata=r["metadata"]) for k, r in rows
+        ]
+        second = langchain_pbr.PBRRetriever(
+            llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
+        )
+        second.add_documents(docs, user_id="alice", ids=["n1"], add_to_vectorstore=False)
+        assert [d.page_content for d in second.invoke("tea", user_id="alice")] == [
+            "alice likes green tea"
+        ]
+    second.delete(["n1"], user_id="alice")
+    assert list(store.inner.store) == []
+
+
+def test_a_document_pbr_rewrote_under_the_users_own_key_is_recorded_again_under_it() -> None:
+    """Recorded under its own key "d1", then edited through pbr (rewritten under "d1", its
+    metadata naming "d1"): a new process recording what the store holds takes the store's key,
+    the Document.id (a rule reading the metadata took pbr's scoped key: hidden and
+    undeletable)."""
+    store = OpaqueStore(EMB)
+
+    def owned(user: str) -> dict[str, Any]:
+        return {"filter": lambda doc: doc.metadata.get("user_id") == user}
+
+    before = Document(id="d1", page_content="alice old note", metadata={"user_id": "alice"})
+    store.add_documents([before], ids=["d1"])
+    first = langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
+    )
+    first.add_documents([before], user_id="alice", add_to_vectorstore=False)
+    first.add_documents([Document("alice note, edited")], user_id="alice", ids=["d1"])
+    docs = [Document(r["text"], id=k, metadata=r["metadata"]) for k, r in store.inner.store.items()]
     second = langchain_pbr.PBRRetriever(
         llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
     )
-    second.add_documents(docs, user_id="alice", ids=["n1"], add_to_vectorstore=False)
-    assert [d.page_content for d in second.invoke("tea", user_id="alice")] == [
-        "alice likes green tea"
+    second.add_documents(docs, user_id="alice", ids=["d1"], add_to_vectorstore=False)
+    assert [d.page_content for d in second.invoke("note", user_id="alice")] == [
+        "alice note, edited"
     ]
-    second.delete(["n1"], user_id="alice")
+    second.delete(["d1"], user_id="alice")
     assert list(store.inner.store) == []

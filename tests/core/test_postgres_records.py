@@ -307,7 +307,12 @@ def test_a_table_made_under_a_renamed_tables_name_gets_its_own_owner_index(
 
 @pytest.mark.parametrize(
     ("name", "user_key"),
-    [("notes %I x", "user_id"), ("a$pbr$b", "user_id"), ("plain", "user%ID's")],
+    [
+        ("notes %I x", "user_id"),
+        ("a$pbr$b", "user_id"),
+        ("a$pbr$b$pbr5$$pbr6$", "user_id"),  # a dollar tag chosen by length looped for good
+        ("plain", "user%ID's"),
+    ],
 )
 def test_names_holding_format_or_dollar_quote_marks_get_the_owner_index_and_trigger(
     pgvector_engine: Any, name: str, user_key: str
