@@ -496,28 +496,31 @@ def test_an_item_recorded_over_a_store_that_cannot_list_is_deleted_from_it_after
     assert len(loaded.history.get("alice")) == 0  # the record (this store cannot list) is empty
 
 
+def _filtered_retriever(store: OpaqueStore) -> langchain_pbr.PBRRetriever:
+    """A retriever over a store pbr cannot list, its users kept apart by a filter_builder."""
+
+    def owned(user: str) -> dict[str, Any]:
+        return {"filter": lambda doc: doc.metadata.get("user_id") == user}
+
+    return langchain_pbr.PBRRetriever(
+        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
+    )
+
+
 def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_deleted() -> None:
     """A new process without the saved history records what a store pbr cannot list holds
     (``add_to_vectorstore=False``): a document pbr wrote (its metadata names its id) is held
     under pbr's scoped key, so it is ranked and deleted (it was keyed by the bare id: found by
     no search, deleted by no delete)."""
     store = OpaqueStore(EMB)
-
-    def owned(user: str) -> dict[str, Any]:
-        return {"filter": lambda doc: doc.metadata.get("user_id") == user}
-
-    first = langchain_pbr.PBRRetriever(
-        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
-    )
+    first = _filtered_retriever(store)
     first.add_documents([Document("alice likes green tea")], user_id="alice", ids=["n1"])
     for id_given in (True, False):  # the store's key as Document.id, or no Document.id
         rows = list(store.inner.store.items())
         docs = [
             Document(r["text"], id=k if id_given else None, metadata=r["metadata"]) for k, r in rows
         ]
-        second = langchain_pbr.PBRRetriever(
-            llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
-        )
+        second = _filtered_retriever(store)
         second.add_documents(docs, user_id="alice", ids=["n1"], add_to_vectorstore=False)
         assert [d.page_content for d in second.invoke("tea", user_id="alice")] == [
             "alice likes green tea"
@@ -532,21 +535,13 @@ def test_a_document_pbr_rewrote_under_the_users_own_key_is_recorded_again_under_
     the Document.id (a rule reading the metadata took pbr's scoped key: hidden and
     undeletable)."""
     store = OpaqueStore(EMB)
-
-    def owned(user: str) -> dict[str, Any]:
-        return {"filter": lambda doc: doc.metadata.get("user_id") == user}
-
     before = Document(id="d1", page_content="alice old note", metadata={"user_id": "alice"})
     store.add_documents([before], ids=["d1"])
-    first = langchain_pbr.PBRRetriever(
-        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
-    )
+    first = _filtered_retriever(store)
     first.add_documents([before], user_id="alice", add_to_vectorstore=False)
     first.add_documents([Document("alice note, edited")], user_id="alice", ids=["d1"])
     docs = [Document(r["text"], id=k, metadata=r["metadata"]) for k, r in store.inner.store.items()]
-    second = langchain_pbr.PBRRetriever(
-        llm=prompt_log(), embeddings=EMB, vectorstore=store, k=10, filter_builder=owned
-    )
+    second = _filtered_retriever(store)
     second.add_documents(docs, user_id="alice", ids=["d1"], add_to_vectorstore=False)
     assert [d.page_content for d in second.invoke("note", user_id="alice")] == [
         "alice note, edited"
