@@ -496,7 +496,9 @@ class PBRRetriever(BaseRetriever):
                 user's own: another user's item with the same id is another item. An id the
                 user already has replaces that item.
             add_to_vectorstore: False only for a store that cannot list its records (see
-                :mod:`langchain_pbr.stores`) and already holds these documents.
+                :mod:`langchain_pbr.stores`) and already holds these documents: under their
+                ``Document.id`` where they have one (as read back from the store), else under
+                their ids.
 
         Returns:
             The ids, which :meth:`delete` takes.
