@@ -507,6 +507,20 @@ def _filtered_retriever(store: OpaqueStore) -> langchain_pbr.PBRRetriever:
     )
 
 
+def _recorded_again(
+    store: OpaqueStore, docs: list[Document], item_id: str
+) -> langchain_pbr.PBRRetriever:
+    """A new process's retriever that records what ``store`` holds as alice's ``item_id``,
+    without writing it."""
+    again = _filtered_retriever(store)
+    again.add_documents(docs, user_id="alice", ids=[item_id], add_to_vectorstore=False)
+    return again
+
+
+def _texts(retriever: langchain_pbr.PBRRetriever, query: str) -> list[str]:
+    return [d.page_content for d in retriever.invoke(query, user_id="alice")]
+
+
 def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_deleted() -> None:
     """A new process without the saved history records what a store pbr cannot list holds
     (``add_to_vectorstore=False``): a document pbr wrote (its metadata names its id) is held
@@ -520,11 +534,8 @@ def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_delete
         docs = [
             Document(r["text"], id=k if id_given else None, metadata=r["metadata"]) for k, r in rows
         ]
-        second = _filtered_retriever(store)
-        second.add_documents(docs, user_id="alice", ids=["n1"], add_to_vectorstore=False)
-        assert [d.page_content for d in second.invoke("tea", user_id="alice")] == [
-            "alice likes green tea"
-        ]
+        second = _recorded_again(store, docs, "n1")
+        assert _texts(second, "tea") == ["alice likes green tea"]
     second.delete(["n1"], user_id="alice")
     assert list(store.inner.store) == []
 
@@ -541,10 +552,7 @@ def test_a_document_pbr_rewrote_under_the_users_own_key_is_recorded_again_under_
     first.add_documents([before], user_id="alice", add_to_vectorstore=False)
     first.add_documents([Document("alice note, edited")], user_id="alice", ids=["d1"])
     docs = [Document(r["text"], id=k, metadata=r["metadata"]) for k, r in store.inner.store.items()]
-    second = _filtered_retriever(store)
-    second.add_documents(docs, user_id="alice", ids=["d1"], add_to_vectorstore=False)
-    assert [d.page_content for d in second.invoke("note", user_id="alice")] == [
-        "alice note, edited"
-    ]
+    second = _recorded_again(store, docs, "d1")
+    assert _texts(second, "note") == ["alice note, edited"]
     second.delete(["d1"], user_id="alice")
     assert list(store.inner.store) == []

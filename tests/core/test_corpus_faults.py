@@ -7,7 +7,9 @@ being the corpus: a host that fails once where asked, with or without a change t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,14 +202,9 @@ def test_pbr_keeps_its_own_copy_of_metadata_and_hands_out_copies(host: ListingHo
     assert item.metadata["tags"] == ["tea"] and item.metadata["n"] == {"x": 1}
 
 
-@pytest.mark.parametrize("host_kind", [ListingHost, SilentHost])
-def test_a_delete_during_an_add_of_the_same_item_is_not_undone(host_kind: type) -> None:
-    """A delete that starts while an add of the same id is writing the host waits for the
-    add, then removes the item everywhere (before, it ran between the add's host write and its
-    cache update, and the add put the deleted item back in pbr's history: for good over a
-    store that cannot list, where it reached the anchor, the prompts and the save)."""
-    import threading
-
+def _pausing(host_kind: type) -> tuple[Any, threading.Event, threading.Event]:
+    """A ``host_kind`` whose next upsert, once ``pause`` is set, writes, sets ``written`` and
+    waits for ``resume``: an add held between its host write and its cache update."""
     written, resume = threading.Event(), threading.Event()
 
     class Pausing(host_kind):  # type: ignore[misc, valid-type]
@@ -220,7 +217,16 @@ def test_a_delete_during_an_add_of_the_same_item_is_not_undone(host_kind: type) 
                 written.set()
                 resume.wait(10)
 
-    host = Pausing()
+    return Pausing(), written, resume
+
+
+@pytest.mark.parametrize("host_kind", [ListingHost, SilentHost])
+def test_a_delete_during_an_add_of_the_same_item_is_not_undone(host_kind: type) -> None:
+    """A delete that starts while an add of the same id is writing the host waits for the
+    add, then removes the item everywhere (before, it ran between the add's host write and its
+    cache update, and the add put the deleted item back in pbr's history: for good over a
+    store that cannot list, where it reached the anchor, the prompts and the save)."""
+    host, written, resume = _pausing(host_kind)
     corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore())
     corpus.add("alice", [HistoryItem("a", "kale salad"), HistoryItem("b", "morning run")])
     host.pause = True
@@ -242,7 +248,6 @@ def test_an_async_add_checks_and_writes_the_host_off_the_event_loop() -> None:
     """``validate`` may be I/O (PostgreSQL reads the keys an add would take): an async add runs
     it in a worker thread, as it runs the write (before, it ran on the event loop)."""
     import asyncio
-    import threading
 
     on_loop: list[bool] = []
 
@@ -264,22 +269,7 @@ def test_an_async_add_checks_and_writes_the_host_off_the_event_loop() -> None:
 def test_a_read_does_not_wait_for_an_add_writing_the_host() -> None:
     """A read of a user whose add is writing the host returns (adds and deletes of a user wait
     for each other; a read, which lists the host under the user's lock, waits for neither)."""
-    host_kind = ListingHost
-    import threading
-
-    written, resume = threading.Event(), threading.Event()
-
-    class Pausing(host_kind):  # type: ignore[misc, valid-type]
-        pause = False
-
-        def upsert(self, records: Sequence[Record]) -> None:
-            super().upsert(records)
-            if self.pause:
-                self.pause = False
-                written.set()
-                resume.wait(10)
-
-    host = Pausing()
+    host, written, resume = _pausing(ListingHost)
     corpus = Corpus(host, embedder=HashEmbedder(), cache=HistoryStore())
     corpus.add("alice", [HistoryItem("a", "kale salad")])
     host.pause = True
