@@ -791,16 +791,18 @@ class Corpus:
         each other's locks), always before a user's lock, never inside one."""
         with contextlib.ExitStack() as stack:
             for user_id in sorted(set(user_ids)):
-                with self._locks_guard:
-                    lock = self._write_locks.setdefault(user_id, threading.Lock())
-                stack.enter_context(lock)
+                stack.enter_context(self._lock_of(self._write_locks, user_id))
             yield
 
     def _user_lock(self, user_id: str) -> threading.Lock:
+        return self._lock_of(self._locks, user_id)
+
+    def _lock_of(self, locks: dict[str, threading.Lock], user_id: str) -> threading.Lock:
+        """``user_id``'s lock in ``locks`` (its reads' or its writes'), made on first use."""
         with self._locks_guard:
-            lock = self._locks.get(user_id)
+            lock = locks.get(user_id)
             if lock is None:
-                lock = self._locks[user_id] = threading.Lock()
+                lock = locks[user_id] = threading.Lock()
             return lock
 
     def _embed(self, user_id: str, items: list[HistoryItem]) -> np.ndarray:
