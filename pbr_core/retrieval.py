@@ -411,9 +411,10 @@ async def aretrieve(
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index
-                if history is not None and not _derived(history, config, ranks):
-                    # a cold user's anchor and BM25 index: CPU work (1.5 s at 10k items)
-                    await asyncio.to_thread(_derive, history, config, ranks)
+                if history is not None:
+                    anchor, lexical = _missing(history, config, ranks)
+                    if anchor or lexical:  # a cold user's: CPU work (1.5 s at 10k items)
+                        await asyncio.to_thread(_derive, history, config, anchor, lexical)
                 return history
             if isinstance(effect, _Filter):
                 assert host_filter is not None
@@ -438,23 +439,24 @@ async def aretrieve(
     return retrieval
 
 
-def _derived(history: UserHistory, config: PBRConfig, ranks: bool) -> bool:
-    """Whether what a request with ``config`` derives from ``history`` is built: the anchor
-    (where the fusion uses it) and the BM25 index (where pbr ranks, ``ranks``, and the search
-    has a lexical leg)."""
-    anchor = MODE_TERMS[config.fusion][0] and len(history) >= 2
+def _missing(history: UserHistory, config: PBRConfig, ranks: bool) -> tuple[bool, bool]:
+    """(the anchor, the BM25 index) a request with ``config`` derives from ``history`` and has
+    not built yet: the anchor where the fusion uses it, the index where pbr ranks (``ranks``)
+    with a lexical leg."""
+    anchor = bool(MODE_TERMS[config.fusion][0]) and len(history) >= 2
     lexical = ranks and config.search != "dense"
-    return (not anchor or history.has_anchor(config)) and (
-        not lexical or history.has_lexical(config.lexical_stemmer)
+    return (
+        anchor and not history.has_anchor(config),
+        lexical and not history.has_lexical(config.lexical_stemmer),
     )
 
 
-def _derive(history: UserHistory, config: PBRConfig, ranks: bool) -> None:
-    """Build what :func:`_derived` checks (the async driver runs it in a worker thread, so a
-    cold user's derivation never runs on the event loop)."""
-    if MODE_TERMS[config.fusion][0] and len(history) >= 2:
+def _derive(history: UserHistory, config: PBRConfig, anchor: bool, lexical: bool) -> None:
+    """Build what :func:`_missing` found missing (the async driver runs it in a worker thread,
+    so a cold user's derivation never runs on the event loop)."""
+    if anchor:
         history.anchor(config)
-    if ranks and config.search != "dense":
+    if lexical:
         history.lexical(config.lexical_stemmer)
 
 
