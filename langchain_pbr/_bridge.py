@@ -80,6 +80,7 @@ class LangChainGenerator:
         callbacks: Callbacks,
         prompt_style: str,
         configurable: dict[str, Any] | None = None,
+        answering: list[Any] | None = None,
     ) -> None:
         self.llm = llm
         self.callbacks = callbacks
@@ -96,7 +97,8 @@ class LangChainGenerator:
         self.cacheable = one_model(llm) and declared_model_id(model) is not None
         # in-process (no timeout: pbr_core.generation.timeout_for) only if every model that
         # may answer is: a remote fallback of the embedded model can hang on its network
-        self.in_process = all(bool(getattr(m, "in_process", False)) for m in answering_models(llm))
+        models = answering if answering is not None else answering_models(llm)
+        self.in_process = all(bool(getattr(m, "in_process", False)) for m in models)
 
     def generate(self, prompt: str) -> str:
         return text_of(self.llm.invoke(prompt, config=self.config))
@@ -116,9 +118,12 @@ def generator_for(
     prompt_style: str,
     configurable: dict[str, Any] | None = None,
 ) -> LangChainGenerator:
-    """The generator of one request: async only where the model is natively async."""
-    cls = AsyncLangChainGenerator if natively_async(llm) else LangChainGenerator
-    return cls(llm, callbacks, prompt_style, configurable)
+    """The generator of one request: async only where the model is natively async (the models
+    that may answer found once, for that and for ``in_process``)."""
+    models = answering_models(llm)
+    native = all(_natively_async_model(m) for m in models)
+    cls = AsyncLangChainGenerator if native else LangChainGenerator
+    return cls(llm, callbacks, prompt_style, configurable, models)
 
 
 def natively_async(llm: Any) -> bool:
