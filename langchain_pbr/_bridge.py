@@ -121,14 +121,14 @@ def generator_for(
     """The generator of one request: async only where the model is natively async (the models
     that may answer found once, for that and for ``in_process``)."""
     models = answering_models(llm)
-    native = all(_natively_async_model(m) for m in models)
-    cls = AsyncLangChainGenerator if native else LangChainGenerator
+    cls = AsyncLangChainGenerator if natively_async(models) else LangChainGenerator
     return cls(llm, callbacks, prompt_style, configurable, models)
 
 
-def natively_async(llm: Any) -> bool:
-    """Whether ``llm.ainvoke`` runs its models' own async code (not their sync code in a
-    thread), for every model that may answer (:func:`answering_models`: a fallback too).
+def natively_async(models: Sequence[Any]) -> bool:
+    """Whether a call's ``ainvoke`` runs its models' own async code (not their sync code in a
+    thread), for every model that may answer (``models``, :func:`answering_models`: a
+    fallback too).
 
     A chat model counts when its class overrides ``_agenerate`` (``_acall`` for an ``LLM``,
     ``_agenerate`` for a ``BaseLLM``): that is what ``ainvoke`` awaits. An ``_astream`` override
@@ -137,7 +137,7 @@ def natively_async(llm: Any) -> bool:
     pbr cannot bound. A Runnable pbr cannot find a model in counts as sync (its ``ainvoke``
     may run sync code in that pool too): pbr's own bounded executor runs it.
     """
-    return all(_natively_async_model(m) for m in answering_models(llm))
+    return all(_natively_async_model(m) for m in models)
 
 
 def _natively_async_model(model: Any) -> bool:
