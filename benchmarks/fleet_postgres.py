@@ -45,27 +45,19 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
   the BM25 index, the anchor, the sharing write and the rest of the query; then the plain
   search.
 
-- ``db-scored`` (``--only db-scored``, the rows loaded as above, nothing else run): the lead
-  "rank a cold user's first query in the database" (docs/performance.md), written here in the
-  benchmark, not in the library, and run end to end on ``--lead-users`` users whose derived
-  state a retriever shared: one statement reads the change token, the shared state and every
-  row's key and cosine with ``q`` (pgvector computes them: 1,000 numbers back instead of
-  1,000 vectors); the state is unpacked with :func:`pbr_core.derived.attach`'s checks;
-  ``q* = q + anchor`` (``fusion="no_prf"``) is ranked by the shipped hybrid rule
-  (:func:`pbr_core.hybrid.fuse`) over the state's BM25 index; one more statement fetches the
-  hits' rows and the related items'. Two things it takes from the state are **not in today's
-  format** and are computed here untimed, as if they were: each item's host key and its
-  inner product with the anchor (so one cosine per row gives the dense leg of ``q*``). Next
-  to it, in alternating order, the shipped query of a worker that never saw the user and the
-  plain search; and whether the lead's top 10 equals the shipped query's, per user. Not
-  timed in the lead: LangChain's retriever machinery and pbr's explanation, which the shipped
-  query pays (a warm query's whole overhead over the plain search is 0.2-0.3 ms at 100
-  items). Writes ``fleet_postgres_db_scored{_tag}.{csv,json}``.
+- ``db-scored`` (``--only db-scored``, the rows loaded as above, nothing else run): a cold
+  user's first query ranked in the database (:mod:`pbr_core.view`: one statement reads the
+  change token, the shared derived state, every row's cosine with ``q`` and the rows nearest
+  ``q``; one more reads the results' rows), on ``--lead-users`` users whose derived state a
+  retriever shared, next to the same first query in a worker that reads the user's rows first
+  (``Corpus.rank_cold_in_database = False``, the path before) and the plain search, in
+  alternating order; and whether the two ways' top 10 are equal, per user. Writes
+  ``fleet_postgres_db_scored{_tag}.{csv,json}``.
 
     python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
     python benchmarks/fleet_postgres.py --only ingest          # the 1M rows, then ingestion only
-    python benchmarks/fleet_postgres.py --only db-scored       # the 1M rows, then the lead only
+    python benchmarks/fleet_postgres.py --only db-scored       # the 1M rows, then those only
 
 Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``; with
 ``--only ingest`` (the rows loaded as above, then only the ingestion: no workers, no cold
@@ -76,7 +68,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -100,13 +91,8 @@ from langchain_pbr import PBRRetriever
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.postgres_server import PostgresServer, find_binaries
 from pbr_bench.report import write_csv
-from pbr_core import PBRConfig, derived
+from pbr_core import PBRConfig
 from pbr_core.corpus import Corpus, scoped_key
-from pbr_core.history_format import anchors_from_arrays
-from pbr_core.hybrid import fuse, lexical_query, lexical_weight
-from pbr_core.lexical import LexicalIndex
-from pbr_core.postgres import quote_ident, token_columns
-from pbr_core.snapshot import top_k
 
 DIM = 384
 K = 10
@@ -389,29 +375,6 @@ def cold_parts(url: str, collection_uuid: str, users: list[str]) -> list[dict[st
     return out
 
 
-_LEAD_K1 = 5  # the related items of pbr's explanation (PBRConfig.k1)
-
-
-def _unpack(blob: bytes, config: PBRConfig) -> tuple[list[str], np.ndarray, LexicalIndex]:
-    """A shared state's item ids, anchor (for ``config``) and BM25 index, with the checks
-    :func:`pbr_core.derived.attach` makes (checksum, header, arrays), without a history."""
-    body = blob[derived._HEAD :]
-    if hashlib.sha256(body).digest() != blob[5 : derived._HEAD]:
-        raise ValueError("damaged state")
-    header, start = derived._header(body)
-    arrays = derived._arrays(body, header["arrays"], start)
-    ids = header["ids"]
-    anchors = anchors_from_arrays(header["anchors"], arrays, len(ids), header["dim"], "anchor")
-    spec = header["lexical"][0]
-    parts = {n: arrays[f"lexical0_{n}"] for n in ("indptr", "indices", "data", "dl")}
-    index = LexicalIndex.from_parts(
-        spec["terms"], parts, k1=spec["k1"], b=spec["b"], stemmer=spec["stemmer"]
-    )
-    found = anchors[config.anchor_key]
-    assert found is not None
-    return ids, found.vector, index
-
-
 def _shipped(retriever: PBRRetriever, query: str, user: str) -> list[str]:
     return [d.id or "" for d in retriever.invoke(query, user_id=user)]
 
@@ -420,87 +383,23 @@ def _plain_of(engine: Any, collection_uuid: str, embed: Any, query: str, user: s
     return [d.id or "" for d in _plain(engine, collection_uuid, embed.embed_query(query), user)]
 
 
-class _Lead:
-    """The lead's query (docs/performance.md): one statement for the change token, the shared
-    state and every row's key and cosine with ``q``; ``q* = q + anchor`` ranked with the
-    state's BM25 index by the shipped rule; one fetch of the hits' (and the related items')
-    rows."""
-
-    def __init__(self, pg: Any, config: PBRConfig, embed: Any) -> None:
-        t = pg.table
-        self.pg, self.config, self.embed = pg, config, embed
-        head = (
-            f"SELECT 0, {token_columns(t)}, s.rev, s.state, NULL::text, NULL::float8 FROM "
-            f"(SELECT 1) one LEFT JOIN {t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND "
-            "s.reader = :reader AND s.owner = :user"
-        )
-        self.cosines = (
-            f"{head} UNION ALL SELECT 1, NULL, NULL, NULL, NULL, {quote_ident(t.key)}::text, "
-            f"1 - ({quote_ident(t.vector)} <=> CAST(:q AS vector)) FROM {t.qualified} "
-            f"WHERE {t.scoped()} AND {pg._mine()}"
-        )
-        self.fetch = (
-            f"SELECT {quote_ident(t.key)}::text, {quote_ident(t.text)}, "
-            f"{quote_ident(t.metadata)} FROM {t.qualified} WHERE {t.scoped()} AND "
-            f"{pg._mine()} AND {quote_ident(t.key)}::text = ANY(:keys)"
-        )
-
-    def query(self, query: str, user: str, keys: list[str], affinity: np.ndarray) -> list[str]:
-        pg, t = self.pg, self.pg.table
-        params = t.params(
-            tbl=t.regclass, key=pg.user_key, user=user, reader=pg._reader(), **pg._trigger_names()
-        )
-        q = np.asarray(self.embed.embed_query(query), dtype=np.float64)
-        q /= np.linalg.norm(q)
-        literal = "[" + ",".join(repr(float(x)) for x in q) + "]"
-        rows = pg._read_all(self.cosines, {**params, "q": literal})
-        heads = [r for r in rows if r[0] == 0]
-        assert len(heads) == 1 and heads[0][3] == heads[0][1]  # a state at the rows' revision
-        ids, anchor, index = _unpack(bytes(heads[0][4]), self.config)
-        position = dict(zip(keys, range(len(keys))))
-        cos = np.full(len(ids), -1.0)
-        for row in rows:
-            if row[0] == 1:
-                cos[position[row[5]]] = row[6]
-        norm = float(np.sqrt(1.0 + anchor @ anchor + 2.0 * (q @ anchor)))
-        dense = (cos + affinity) / norm
-        own = lexical_query(query)
-        lexical = index.scores(own).astype(np.float64)
-        fused = fuse(dense, lexical, lexical_weight(lexical, index.ceiling(own)))
-        best = top_k(fused, K)
-        related = top_k(cos, _LEAD_K1)
-        wanted = [keys[i] for i in {*best.tolist(), *related.tolist()}]
-        rows = pg._read_all(self.fetch, {**params, "keys": wanted})
-        texts = {r[0]: r for r in rows}
-        docs = [Document(page_content=texts[keys[i]][1], id=ids[i]) for i in best]
-        return [d.id or "" for d in docs]
-
-
 def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> list[dict[str, Any]]:
-    """The lead "rank a cold user's first query in the database" (docs/performance.md), run
-    end to end beside the shipped cold query and the plain search, per user whose state a
-    third retriever shared (module doc, ``--only db-scored``): one row per user and what. The
-    shipped query runs in one worker that has served ``spare`` (untimed: its once-per-table
-    lookups done, as in a running worker) and none of ``users``."""
+    """A cold user's first query ranked in the database (``pbr_core.view``) against the same
+    query with the user's rows read first (``Corpus.rank_cold_in_database = False``, the path
+    before) and the plain search, per user whose state a third retriever shared (module doc,
+    ``--only db-scored``): one row per user and what. Each way runs in a worker of its own
+    that has served ``spare`` (untimed: its once-per-table lookups done, as in a running
+    worker) and none of ``users``."""
     engine = _engine(url)
     embed = DeterministicFakeEmbedding(size=DIM)
-    config = _retriever(_store(engine, COLLECTION)).config
     server = _retriever(_store(engine, COLLECTION))
-    # What the lead's state would hold beyond today's (assumed, computed here untimed): each
-    # item's host key and its inner product with the anchor, so that one cosine per row
-    # (with q) gives the dense leg of q* = q + anchor.
-    extra: dict[str, tuple[list[str], np.ndarray]] = {}
     for user in users:
-        server.invoke("served once", user_id=user)
-        history = server.corpus.history(user)  # type: ignore[union-attr]
-        assert history is not None
-        anchor = history.anchor(config)
-        assert anchor is not None
-        keys = [scoped_key(user, item.id) for item in history.items]
-        extra[user] = (keys, np.asarray(history.vectors @ anchor.vector, dtype=np.float64))
-    lead = _Lead(server.corpus.host.pg, config, embed)  # type: ignore[union-attr]
-    cold = _retriever(_store(engine, COLLECTION))  # a worker that never saw these users
-    cold.invoke("warm up", user_id=spare)
+        server.invoke("served once", user_id=user)  # reads cold and shares the derived state
+    in_database = _retriever(_store(engine, COLLECTION))
+    rows_read = _retriever(_store(engine, COLLECTION))
+    rows_read.corpus.rank_cold_in_database = False  # type: ignore[union-attr]
+    for worker_ in (in_database, rows_read):
+        worker_.invoke("warm up", user_id=spare)
     vocab = _vocab()
     rng = random.Random(SEED + 7)
     out: list[dict[str, Any]] = []
@@ -508,8 +407,8 @@ def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> l
         query = " ".join(rng.choices(vocab, k=5))
         got: dict[str, list[str]] = {}
         steps = [
-            ("shipped_cold", partial(_shipped, cold, query, user)),
-            ("lead_db_scored", partial(lead.query, query, user, *extra[user])),
+            ("shipped_cold", partial(_shipped, in_database, query, user)),
+            ("rows_read_first", partial(_shipped, rows_read, query, user)),
             ("plain", partial(_plain_of, engine, collection_uuid, embed, query, user)),
         ]
         if n % 2:
@@ -518,7 +417,7 @@ def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> l
             t0 = time.perf_counter()
             got[what] = run()
             out.append({"user": user, "what": what, "ms": (time.perf_counter() - t0) * 1000})
-        same = got["lead_db_scored"] == got["shipped_cold"]
+        same = got["shipped_cold"] == got["rows_read_first"]
         out.append({"user": user, "what": "same_top10", "ms": float(same)})
     engine.dispose()
     return out
@@ -615,7 +514,7 @@ def main() -> None:
                     range(args.users), min(args.lead_users + 1, args.users)
                 )
             ]
-            print(f"the lead, end to end, on {len(users)} users ...", flush=True)
+            print(f"ranked in the database, on {len(users)} users ...", flush=True)
             lead_rows = db_scored(server.url, collection_uuid, users, spare)
             raise _Done
         print(f"ingest: {args.ingest} rows through add_documents ...", flush=True)
@@ -766,13 +665,13 @@ def main() -> None:
 
 def _report_lead(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) -> None:
     """Print and write ``--only db-scored``'s table: p50 / p95 of each way, as a multiple of
-    the plain search's, and how often the lead's top 10 equals the shipped query's."""
+    the plain search's, and how often the two ways' top 10 are equal."""
     by: dict[str, list[float]] = {}
     for r in samples:
         by.setdefault(r["what"], []).append(r["ms"])
     b50, b95 = _pct(by["plain"], 50), _pct(by["plain"], 95)
     rows: list[dict[str, Any]] = []
-    for what in ("plain", "shipped_cold", "lead_db_scored"):
+    for what in ("plain", "shipped_cold", "rows_read_first"):
         p50, p95 = _pct(by[what], 50), _pct(by[what], 95)
         rows.append(
             {
@@ -787,7 +686,7 @@ def _report_lead(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) 
     same = by["same_top10"]
     rows.append(
         {
-            "what": "lead's top 10 = shipped top 10 (share of users)",
+            "what": "top 10 ranked in the database = top 10 on the rows (share of users)",
             "n": len(same),
             "p50_ms": round(sum(same) / len(same), 3),
             "p95_ms": "",

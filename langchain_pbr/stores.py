@@ -38,6 +38,7 @@ from pbr_core.corpus import Record
 from pbr_core.postgres import (
     PgRecords,
     PgTable,
+    ScoredRows,
     UserRows,
     async_engine_sql,
     engine_sql,
@@ -252,6 +253,16 @@ class _PGVector(_Base):
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         return self.pg.write_state(user_id, token, state)
+
+    @property
+    def can_score(self) -> bool:
+        return self.pg.can_score
+
+    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
+        return self.pg.read_scored(user_id, query, near)
+
+    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
+        return self.pg.fetch_at(user_id, keys, token)
 
 
 class _PGVectorStore(_PGVector):

@@ -33,7 +33,15 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 from pbr_core.chroma import check_flat_metadata, collection_of, upsert_in_batches
 from pbr_core.corpus import ITEM_ID_KEY, Record
 from pbr_core.items import copy_metadata
-from pbr_core.postgres import PgRecords, PgRow, PgTable, UserRows, engine_sql, transaction
+from pbr_core.postgres import (
+    PgRecords,
+    PgRow,
+    PgTable,
+    ScoredRows,
+    UserRows,
+    engine_sql,
+    transaction,
+)
 
 from ._bridge import with_keys
 
@@ -197,6 +205,19 @@ class IndexRecords:
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """See :meth:`pbr_core.postgres.PgRecords.write_state` (nothing for other stores)."""
         return self.pg.write_state(user_id, token, state) if self.pg is not None else False
+
+    @property
+    def can_score(self) -> bool:
+        """Whether :meth:`read_scored` ranks in the database (PostgreSQL with pbr's trigger)."""
+        return self.pg is not None and self.pg.can_score
+
+    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
+        """See :meth:`pbr_core.postgres.PgRecords.read_scored` (None for other stores)."""
+        return self.pg.read_scored(user_id, query, near) if self.pg is not None else None
+
+    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
+        """See :meth:`pbr_core.postgres.PgRecords.fetch_at` (None for other stores)."""
+        return self.pg.fetch_at(user_id, keys, token) if self.pg is not None else None
 
     def upsert(self, records: Sequence[Record]) -> None:
         if self.pg is not None:

@@ -41,20 +41,21 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .config import SearchMode
-from .derived import DamagedState, OtherVersion, attach, pack
+from .derived import DamagedState, OtherVersion, attach, pack, unpack
 from .errors import UnknownUserError
 from .history import HistoryStore
-from .hybrid import hits, rank
+from .hybrid import Ranked, hits, rank
 from .items import HistoryItem, check_batch, check_ids, check_serialisable, copy_metadata
 from .lexical import DEFAULT_STEMMER, StemmerName
 from .protocols import Embedder, SearchHit, model_id_of
@@ -66,6 +67,7 @@ from .vectors import (
     check_model,
     embed_documents,
 )
+from .view import ScoredView, servable
 from .windows import Window, split, window_of
 
 __all__ = [
@@ -87,6 +89,32 @@ ITEM_ID_KEY = "pbr_id"
 RAW_SCORE_KEY = "store_score"
 
 log = logging.getLogger("pbr.corpus")
+
+#: Rows beyond ``PBRConfig.k1`` that a view reads closest to the query, so that equal cosines
+#: ordered otherwise by the database still leave the related items among them.
+_NEAR_SPARE = 3
+_BACKGROUND: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_BACKGROUND_THREAD: threading.Thread | None = None
+_BACKGROUND_GUARD = threading.Lock()
+
+
+def _in_background(task: Callable[[], None]) -> None:
+    """Run ``task`` in the one thread that reads users in the background
+    (:meth:`Corpus.read_later`): a daemon, so that a read stuck on a dead connection never
+    keeps the process from exiting (a cache fill is never worth waiting for)."""
+    global _BACKGROUND_THREAD
+    with _BACKGROUND_GUARD:
+        if _BACKGROUND_THREAD is None or not _BACKGROUND_THREAD.is_alive():
+            _BACKGROUND_THREAD = threading.Thread(
+                target=_serve_background, name="pbr-read-later", daemon=True
+            )
+            _BACKGROUND_THREAD.start()
+    _BACKGROUND.put(task)
+
+
+def _serve_background() -> None:
+    while True:
+        _BACKGROUND.get()()
 
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
@@ -240,6 +268,9 @@ class HostRecords(Protocol):
     # Optional: ``change_token(user_id) -> str | None``, a value that changes whenever any of
     # the user's records changes (None: cannot tell). With it, a read lists the user only when
     # the token moved (pbr_core.postgres reads it through a trigger-kept revision row).
+    # Optional: ``can_score``, ``read_scored(user_id, q, near) -> ScoredRows | None`` and
+    # ``fetch_at(user_id, keys, token) -> list[Record] | None``: a user ranked in the database
+    # (pbr_core.view; PostgreSQL, pbr_core.postgres).
     # Optional: ``read_user(user_id) -> UserRows | None``, every record with its vector, the
     # change token and the user's shared derived state in one read (what a worker that never saw
     # the user reads; None: list instead), and ``write_state(user_id, token, blob)`` to share
@@ -352,13 +383,14 @@ class Corpus:
         self._locks_guard = threading.Lock()
         # requests under way per user (in_use): the cache does not evict them meanwhile
         self._in_use: dict[str, int] = {}
+        self._reading_later: set[str] = set()  # users read_later is reading now
         self.host = host  # checks the cache's budget against it
         self.check_model()
         self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
         # locks; a tokenizer closure; the requests under way
-        skip = ("_locks", "_write_locks", "_locks_guard", "_window_of", "_in_use")
+        skip = ("_locks", "_write_locks", "_locks_guard", "_window_of", "_in_use", "_reading_later")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -372,6 +404,7 @@ class Corpus:
         self._write_locks = {}
         self._locks_guard = threading.Lock()
         self._in_use = {}
+        self._reading_later = set()
         self.cache.attach(self)
 
     @property
@@ -1127,6 +1160,112 @@ class Corpus:
         # shared after the request if it built more than it took (another anchor, the index)
         known.unshared = (history, token, basis, _derived(history))
 
+    # -- a cold user ranked in the database (pbr_core.view) ------------------------------------
+    #: Whether a user this worker has not read is ranked in the database where the host can
+    #: (:meth:`read_view`); False reads the user's rows first, as every other store does.
+    rank_cold_in_database: bool = True
+
+    def may_view(self, user_id: str) -> bool:
+        """Whether :meth:`read_view` may serve ``user_id`` now: a host that scores in the
+        database, a user this worker has not read (nor cached), so their rows would be read."""
+        if not self.rank_cold_in_database or not self.verified:
+            return False
+        if not getattr(self._host, "can_score", False) or user_id in self.cache:
+            return False
+        known = self._known.get(user_id)
+        return known is None or not known.revisions
+
+    def read_view(
+        self, user_id: str, q: np.ndarray, config: Any, anchor_key: Any
+    ) -> ScoredView | None:
+        """``user_id``'s items scored against the unit query vector ``q`` in the database, with
+        the derived state another worker shared at exactly these rows (:mod:`pbr_core.view`);
+        None where that cannot serve a request of ``config`` (no state at the rows' revision,
+        rows the state does not describe, an analyzer or anchor it does not hold, a windowed
+        item): the caller reads the user's rows instead."""
+        read = getattr(self._host, "read_scored", None)
+        if read is None:
+            return None
+        rows = read(user_id, q, max(int(config.k1), 1) + _NEAR_SPARE)
+        if rows is None or rows.token is None or rows.state is None:
+            return None
+        try:
+            state = unpack(rows.state)
+        except DamagedState:  # the cold read that follows warns where it is damaged
+            return None
+        if state.user_id != user_id or state.keys is None or state.dim != q.shape[0]:
+            return None
+        if state.token != rows.token:  # a revision the trigger did not see move (disabled)
+            return None
+        if not servable(state, config, anchor_key):
+            return None
+        position = dict(zip(state.keys, range(len(state.keys))))
+        if len(rows.keys) != len(position) or position.keys() != set(rows.keys):
+            return None  # rows the state does not describe (left out, or shadowed): read them
+        cosines = np.empty(len(position), dtype=np.float64)
+        cosines[np.fromiter(map(position.__getitem__, rows.keys), np.int64, len(rows.keys))] = (
+            rows.cosines
+        )
+        if not np.isfinite(cosines).all():
+            return None
+        known: dict[int, HistoryItem] = {}
+        for record in rows.near:
+            pos = position.get(record.key)
+            if pos is None or state.ids[pos] != record.item_id:
+                return None
+            known[pos] = record.item()
+        return ScoredView(state, q, cosines, rows.token, known, position)
+
+    def fill_view(self, view: ScoredView, positions: Sequence[int]) -> bool:
+        """Read the texts and metadata of ``view``'s items at ``positions`` that it does not
+        hold (the results of its ranking); False where the user's rows changed since they
+        were scored (the caller then reads them afresh)."""
+        keys = view.missing(positions)
+        if not keys:
+            return True
+        assert self._host is not None
+        records = self._host.fetch_at(view.user_id, keys, view.token)  # type: ignore[attr-defined]
+        if records is None:
+            return False
+        got: dict[int, HistoryItem] = {}
+        for record in records:
+            pos = view.position_of_key(record.key)
+            if pos is None or view.position(record.item_id) != pos:
+                return False
+            got[pos] = record.item()
+        if len(got) != len(set(keys)):
+            return False
+        view.fill(got)
+        return True
+
+    def view_results(self, view: ScoredView, ranked: Sequence[Ranked]) -> list[ScoredRecord]:
+        """``ranked`` (over ``view``, filled) as search results, as :meth:`search` gives them."""
+        return [
+            ScoredRecord(hit=hit, key=view.keys[r.position], raw_score=None)
+            for r, hit in zip(ranked, hits(view, ranked))  # type: ignore[arg-type]
+        ]
+
+    def read_later(self, user_id: str) -> None:
+        """Read ``user_id``'s rows into the cache in the background (after a request ranked
+        them in the database), so that the user's next request is served warm; at most one
+        such read per user at a time. Never raises: a failed read leaves the next request
+        ranking in the database again (logged at debug level)."""
+        with self._locks_guard:
+            if user_id in self._reading_later:
+                return
+            self._reading_later.add(user_id)
+
+        def read() -> None:
+            try:
+                self.history(user_id)
+            except Exception as exc:
+                log.debug("pbr: background read of user %s failed: %s", user_tag(user_id), exc)
+            finally:
+                with self._locks_guard:
+                    self._reading_later.discard(user_id)
+
+        _in_background(read)
+
     def has_unshared(self, user_id: str) -> bool:
         """Whether :meth:`share_state` has something to write for ``user_id``."""
         known = self._known.get(user_id)
@@ -1154,8 +1293,10 @@ class Corpus:
                 return  # changed since: the next cold read derives and shares anew
             if _derived(history) == taken:
                 return  # nothing built beyond what was read
+            keys = [known.key_of.get(item.id) for item in history.items]
         try:
-            blob = pack(history, basis)
+            # with its keys and token, a state also ranks the user in the database (read_view)
+            blob = pack(history, basis, None if None in keys else keys, token)  # type: ignore[arg-type]
             if blob is not None:
                 write(user_id, token, blob)
         except Exception as exc:  # a cache write: the query it follows already succeeded

@@ -28,15 +28,27 @@ import hashlib
 import importlib.metadata
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .anchor import AnchorResult
 from .history_format import anchor_arrays, anchors_from_arrays
+from .items import HistoryItem
 from .lexical import DEFAULT_B, DEFAULT_K1, LexicalIndex
-from .snapshot import UserHistory
+from .snapshot import AnchorKey, UserHistory
 
-__all__ = ["DamagedState", "OtherVersion", "attach", "pack"]
+__all__ = [
+    "CENTRAL_ITEMS",
+    "DamagedState",
+    "OtherVersion",
+    "PackedState",
+    "attach",
+    "pack",
+    "unpack",
+]
 
 try:  # which pbr derived a state: another version may tokenize or build anchors otherwise
     _PBR = importlib.metadata.version("personalize-before-retrieve")
@@ -45,8 +57,12 @@ except importlib.metadata.PackageNotFoundError:  # a source tree run without ins
 
 _MAGIC = b"PBRD"
 # 1: an .npz body; 2: at most one BM25 index, unstemmed; 3: the tokenizer cut words at their
-# combining marks and did not normalise to NFC (a BM25 index's terms differ)
-_FORMAT = 4
+# combining marks and did not normalise to NFC (a BM25 index's terms differ); 4: no host keys,
+# anchor affinities or central items (what ranks a user without their vectors)
+_FORMAT = 5
+#: How many of each anchor's most central items a state keeps, for the explanations of requests
+#: ranked without the user's rows (:mod:`pbr_core.view`; ``PBRConfig.top_anchor_items`` up to it).
+CENTRAL_ITEMS = 10
 _HEAD = len(_MAGIC) + 1 + 32
 
 
@@ -59,10 +75,21 @@ class OtherVersion(DamagedState):
     after an upgrade (every user's state written before it), not a sign of damage."""
 
 
-def pack(history: UserHistory, basis: str) -> bytes | None:
+def pack(
+    history: UserHistory,
+    basis: str,
+    keys: Sequence[str] | None = None,
+    token: str | None = None,
+) -> bytes | None:
     """``history``'s built anchors and BM25 indexes (one per analyzer) as one blob, for rows of
     digest ``basis`` (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read);
-    None when it has built neither (nothing worth sharing)."""
+    None when it has built neither (nothing worth sharing).
+
+    ``keys``: each item's host key, in order; ``token``: the host's change token of the rows.
+    With both, the blob also holds what ranks the user without their vectors
+    (:mod:`pbr_core.view`, which uses it only at exactly that token): each item's inner product
+    with each anchor and the most central items of each anchor, as the explanation lists
+    them."""
     anchors = [(k, a) for k, a in list(history._anchors.items()) if a is not None]
     lexical = history.lexical_indexes()
     if not anchors and not lexical:
@@ -75,7 +102,20 @@ def pack(history: UserHistory, basis: str) -> bytes | None:
         "ids": [item.id for item in history.items],
         "dim": history.dim,
         "anchors": entries,
+        "keys": None if keys is None or token is None else list(keys),
+        "token": token,
+        "windowed": bool(history.windows),
+        "central": {},
     }
+    if header["keys"] is not None:
+        central: set[int] = set()
+        for i, (_, result) in enumerate(anchors):
+            # float64: the view adds it to the database's cosine with q (float8)
+            arrays[f"affinity{i}"] = np.asarray(history.vectors, dtype=np.float64) @ np.asarray(
+                result.vector, dtype=np.float64
+            )
+            central.update(pos for pos, _ in result.top_items(CENTRAL_ITEMS))
+        header["central"] = {str(p): history.items[p].to_dict() for p in sorted(central)}
     header["lexical"] = []
     for i, index in enumerate(lexical):
         terms, parts = index.parts()
@@ -129,19 +169,41 @@ def _arrays(body: bytes, listed: Any, offset: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def attach(history: UserHistory, blob: bytes, basis: str) -> None:
-    """Give ``history`` (just built from rows of digest ``basis``) the blob's anchors and BM25
-    index, if the blob was derived from rows of that digest.
+@dataclass(frozen=True)
+class PackedState:
+    """A packed state read back and checked (:func:`unpack`), not yet tied to any rows.
 
-    A BM25 index is taken only if it was built with today's ``k1`` and ``b`` (what
-    :meth:`UserHistory.lexical` would build); each is kept under its analyzer (stemmer), and
-    anchors under their graph parameters, so any of those may be taken.
+    Attributes:
+        user_id, basis, ids, dim: whose, of which rows (digest), which items in which order.
+        anchors: the anchors by graph parameters.
+        lexical: the BM25 indexes built with today's ``k1`` and ``b``, one per analyzer.
+        keys: each item's host key, in order (None: packed without them).
+        token: the host's change token of the rows it was derived from (with ``keys``).
+        affinity: per anchor key, each item's inner product with that anchor (with ``keys``).
+        central: the most central items of each anchor by position (with ``keys``).
+        windowed: whether some item had windows (its dense score is not one vector's).
+    """
+
+    user_id: str
+    basis: str
+    ids: list[str]
+    dim: int
+    anchors: dict[AnchorKey, AnchorResult]
+    lexical: list[LexicalIndex]
+    keys: list[str] | None
+    token: str | None
+    affinity: dict[AnchorKey, np.ndarray]
+    central: dict[int, HistoryItem]
+    windowed: bool
+
+
+def unpack(blob: bytes) -> PackedState:
+    """A blob of :func:`pack`, every part checked (checksum, format, pbr version, shapes).
 
     Raises:
-        DamagedState: the blob is damaged, of another format or pbr version (then
-            :class:`OtherVersion`), of another user,
-            or of other rows (digest, ids or order) than ``history``'s; ``history`` is left as
-            it was. Whatever a malformed blob raises is this error: the state is a cache.
+        DamagedState: the blob is damaged, or of another format or pbr version (then
+            :class:`OtherVersion`). Whatever a malformed blob raises is this error: the state
+            is a cache.
     """
     data = bytes(blob)
     if len(data) < _HEAD or data[:4] != _MAGIC:
@@ -155,16 +217,14 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
         header, start = _header(body)
         if header["pbr"] != _PBR:
             raise OtherVersion(f"derived by pbr {header['pbr']}, not {_PBR}")
-        if header["user_id"] != history.user_id:
-            raise DamagedState("the state of another user")
-        if header["basis"] != basis:
-            raise DamagedState("the state of other rows than the user's")
-        if header["ids"] != [item.id for item in history.items] or header["dim"] != history.dim:
-            raise DamagedState("the state of other items than the user's rows")
+        ids, dim = header["ids"], header["dim"]
+        if not (isinstance(ids, list) and set(map(type, ids)) <= {str}):
+            raise DamagedState("item ids that are not strings")
+        if type(dim) is not int or dim < 1:
+            raise DamagedState(f"a dimension of {dim!r}")
+        n = len(ids)
         arrays = _arrays(body, header["arrays"], start)
-        anchors = anchors_from_arrays(
-            header["anchors"], arrays, len(history), history.dim, prefix="anchor"
-        )
+        anchors = anchors_from_arrays(header["anchors"], arrays, n, dim, prefix="anchor")
         lexical = []
         if len({spec["stemmer"] for spec in header["lexical"]}) != len(header["lexical"]):
             raise DamagedState("two BM25 indexes of one analyzer")
@@ -177,11 +237,68 @@ def attach(history: UserHistory, blob: bytes, basis: str) -> None:
             index = LexicalIndex.from_parts(
                 spec["terms"], parts, k1=spec["k1"], b=spec["b"], stemmer=spec["stemmer"]
             )
-            if len(index) != len(history):
+            if len(index) != n:
                 raise DamagedState("a BM25 index of another number of items")
             lexical.append(index)
+        keys = header["keys"]
+        affinity: dict[AnchorKey, np.ndarray] = {}
+        central: dict[int, HistoryItem] = {}
+        if keys is not None:
+            if not (
+                isinstance(keys, list)
+                and len(keys) == n
+                and set(map(type, keys)) <= {str}
+                and len(set(keys)) == n
+            ):
+                raise DamagedState("host keys that are not one distinct string per item")
+            for i, key in enumerate(anchors):
+                values = arrays[f"affinity{i}"]
+                if values.shape != (n,) or not np.isfinite(values).all():
+                    raise DamagedState("anchor affinities of another shape, or not finite")
+                affinity[key] = values.astype(np.float64)
+            for pos, row in header["central"].items():
+                item = HistoryItem.from_dict(row)
+                if not 0 <= int(pos) < n or item.id != ids[int(pos)]:
+                    raise DamagedState("a central item that is not the item at its position")
+                central[int(pos)] = item
+        return PackedState(
+            user_id=str(header["user_id"]),
+            basis=str(header["basis"]),
+            ids=ids,
+            dim=dim,
+            anchors=anchors,
+            lexical=lexical,
+            keys=keys,
+            token=None if keys is None else str(header["token"]),
+            affinity=affinity,
+            central=central,
+            windowed=bool(header["windowed"]),
+        )
     except DamagedState:
         raise
     except Exception as exc:  # anything a crafted or damaged blob makes numpy or json raise
         raise DamagedState(f"cannot be read ({type(exc).__name__}: {exc})") from exc
-    history.adopt(anchors, lexical)
+
+
+def attach(history: UserHistory, blob: bytes, basis: str) -> None:
+    """Give ``history`` (just built from rows of digest ``basis``) the blob's anchors and BM25
+    index, if the blob was derived from rows of that digest.
+
+    A BM25 index is taken only if it was built with today's ``k1`` and ``b`` (what
+    :meth:`UserHistory.lexical` would build); each is kept under its analyzer (stemmer), and
+    anchors under their graph parameters, so any of those may be taken.
+
+    Raises:
+        DamagedState: the blob is damaged, of another format or pbr version (then
+            :class:`OtherVersion`), of another user,
+            or of other rows (digest, ids or order) than ``history``'s; ``history`` is left as
+            it was.
+    """
+    state = unpack(blob)
+    if state.user_id != history.user_id:
+        raise DamagedState("the state of another user")
+    if state.basis != basis:
+        raise DamagedState("the state of other rows than the user's")
+    if state.ids != [item.id for item in history.items] or state.dim != history.dim:
+        raise DamagedState("the state of other items than the user's rows")
+    history.adopt(state.anchors, state.lexical)

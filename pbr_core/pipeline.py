@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -71,6 +71,9 @@ from .vectors import (
     embed_documents,
     embed_query,
 )
+
+if TYPE_CHECKING:
+    from .view import ScoredView
 
 _log = logging.getLogger("pbr.pipeline")
 
@@ -144,6 +147,7 @@ class _Options(NamedTuple):
     prompts: PromptSet | None
     unknown_user: UnknownUserPolicy
     query_vector: Sequence[float] | np.ndarray | None
+    history: UserHistory | ScoredView | None = None
 
 
 class Personalizer:
@@ -323,6 +327,7 @@ class Personalizer:
         prompts: PromptSet | None = None,
         unknown_user: UnknownUserPolicy = "raise",
         query_vector: Sequence[float] | np.ndarray | None = None,
+        history: UserHistory | ScoredView | None = None,
     ) -> PersonalizedQuery:
         """The personalized query vector for ``user_id`` and ``query``.
 
@@ -338,8 +343,12 @@ class Personalizer:
             query_vector: the query's embedding when the caller already has it (e.g. LlamaIndex's
                 ``QueryBundle.embedding``), by the same model as the history; checked (finite,
                 the history's dimension) and normalised, and the query is not embedded again.
+            history: the user's snapshot the request already read (``pbr_core.retrieval``:
+                one snapshot for personalizing and ranking); default: the current one.
         """
-        opts = _Options(config, generator, feedback, strict, prompts, unknown_user, query_vector)
+        opts = _Options(
+            config, generator, feedback, strict, prompts, unknown_user, query_vector, history
+        )
         return self._drive(self._steps(user_id, query, opts))
 
     async def apersonalize(
@@ -354,6 +363,7 @@ class Personalizer:
         prompts: PromptSet | None = None,
         unknown_user: UnknownUserPolicy = "raise",
         query_vector: Sequence[float] | np.ndarray | None = None,
+        history: UserHistory | ScoredView | None = None,
     ) -> PersonalizedQuery:
         """Async :meth:`personalize`: native async embedder/LLM calls when they exist.
 
@@ -362,7 +372,9 @@ class Personalizer:
         ``generate_batch``) runs in the :attr:`llm_executor`'s own threads, never in asyncio's
         default executor. Cancelling the awaiting task frees it at once.
         """
-        opts = _Options(config, generator, feedback, strict, prompts, unknown_user, query_vector)
+        opts = _Options(
+            config, generator, feedback, strict, prompts, unknown_user, query_vector, history
+        )
         return await self._adrive(self._steps(user_id, query, opts))
 
     # -- the steps of one request, once for both entry points ----------------------------------
@@ -376,7 +388,7 @@ class Personalizer:
         implementation."""
         check_unknown_user(opts.unknown_user)
         try:
-            req = self._start(user_id, query, opts.config, opts.prompts)
+            req = self._start(user_id, query, opts.config, opts.prompts, opts.history)
         except UnknownUserError as exc:
             if opts.unknown_user == "raise":
                 raise
@@ -510,17 +522,24 @@ class Personalizer:
 
     # -- steps ---------------------------------------------------------------------------------
     def _start(
-        self, user_id: str, query: str, config: PBRConfig | None, prompts: PromptSet | None = None
+        self,
+        user_id: str,
+        query: str,
+        config: PBRConfig | None,
+        prompts: PromptSet | None = None,
+        history: UserHistory | ScoredView | None = None,
     ) -> _Request:
         query = check_query(query)
         cfg = self._config(config)
-        history = self._history(user_id)
+        # A view ranks in the database (pbr_core.view) and answers what a request reads of a
+        # snapshot: it stands in for one here.
+        snapshot = self._history(user_id) if history is None else cast(UserHistory, history)
         explanation = Explanation(user_id=user_id, query=query, fusion=cfg.fusion)
         return _Request(
             user_id=user_id,
             query=query,
             config=cfg,
-            history=history,
+            history=snapshot,
             explanation=explanation,
             watch=_Stopwatch(explanation.timings_ms),
             prompts=prompts,

@@ -65,6 +65,7 @@ __all__ = [
     "PgRecords",
     "PgRow",
     "PgTable",
+    "ScoredRows",
     "Sql",
     "UserRows",
     "async_engine_sql",
@@ -169,6 +170,25 @@ class UserRows:
     records: list[Record]
     state: tuple[str, bytes] | None
     shares: bool = True
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """What :meth:`PgRecords.read_scored` read in one statement.
+
+    Attributes:
+        token: the change token of these rows, None where it cannot be told.
+        state: the user's shared derived state at exactly this token, else None.
+        keys: every row's key, in the order the server returned them.
+        cosines: each row's cosine with the query, in the order of ``keys``.
+        near: the rows closest to the query, as records without vectors, closest first.
+    """
+
+    token: str | None
+    state: bytes | None
+    keys: list[str]
+    cosines: np.ndarray
+    near: list[Record]
 
 
 @dataclass(frozen=True)
@@ -604,6 +624,7 @@ class PgRecords:
         self.tokens = False  # whether change_token reads the trigger's revisions
         self.states = False  # whether cold reads read and share derived states (pbr_states)
         self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
+        self._vector_schema: str | None = None  # pgvector's schema, where the column is a vector
         self._bulk: BulkPlan | None = None  # how pbr writes a batch (bulk_plan)
         self._bulk_known = rows is None  # whether bulk_plan has looked (nothing to look for)
         if setup:
@@ -907,9 +928,7 @@ class PgRecords:
         created again, ``ALTER TABLE ... DISABLE TRIGGER``), checked in the same statement."""
         if not self.tokens or self.owner is not None:
             return None
-        params = self.table.params(
-            tbl=self.table.regclass, key=self.user_key, user=user_id, **self._trigger_names()
-        )
+        params = self._user_params(user_id)
         rev, armed = self._read_all(f"SELECT {token_columns(self.table)}", params)[0]
         return _token(rev, armed)
 
@@ -948,13 +967,7 @@ class PgRecords:
             f"{quote_ident(t.metadata)} AS m, {vector} AS v, xmin::text AS x FROM "
             f"{t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}) mine"
         )
-        params = t.params(
-            tbl=t.regclass,
-            key=self.user_key,
-            user=user_id,
-            reader=self._reader(),
-            **self._trigger_names(),
-        )
+        params = self._user_params(user_id, reader=self._reader())
         rows = self._read_all(statement, params)
         heads = [row for row in rows if row[0] == 0]
         if len(heads) != 1:
@@ -976,6 +989,103 @@ class PgRecords:
             # at the rows' revision: under the token they are read with, else another's
             shared = (token if state_rev == rev else str(state_rev), bytes(state))
         return UserRows(token=token, records=out, state=shared, shares=self.states)
+
+    @property
+    def can_score(self) -> bool:
+        """Whether :meth:`read_scored` can rank a user in the database: a shared table kept by
+        pbr's trigger, whose states this role reads and writes."""
+        return self.tokens and self.states and self.owner is None
+
+    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
+        """What ranks a user this worker has not read, without bringing their vectors here
+        (:mod:`pbr_core.view`), in **one statement** and one snapshot: the change token, the
+        user's shared derived state, every row's key with its cosine with the unit ``query``
+        (pgvector computes them: one number per row instead of 1.5 kB at 384-d), and the
+        ``near`` rows closest to ``query`` with their texts and metadata (the related items a
+        request shows). None where this table cannot (no revision trigger or shared states, a
+        per-user table, a vector column that is not pgvector's ``vector``)."""
+        if not self.can_score:
+            return None
+        vector = self._vector_select()
+        schema = self._vector_schema
+        if schema is None:
+            return None
+        t = self.table
+        k, v = quote_ident(t.key), quote_ident(t.vector)
+        distinct, order = self._newest_only()
+        cast = f"CAST(:q AS {quote_ident(schema)}.vector)"
+        # Each row's cosine computed once (a materialized CTE), for both the cosines and the
+        # rows nearest q; texts and metadata only of those.
+        statement = (
+            f"WITH mine AS MATERIALIZED (SELECT {distinct}{k}::text AS k, "
+            f"{quote_ident(t.text)} AS t, {quote_ident(t.metadata)} AS m, xmin::text AS x, "
+            f"1 - ({v} OPERATOR({quote_ident(schema)}.<=>) {cast}) AS c FROM {t.qualified} "
+            f"WHERE {t.scoped()} AND {self._mine()}{order}) "
+            f"SELECT 0, {token_columns(t)}, s.rev, s.state, NULL::text, NULL::float8, "
+            "NULL::text, NULL::text, NULL::text, NULL::text FROM (SELECT 1) one LEFT JOIN "
+            f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
+            "AND s.owner = :user "
+            "UNION ALL SELECT 1, NULL, NULL, NULL, NULL, k, c, NULL, NULL, NULL, NULL FROM mine "
+            "UNION ALL (SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, k, t, m::text, x FROM "
+            "mine ORDER BY c DESC, k LIMIT :near)"
+        )
+        del vector  # looked up for _vector_schema
+        params = self._user_params(
+            user_id,
+            reader=self._reader(),
+            q="[" + ",".join(repr(float(x)) for x in np.asarray(query, dtype=np.float64)) + "]",
+            near=int(near),
+        )
+        rows = self._read_all(statement, params)
+        heads = [row for row in rows if row[0] == 0]
+        if len(heads) != 1:
+            raise RuntimeError(f"a user's scored read returned {len(heads)} head rows, not 1")
+        _, rev, armed, state_rev, state = heads[0][:5]
+        token = _token(rev, armed)
+        keys = [row[5] for row in rows if row[0] == 1]
+        cosines = np.array([row[6] for row in rows if row[0] == 1], dtype=np.float64)
+        records = self._text_records(user_id, [row[7:] for row in rows if row[0] == 2])
+        at_rows = token is not None and state is not None and state_rev == rev
+        return ScoredRows(
+            token=token,
+            state=bytes(state) if at_rows else None,
+            keys=keys,
+            cosines=cosines,
+            near=records,
+        )
+
+    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
+        """The user's rows of ``keys`` (texts and metadata, no vectors), read in one statement
+        with the change token: None where the token is no longer ``token`` (a write committed
+        since the rows were scored: the caller reads the user afresh)."""
+        t = self.table
+        k = quote_ident(t.key)
+        distinct, order = self._newest_only()
+        statement = (
+            f"SELECT 0, {token_columns(t)}, NULL::text, NULL::text, NULL::text, NULL::text "
+            "UNION ALL SELECT 1, NULL, NULL, k::text, t, m::text, x FROM "
+            f"(SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, {quote_ident(t.metadata)} "
+            f"AS m, xmin::text AS x FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()} "
+            f"AND {k}::text = ANY(:keys){order}) mine"
+        )
+        params = self._user_params(user_id, keys=list(keys))
+        rows = self._read_all(statement, params)
+        heads = [row for row in rows if row[0] == 0]
+        if len(heads) != 1 or _token(heads[0][1], heads[0][2]) != token:
+            return None
+        return self._text_records(user_id, [row[3:] for row in rows if row[0] == 1])
+
+    def _text_records(self, user_id: str, body: Sequence[Sequence[Any]]) -> list[Record]:
+        """Rows of ``(key, text, metadata as JSON text, xmin)`` as ``user_id``'s records,
+        without vectors (the metadata decoded in one call of the engine's JSON decoder)."""
+        loads = getattr(self.sql, "loads", json.loads)
+        metas = loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
+        out = []
+        for (key, text, _, stamp), meta in zip(body, metas):
+            record = self._record(user_id, *_row(key, text, meta), None, stamp)
+            if record is not None:
+                out.append(record)
+        return out
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at
@@ -1038,6 +1148,17 @@ class PgRecords:
         )
         return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
 
+    def _user_params(self, user_id: str, **more: Any) -> dict[str, Any]:
+        """The parameters of a statement over ``user_id``'s rows that reads the change token
+        (:func:`token_columns`), plus ``more``."""
+        return self.table.params(
+            tbl=self.table.regclass,
+            key=self.user_key,
+            user=user_id,
+            **self._trigger_names(),
+            **more,
+        )
+
     def _trigger_names(self) -> dict[str, str]:
         suffix = self.table.suffix(self.user_key)
         return {"rev": f"pbr_rev_{suffix}", "trunc": f"pbr_trunc_{suffix}"}
@@ -1099,6 +1220,7 @@ class PgRecords:
             except Exception:
                 return text_form  # looked up again next time
             if rows and rows[0][1] == "vector":
+                self._vector_schema = str(rows[0][0])
                 self._vector_sql = f"{quote_ident(rows[0][0])}.vector_send({quote_ident(t.vector)})"
             else:
                 self._vector_sql = text_form

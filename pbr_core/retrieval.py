@@ -29,12 +29,14 @@ import numpy as np
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
 from .fusion import MODE_TERMS
-from .hybrid import host_candidates, lexical_query, lexical_terms
+from .hybrid import host_candidates, lexical_query, lexical_terms, rank
 from .prf import PromptSet
 from .protocols import SearchHit, TextGenerator
 from .rerank import rerank_by_salience
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 from .snapshot import UserHistory
+from .vectors import aembed_query, as_unit_vector, embed_query
+from .view import NotServed, ScoredView
 
 if TYPE_CHECKING:
     from .salience.protocol import LogProbScorer
@@ -217,8 +219,7 @@ def rank_personalized(
     a host search's ``found``. Records ``timings_ms["search"]`` (ms since ``since``, default
     now: the host search is included when the caller timed it)."""
     start = time.perf_counter() if since is None else since
-    terms = lexical_terms(pq.explanation, config.lexical_feedback_weight)
-    own = lexical_query(pq.explanation.query)
+    terms, own = _lexical_queries(pq, config)
     results = corpus.search(
         user_id,
         history,
@@ -235,6 +236,14 @@ def rank_personalized(
     return results
 
 
+def _lexical_queries(
+    pq: PersonalizedQuery, config: PBRConfig
+) -> tuple[Mapping[str, float], Mapping[str, float]]:
+    """The lexical leg's query (the user's words and the LLM's) and the user's own words."""
+    terms = lexical_terms(pq.explanation, config.lexical_feedback_weight)
+    return terms, lexical_query(pq.explanation.query)
+
+
 # -- the steps of one request, once for both drivers -------------------------------------------
 @dataclass(frozen=True)
 class _ReadHistory:
@@ -248,7 +257,10 @@ class _Filter:
 
 @dataclass(frozen=True)
 class _Personalize:
-    """The request's personalized query (embedding and LLM calls)."""
+    """The request's personalized query (embedding and LLM calls); ``q``: the query's vector
+    where the request has it already (a view tried first), so it is not embedded again."""
+
+    q: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -275,7 +287,48 @@ class _Rerank:
     results: list[ScoredRecord]
 
 
-_Effect = _ReadHistory | _Filter | _Personalize | _HostSearch | _FinalSearch | _Rerank
+@dataclass(frozen=True)
+class _EmbedQuery:
+    """The query's unit vector (the request's ``query_vector``, or the embedder's)."""
+
+
+@dataclass(frozen=True)
+class _ReadView:
+    """The user scored against ``q`` in the database (:meth:`Corpus.read_view`), or None."""
+
+    q: np.ndarray
+    anchor_key: Any
+
+
+@dataclass(frozen=True)
+class _PersonalizeView:
+    """:class:`_Personalize` on ``view`` with the query vector ``q``; None where the view
+    cannot serve it (:class:`~pbr_core.view.NotServed`)."""
+
+    view: ScoredView
+    q: np.ndarray
+
+
+@dataclass(frozen=True)
+class _FillView:
+    """The texts of ``view``'s items at ``positions`` read; False where the rows changed."""
+
+    view: ScoredView
+    positions: list[int]
+
+
+_Effect = (
+    _ReadHistory
+    | _Filter
+    | _Personalize
+    | _HostSearch
+    | _FinalSearch
+    | _Rerank
+    | _EmbedQuery
+    | _ReadView
+    | _PersonalizeView
+    | _FillView
+)
 
 
 @dataclass(frozen=True)
@@ -291,6 +344,12 @@ def _steps(
     corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts
 ) -> Generator[_Effect, Any, Retrieval]:
     user_id, k = request.user_id, request.k
+    q: np.ndarray | None = None
+    if _viewable(corpus, request, config, hosts):
+        q = yield _EmbedQuery()
+        served = yield from _view_steps(corpus, request, config, q)
+        if served is not None:
+            return served
     history: UserHistory | None = yield _ReadHistory()
     if history is None and request.skip_unknown:
         return Retrieval(None, [], config.search)
@@ -299,7 +358,7 @@ def _steps(
         within = yield _Filter()
         if not within:  # nothing of the user's in the view: no LLM call for no result
             return Retrieval(None, [], config.search)
-    pq: PersonalizedQuery = yield _Personalize()
+    pq: PersonalizedQuery = yield _Personalize(q)
     start = time.perf_counter()
     # the re-rank stage re-orders more candidates than it returns
     n = k if config.rerank == "none" else max(k, config.rerank_candidates)
@@ -321,6 +380,56 @@ def _steps(
         results = reranked + results[window:]  # the rest scores below the window: no cap
         pq.explanation.timings_ms["rerank"] = (time.perf_counter() - start) * 1000.0
     return Retrieval(pq, _at_least(results[:k], request.score_threshold), config.search)
+
+
+def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts) -> bool:
+    """Whether the request may be ranked in the database (:mod:`pbr_core.view`), decided
+    before anything is read: a user this worker has not read, over a host that scores, and a
+    request that needs nothing but ``q``, the anchor and the BM25 index (no LLM term, no given
+    feedback, no re-rank, no neighbour context, no view filter or caller's search)."""
+    return (
+        not (hosts.filter or hosts.final or request.view_filtered)
+        and request.feedback is None
+        and not any(MODE_TERMS[config.fusion][1:])
+        and config.rerank == "none"
+        and not config.lexical_context
+        and corpus.may_view(request.user_id)
+    )
+
+
+def _view_steps(
+    corpus: Corpus, request: Request, config: PBRConfig, q: np.ndarray
+) -> Generator[_Effect, Any, Retrieval | None]:
+    """The request ranked in the database for the query vector ``q``; None where the view
+    cannot serve it (no state at the rows' revision, a write between its two reads, ...): the
+    request then runs on the user's rows, as for any other store."""
+    anchor_key = config.anchor_key if MODE_TERMS[config.fusion][0] else None
+    view: ScoredView | None = yield _ReadView(q, anchor_key)
+    if view is None:
+        return None
+    pq: PersonalizedQuery | None = yield _PersonalizeView(view, q)
+    if pq is None:
+        return None
+    start = time.perf_counter()
+    terms, own = _lexical_queries(pq, config)
+    try:
+        ranked = rank(
+            view,  # type: ignore[arg-type]
+            pq.vector,
+            terms,
+            request.k,
+            mode=config.search,
+            own_terms=own,
+            stemmer=config.lexical_stemmer,
+        )
+    except NotServed:
+        return None
+    filled: bool = yield _FillView(view, [r.position for r in ranked])
+    if not filled:
+        return None
+    results = corpus.view_results(view, ranked)
+    pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
+    return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
 
 
 def _needs_host(corpus: Corpus, history: UserHistory | None, view_filtered: bool) -> bool:
@@ -355,12 +464,28 @@ def retrieve(
     config = request.config
     steps = _steps(corpus, request, config, _hosts(host_search, host_filter, final_search))
 
+    viewed = False
+
     def perform(effect: _Effect) -> Any:
+        nonlocal viewed
         if isinstance(effect, _Personalize):
-            return personalize(request.user_id, request.query, **request.personalize_kwargs())
+            return personalize(request.user_id, request.query, **_kwargs(request, effect.q))
+        if isinstance(effect, _PersonalizeView):
+            kwargs = _kwargs(request, effect.q)
+            try:
+                return personalize(request.user_id, request.query, **kwargs, history=effect.view)
+            except NotServed:
+                return None
         if isinstance(effect, _Rerank):
             return rerank_by_salience(effect.query, effect.results, request.salience_scorer)
+        if isinstance(effect, _EmbedQuery):
+            return _query_vector(corpus, request)
         with host_errors():
+            if isinstance(effect, _ReadView):
+                viewed = True
+                return corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
+            if isinstance(effect, _FillView):
+                return corpus.fill_view(effect.view, effect.positions)
             if isinstance(effect, _ReadHistory):
                 return corpus.history(request.user_id)
             if isinstance(effect, _Filter):
@@ -382,6 +507,8 @@ def retrieve(
                 retrieval: Retrieval = done.value
                 break
     corpus.share_state(request.user_id)  # what a cold read derived, for other workers
+    if viewed and corpus.may_view(request.user_id):
+        corpus.read_later(request.user_id)  # the user's next request is served warm
     return retrieval
 
 
@@ -400,14 +527,34 @@ async def aretrieve(
     config = request.config
     steps = _steps(corpus, request, config, _hosts(host_search, host_filter, final_search))
 
+    viewed = False
+
     async def perform(effect: _Effect) -> Any:
+        nonlocal viewed
         if isinstance(effect, _Personalize):
-            return await personalize(request.user_id, request.query, **request.personalize_kwargs())
+            return await personalize(request.user_id, request.query, **_kwargs(request, effect.q))
+        if isinstance(effect, _PersonalizeView):
+            kwargs = _kwargs(request, effect.q)
+            try:
+                return await personalize(
+                    request.user_id, request.query, **kwargs, history=effect.view
+                )
+            except NotServed:
+                return None
         if isinstance(effect, _Rerank):  # a CPU-bound LM pass: off the event loop
             return await asyncio.to_thread(
                 rerank_by_salience, effect.query, effect.results, request.salience_scorer
             )
+        if isinstance(effect, _EmbedQuery):
+            return await _aquery_vector(corpus, request)
         with host_errors():
+            if isinstance(effect, _ReadView):
+                viewed = True
+                return await asyncio.to_thread(
+                    corpus.read_view, request.user_id, effect.q, config, effect.anchor_key
+                )
+            if isinstance(effect, _FillView):
+                return await asyncio.to_thread(corpus.fill_view, effect.view, effect.positions)
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index
@@ -436,7 +583,33 @@ async def aretrieve(
                 break
     if corpus.has_unshared(request.user_id):  # a write: off the event loop
         await asyncio.to_thread(corpus.share_state, request.user_id)
+    if viewed and corpus.may_view(request.user_id):
+        corpus.read_later(request.user_id)  # the user's next request is served warm
     return retrieval
+
+
+def _kwargs(request: Request, q: np.ndarray | None) -> dict[str, Any]:
+    """The personalizer's keyword arguments for ``request``, with the query vector ``q`` where
+    the request has embedded the query already."""
+    kwargs = request.personalize_kwargs()
+    if q is not None:
+        kwargs["query_vector"] = q
+    return kwargs
+
+
+def _query_vector(corpus: Corpus, request: Request) -> np.ndarray:
+    """The request's unit query vector: as given, or embedded (as the personalizer would)."""
+    dim = corpus.cache.dim
+    if request.query_vector is not None:
+        return as_unit_vector(request.query_vector, dim=dim, what="query_vector")
+    return embed_query(corpus.resolved_embedder(), request.query, dim=dim)
+
+
+async def _aquery_vector(corpus: Corpus, request: Request) -> np.ndarray:
+    dim = corpus.cache.dim
+    if request.query_vector is not None:
+        return as_unit_vector(request.query_vector, dim=dim, what="query_vector")
+    return await aembed_query(corpus.resolved_embedder(), request.query, dim=dim)
 
 
 def _missing(history: UserHistory, config: PBRConfig, ranks: bool) -> tuple[bool, bool]:

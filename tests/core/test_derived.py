@@ -197,9 +197,10 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
     with pytest.raises(DamagedState, match="not a packed state") as garbage:
         attach(_history(), b"PNG" + blob[3:], BASIS)
     assert not isinstance(garbage.value, OtherVersion)  # damage, not an upgrade
-    # an .npz body; at most one BM25 index, unstemmed; words cut at their combining marks
-    for older in (1, 2, 3):
-        with pytest.raises(OtherVersion, match=f"packed in format {older}, not 4"):
+    # an .npz body; at most one BM25 index, unstemmed; words cut at their combining marks; no
+    # host keys, affinities or central items
+    for older in (1, 2, 3, 4):
+        with pytest.raises(OtherVersion, match=f"packed in format {older}, not 5"):
             attach(_history(), blob[:4] + bytes([older]) + blob[5:], BASIS)
     monkeypatch.setattr("pbr_core.derived._PBR", "9.9.9")
     with pytest.raises(OtherVersion, match="derived by pbr"):

@@ -8,9 +8,13 @@ adapters' own tables are run by the ownership contract suite.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -18,8 +22,9 @@ import numpy as np
 import pytest
 
 import pbr_core.snapshot
-from pbr_core import HistoryItem, PBRConfig, postgres
+from pbr_core import HistoryItem, PBRConfig, Personalizer, postgres
 from pbr_core.corpus import Corpus, Record
+from pbr_core.fusion import FusionInputs, FusionResult, default_rule
 from pbr_core.lexical import LexicalIndex
 from pbr_core.postgres import PgRecords, PgTable, engine_sql, record_rows
 
@@ -1243,3 +1248,233 @@ def test_statements_without_parameters_run_in_the_calls_transaction_on_every_dri
         asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
+
+
+# -- a cold user ranked in the database (pbr_core.view) ---------------------------------------
+_MANY = {
+    f"m{i:02d}": f"alice {'tea' if i % 3 else 'trains'} note {i} at {i % 7} pm {'green' * (i % 2)}"
+    for i in range(40)
+}
+
+
+def _personalizer(engine: Any, embedder: Any, **config: Any) -> Personalizer:
+    return Personalizer(corpus=_worker(engine, embedder), config=PBRConfig(**config))
+
+
+def _many_shared(engine: Any, embedder: Any) -> Corpus:
+    """alice's many notes written, then searched by a worker that read her cold and shared
+    her derived state; returns the writer."""
+    writer, _ = _corpus(_records(engine), embedder)
+    _add(writer, "alice", _MANY)
+    _personalizer(engine, embedder, fusion="no_prf").search("alice", "tea", 5)
+    return writer
+
+
+def _answer(got: Any) -> Any:
+    """What a search answers: the results with their scores and legs, and the explanation's
+    related and central items."""
+    expl = got.personalized.explanation
+    return (
+        [(h.id, round(h.score, 5), h.text, h.metadata, h.legs) for h in got.hits],
+        [(h.id, h.text) for h in expl.related],
+        [(h.id, h.text) for h in expl.anchor_items],
+        expl.used,
+    )
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each call of a cold read (rows with vectors), by the calling thread's name."""
+    calls: list[str] = []
+    real = PgRecords.read_user
+
+    def counted(self: PgRecords, user_id: str) -> Any:
+        calls.append(threading.current_thread().name)
+        return real(self, user_id)
+
+    monkeypatch.setattr(PgRecords, "read_user", counted)
+    return calls
+
+
+def _cached_soon(corpus: Corpus, user: str) -> bool:
+    deadline = time.monotonic() + 10
+    while user not in corpus.cache and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return user in corpus.cache
+
+
+# (plain fusion with dense search derives nothing, so nothing is shared: read as before)
+@pytest.mark.parametrize(
+    ("fusion", "search"),
+    [("no_prf", "hybrid"), ("no_prf", "dense"), ("no_prf", "lexical"), ("plain", "hybrid")],
+)
+def test_a_cold_worker_ranks_a_shared_user_in_the_database_as_a_warm_one_would(
+    pgvector_engine: Any,
+    hash_embedder: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    search: str,
+    fusion: str,
+) -> None:
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    _add(writer, "bob", {"m00": "bob tea note about trains"})
+    config = {"fusion": fusion, "search": search}
+    first = _personalizer(engine, hash_embedder, **config)
+    expected = _answer(first.search("alice", "green tea at night", 7))  # cold: reads, shares
+    reads = _counting_reads(monkeypatch)
+    cold = _personalizer(engine, hash_embedder, **config)
+    got = cold.search("alice", "green tea at night", 7)
+    assert _answer(got) == expected
+    assert "MainThread" not in reads  # ranked in the database: the request read no rows
+    assert _cached_soon(cold.corpus, "alice")  # read after the request, in the background
+    assert _answer(cold.search("alice", "green tea at night", 7)) == expected  # warm
+
+
+def test_an_async_cold_request_is_ranked_in_the_database_too(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    expected = _answer(
+        _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    )
+    reads = _counting_reads(monkeypatch)
+    cold = _personalizer(engine, hash_embedder, fusion="no_prf")
+    got = asyncio.run(cold.asearch("alice", "tea", 5))
+    assert _answer(got) == expected
+    assert not [name for name in reads if not name.startswith("pbr-read-later")]
+
+
+def test_a_user_without_a_shared_state_is_read_as_before(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    reads = _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    assert len(got.hits) == 5 and reads == ["MainThread"]
+
+
+def _counting_views(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each scored read (a request ranked in the database), by user."""
+    calls: list[str] = []
+    real = PgRecords.read_scored
+
+    def counted(self: PgRecords, user_id: str, *args: Any) -> Any:
+        calls.append(user_id)
+        return real(self, user_id, *args)
+
+    monkeypatch.setattr(PgRecords, "read_scored", counted)
+    return calls
+
+
+def _off_the_span(inputs: FusionInputs) -> FusionResult:
+    """A fusion rule whose q* leaves the span of q and the anchor."""
+    result = default_rule(inputs)
+    other = np.roll(inputs.q, 1)
+    return dataclasses.replace(result, vector=result.vector + 0.5 * other)
+
+
+def test_a_request_the_view_cannot_rank_reads_the_users_rows(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided before anything is read: neighbour context (it reads the neighbours of every
+    item). Found while ranking: a fusion rule whose q* the cosines cannot give."""
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    expected = _answer(
+        _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    )
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    context = _personalizer(engine, hash_embedder, fusion="no_prf", lexical_context=0.5)
+    assert len(context.search("alice", "tea", 5).hits) == 5
+    assert (views, reads) == ([], ["MainThread"])
+    own_rule = Personalizer(
+        corpus=_worker(engine, hash_embedder),
+        config=PBRConfig(fusion="no_prf"),
+        fusion_rule=_off_the_span,
+    )
+    warm = Personalizer(
+        corpus=_worker(engine, hash_embedder),
+        config=PBRConfig(fusion="no_prf"),
+        fusion_rule=_off_the_span,
+    )
+    warm.corpus.history("alice")  # read first: ranked on its rows
+    assert _answer(own_rule.search("alice", "tea", 5)) == _answer(warm.search("alice", "tea", 5))
+    assert views == ["alice"]  # tried, then the rows read
+    assert expected != _answer(own_rule.search("alice", "tea", 5))
+
+
+def test_a_write_between_the_scores_and_the_results_is_seen_and_the_user_read_afresh(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    writer = _many_shared(engine, hash_embedder)
+    real = PgRecords.fetch_at
+
+    def written_meanwhile(self: PgRecords, user_id: str, keys: Any, token: str) -> Any:
+        _add(writer, "alice", {"m03": "alice replaced her third note about tea"})
+        return real(self, user_id, keys, token)
+
+    monkeypatch.setattr(PgRecords, "fetch_at", written_meanwhile)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 40)
+    assert views == ["alice"] and reads == ["MainThread"]  # the view gave up: rows read
+    texts = {h.id: h.text for h in got.hits}
+    assert texts["m03"] == "alice replaced her third note about tea"
+
+
+def test_rows_the_state_does_not_describe_are_read_not_ranked_from_the_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row written with the trigger's revision left behind (here: the state put back by
+    hand after a write) is not in the state's keys: the view is not used."""
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    sql = engine_sql(engine)
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)  # shares
+    saved = sql([("SELECT tbl, owner, reader, state FROM pbr_states", {})])
+    _add(writer, "alice", {"new": "alice new note about tea"})
+    rev = sql([("SELECT rev FROM pbr_revisions WHERE owner = 'alice'", {})])[0][0]
+    sql(
+        [
+            (
+                "INSERT INTO pbr_states (tbl, owner, reader, rev, state) "
+                "VALUES (:t, :o, :r, :v, :s)",
+                {"t": saved[0][0], "o": saved[0][1], "r": saved[0][2], "v": rev, "s": saved[0][3]},
+            )
+        ]
+    )
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "new note", 41)
+    assert views == ["alice"] and reads == ["MainThread"] and "new" in {h.id for h in got.hits}
+
+
+def test_a_write_the_trigger_did_not_see_is_not_ranked_from_the_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state that ranks in the database is used only at the change token it was derived
+    at, which holds the triggers' own catalog rows: a trigger disabled and enabled again around
+    a write moves it, though the revision did not."""
+    engine = pgvector_engine[0]
+    writer = _many_shared(engine, hash_embedder)
+    names = writer.host._trigger_names()  # type: ignore[union-attr]
+    engine_sql(engine)(
+        [
+            ("ALTER TABLE notes DISABLE TRIGGER USER", {}),
+            ("UPDATE notes SET doc = 'alice rides trains' WHERE meta ->> 'pbr_id' = 'm03'", {}),
+            (
+                "ALTER TABLE notes ENABLE ALWAYS TRIGGER {rev}, "
+                "ENABLE ALWAYS TRIGGER {trunc}".format(**names),
+                {},
+            ),
+        ]
+    )
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "rides", 1)
+    assert views == ["alice"] and reads == ["MainThread"]
+    assert [h.text for h in got.hits] == ["alice rides trains"]

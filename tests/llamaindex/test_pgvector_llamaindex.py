@@ -5,6 +5,8 @@ search, sync and async, within the user's rows, and a replaced node that leaves 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -18,11 +20,15 @@ from sqlalchemy import text
 from llamaindex_pbr import PBRRetriever
 from llamaindex_pbr.stores import IndexRecords
 from llamaindex_pbr.testing import HashEmbedding
+from pbr_core import PBRConfig
+from pbr_core.postgres import PgRecords
 
 EMB = HashEmbedding(dim=32)
 
 
-def _base(engines: Any, table: str = "notes") -> tuple[PBRRetriever, Any]:
+def _base(
+    engines: Any, table: str = "notes", config: PBRConfig | None = None
+) -> tuple[PBRRetriever, Any]:
     from llama_index.vector_stores.postgres import PGVectorStore
 
     engine, async_engine = engines
@@ -30,7 +36,8 @@ def _base(engines: Any, table: str = "notes") -> tuple[PBRRetriever, Any]:
     index = VectorStoreIndex(
         [], storage_context=StorageContext.from_defaults(vector_store=store), embed_model=EMB
     )
-    return PBRRetriever(index, llm=MockLLM(max_tokens=4), embed_model=EMB), store
+    llm = MockLLM(max_tokens=4)
+    return PBRRetriever(index, llm=llm, embed_model=EMB, config=config), store
 
 
 def _fill(base: PBRRetriever) -> None:
@@ -252,3 +259,48 @@ def test_a_batch_replaces_its_owners_rows_owner_by_owner_in_owner_order(
     base._shared.corpus.add_many(batch)
     writes = [(verb, owner) for verb, owner in seen if verb in ("DELETE", "WITH")]
     assert writes == [("DELETE", "ann"), ("WITH", None), ("DELETE", "ben"), ("WITH", None)]
+
+
+def _answer(nodes: Any) -> list[Any]:
+    return [
+        (n.node.node_id, round(n.score, 5), n.node.get_content(), n.node.metadata) for n in nodes
+    ]
+
+
+def test_a_worker_new_to_a_user_ranks_them_in_postgres_as_a_warm_one_would(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first worker to read ann cold shares her derived state; a worker new to her then
+    ranks her in the database (no row read with its vector), sync and async, and answers as
+    the first does."""
+    no_prf = PBRConfig(fusion="no_prf")
+    writer, _ = _base(pgvector_engine, config=no_prf)
+    writer.for_user("ann").add_nodes(
+        [
+            TextNode(text=f"ann {'tea' if i % 3 else 'runs'} {i} at {i % 5} pm", id_=f"n{i}")
+            for i in range(30)
+        ]
+    )
+    first, _ = _base(pgvector_engine, config=no_prf)
+    expected = _answer(first.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
+    views: list[str] = []
+    reads: list[str] = []
+    scored, read_user = PgRecords.read_scored, PgRecords.read_user
+
+    def counted_view(self: PgRecords, user_id: str, *args: Any) -> Any:
+        views.append(user_id)
+        return scored(self, user_id, *args)
+
+    def counted_read(self: PgRecords, user_id: str) -> Any:
+        reads.append(threading.current_thread().name)
+        return read_user(self, user_id)
+
+    monkeypatch.setattr(PgRecords, "read_scored", counted_view)
+    monkeypatch.setattr(PgRecords, "read_user", counted_read)
+    cold, _ = _base(pgvector_engine, config=no_prf)
+    assert _answer(cold.for_user("ann", similarity_top_k=5).retrieve("tea at night")) == expected
+    other, _ = _base(pgvector_engine, config=no_prf)
+    got = asyncio.run(other.for_user("ann", similarity_top_k=5).aretrieve("tea at night"))
+    assert _answer(got) == expected
+    assert views == ["ann", "ann"]
+    assert not [name for name in reads if not name.startswith("pbr-read-later")]

@@ -1,0 +1,177 @@
+"""A user ranked in the database: a request served without bringing the user's rows here.
+
+Why: a worker that has never read a user must otherwise read every row with its vector
+(1.5 kB at 384-d) before it ranks anything, about 8× a search that returns ten rows at 1k items
+(docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
+:meth:`pbr_core.postgres.PgRecords.read_scored`) and another worker shared the user's derived
+state at exactly the rows' revision (:mod:`pbr_core.derived`), one statement returns every
+row's cosine with the query ``q``, the state and the rows closest to ``q``; the state holds each
+item's inner product with the anchor, the BM25 index and the anchor's most central items. For
+``q* = α·q + β·anchor``, every item's cosine with ``q*`` is then ``α·cos + β·affinity``, and
+the hybrid ranking runs exactly as on a history in memory.
+
+:class:`ScoredView` stands in for the user's :class:`~pbr_core.snapshot.UserHistory` for one
+request. It knows every item's id and host key, but the texts and metadata only of the items it
+was given: the related items, the anchor's central items and, once ranked, the results
+(:meth:`ScoredView.fill`). It ranks only vectors in the span of ``q`` and the anchors it holds;
+any other (a custom fusion rule, an LLM term) raises :class:`NotServed`, and the request is
+then run on the user's rows as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .anchor import AnchorResult
+from .config import PBRConfig
+from .derived import CENTRAL_ITEMS, PackedState
+from .items import HistoryItem
+from .lexical import DEFAULT_STEMMER, LexicalIndex, StemmerName
+from .snapshot import AnchorKey, top_k
+
+__all__ = ["NotServed", "ScoredView"]
+
+# How far from the span of q and the anchors a search vector may be, relative to its norm, and
+# still be ranked from the cosines (rounding of float32 fusion arithmetic stays far below).
+_SPAN_TOLERANCE = 1e-4
+
+
+class NotServed(LookupError):
+    """The view cannot answer this (an item it does not hold, a vector outside its span): run
+    the request on the user's rows instead."""
+
+
+class _Items(Sequence[HistoryItem]):
+    """The user's items by position: those the view holds; any other raises :class:`NotServed`."""
+
+    def __init__(self, n: int, known: Mapping[int, HistoryItem]) -> None:
+        self._n = n
+        self.known = dict(known)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, pos: int) -> HistoryItem:  # type: ignore[override]
+        try:
+            return self.known[pos]
+        except KeyError:
+            raise NotServed(f"item at position {pos} not read") from None
+
+
+class ScoredView:
+    """One user's items scored against one query vector ``q``, for one request.
+
+    Attributes:
+        user_id: whose items.
+        q: the unit query vector the cosines were computed with.
+        keys: each item's host key, by position.
+        cosines: each item's cosine with ``q``, by position.
+        token: the host's change token of the rows scored.
+    """
+
+    def __init__(
+        self,
+        state: PackedState,
+        q: np.ndarray,
+        cosines: np.ndarray,
+        token: str,
+        known: Mapping[int, HistoryItem],
+        by_key: dict[str, int] | None = None,
+    ) -> None:
+        assert state.keys is not None
+        self.user_id = state.user_id
+        self.q = np.asarray(q, dtype=np.float64)
+        self.keys = state.keys
+        self.cosines = np.asarray(cosines, dtype=np.float64)
+        self.token = token
+        self._state = state
+        n = len(state.ids)
+        self._positions = dict(zip(state.ids, range(n)))
+        self._by_key = by_key if by_key is not None else dict(zip(state.keys, range(n)))
+        self.items = _Items(len(state.ids), {**state.central, **known})
+        self.windows: dict[str, np.ndarray] = {}  # never served for windowed items
+
+    # -- what the request reads of a history ----------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._state.ids)
+
+    @property
+    def dim(self) -> int:
+        return self._state.dim
+
+    def position(self, item_id: str) -> int | None:
+        return self._positions.get(item_id)
+
+    def position_of_key(self, key: str) -> int | None:
+        return self._by_key.get(key)
+
+    def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
+        """The ``k`` items nearest to ``vector`` (``q`` only), best first."""
+        if len(self) == 0 or k <= 0:
+            return []
+        scores = self.dense_scores(vector)
+        return [(int(i), float(scores[i])) for i in top_k(scores, k)]
+
+    def dense_scores(self, vector: np.ndarray) -> np.ndarray:
+        """Every item's cosine with the unit ``vector``, where ``vector`` is a combination of
+        ``q`` and the anchors the view holds (float32, as a history's)."""
+        v = np.asarray(vector, dtype=np.float64).reshape(-1)
+        anchors = list(self._state.affinity)
+        basis = np.stack([self.q, *(self._state.anchors[key].vector for key in anchors)], axis=1)
+        weights, *_ = np.linalg.lstsq(basis, v, rcond=None)
+        scale = max(float(np.linalg.norm(v)), 1e-12)
+        if float(np.linalg.norm(basis @ weights - v)) > _SPAN_TOLERANCE * scale:
+            raise NotServed("a search vector outside the span of the query and the anchor")
+        scores = weights[0] * self.cosines
+        for w, key in zip(weights[1:], anchors):
+            scores = scores + w * self._state.affinity[key]
+        return scores.astype(np.float32)
+
+    def lexical(self, stemmer: StemmerName | None = DEFAULT_STEMMER) -> LexicalIndex:
+        for index in self._state.lexical:
+            if index.stemmer == stemmer:
+                return index
+        raise NotServed(f"no shared BM25 index for analyzer {stemmer!r}")
+
+    def has_lexical(self, stemmer: StemmerName | None) -> bool:
+        return any(index.stemmer == stemmer for index in self._state.lexical)
+
+    def has_anchor(self, config: PBRConfig) -> bool:
+        return config.anchor_key in self._state.anchors
+
+    def anchor(self, config: PBRConfig) -> AnchorResult | None:
+        try:
+            return self._state.anchors[config.anchor_key]
+        except KeyError:
+            raise NotServed("no shared anchor for these graph parameters") from None
+
+    # -- what the request must read -------------------------------------------------------------
+    def missing(self, positions: Sequence[int]) -> list[str]:
+        """The host keys of the items at ``positions`` whose texts the view does not hold."""
+        return [self.keys[p] for p in positions if p not in self.items.known]
+
+    def fill(self, items: Mapping[int, HistoryItem]) -> None:
+        """Hold these items (read after ranking: the results) by position."""
+        self.items.known.update(items)
+
+
+def servable(state: PackedState, config: PBRConfig, anchor_key: AnchorKey | None) -> bool:
+    """Whether a request with ``config`` can be ranked from ``state`` alone: it holds the keys
+    and affinities, no windowed item, the anchor the fusion uses (``anchor_key``; None: none
+    used) with its central items, and the BM25 index the search mode reads."""
+    if state.keys is None or state.windowed or not state.ids:
+        return False
+    if anchor_key is not None and len(state.ids) >= 2:  # one item: no anchor (the pipeline's rule)
+        result = state.anchors.get(anchor_key)
+        if result is None or anchor_key not in state.affinity:
+            return False
+        if config.top_anchor_items > CENTRAL_ITEMS:
+            return False
+        wanted = [pos for pos, _ in result.top_items(config.top_anchor_items)]
+        if any(pos not in state.central for pos in wanted):
+            return False
+    if config.search != "dense":
+        return any(index.stemmer == config.lexical_stemmer for index in state.lexical)
+    return True
