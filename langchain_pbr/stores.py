@@ -258,11 +258,8 @@ class _PGVector(_Base):
     def can_score(self) -> bool:
         return self.pg.can_score
 
-    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
-        return self.pg.read_scored(user_id, query, near)
-
-    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
-        return self.pg.fetch_at(user_id, keys, token)
+    def read_scored(self, user_id: str, query: np.ndarray) -> ScoredRows | None:
+        return self.pg.read_scored(user_id, query)
 
 
 class _PGVectorStore(_PGVector):

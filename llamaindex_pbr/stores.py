@@ -211,13 +211,9 @@ class IndexRecords:
         """Whether :meth:`read_scored` ranks in the database (PostgreSQL with pbr's trigger)."""
         return self.pg is not None and self.pg.can_score
 
-    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
+    def read_scored(self, user_id: str, query: np.ndarray) -> ScoredRows | None:
         """See :meth:`pbr_core.postgres.PgRecords.read_scored` (None for other stores)."""
-        return self.pg.read_scored(user_id, query, near) if self.pg is not None else None
-
-    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
-        """See :meth:`pbr_core.postgres.PgRecords.fetch_at` (None for other stores)."""
-        return self.pg.fetch_at(user_id, keys, token) if self.pg is not None else None
+        return self.pg.read_scored(user_id, query) if self.pg is not None else None
 
     def upsert(self, records: Sequence[Record]) -> None:
         if self.pg is not None:

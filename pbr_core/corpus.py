@@ -90,9 +90,6 @@ RAW_SCORE_KEY = "store_score"
 
 log = logging.getLogger("pbr.corpus")
 
-#: Rows beyond ``PBRConfig.k1`` that a view reads closest to the query, so that equal cosines
-#: ordered otherwise by the database still leave the related items among them.
-_NEAR_SPARE = 3
 _BACKGROUND: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 _BACKGROUND_THREAD: threading.Thread | None = None
 _BACKGROUND_GUARD = threading.Lock()
@@ -268,9 +265,8 @@ class HostRecords(Protocol):
     # Optional: ``change_token(user_id) -> str | None``, a value that changes whenever any of
     # the user's records changes (None: cannot tell). With it, a read lists the user only when
     # the token moved (pbr_core.postgres reads it through a trigger-kept revision row).
-    # Optional: ``can_score``, ``read_scored(user_id, q, near) -> ScoredRows | None`` and
-    # ``fetch_at(user_id, keys, token) -> list[Record] | None``: a user ranked in the database
-    # (pbr_core.view; PostgreSQL, pbr_core.postgres).
+    # Optional: ``can_score`` and ``read_scored(user_id, q) -> ScoredRows | None``: a user
+    # ranked in the database (pbr_core.view; PostgreSQL, pbr_core.postgres).
     # Optional: ``read_user(user_id) -> UserRows | None``, every record with its vector, the
     # change token and the user's shared derived state in one read (what a worker that never saw
     # the user reads; None: list instead), and ``write_state(user_id, token, blob)`` to share
@@ -1180,17 +1176,15 @@ class Corpus:
     ) -> ScoredView | None:
         """``user_id``'s items scored against the unit query vector ``q`` in the database, with
         the derived state another worker shared at exactly these rows (:mod:`pbr_core.view`);
-        None where that cannot serve a request of ``config`` (no state at the rows' revision,
-        rows the state does not describe, an analyzer or anchor it does not hold, a windowed
-        item): the caller reads the user's rows instead."""
+        None where that cannot serve a request of ``config`` (no state at the rows' change
+        token, rows the state does not describe, an analyzer or anchor it does not hold, a
+        windowed item): the caller reads the user's rows instead."""
         read = getattr(self._host, "read_scored", None)
-        if read is None:
-            return None
-        rows = read(user_id, q, max(int(config.k1), 1) + _NEAR_SPARE)
+        rows = read(user_id, q) if read is not None else None
         if rows is None or rows.token is None or rows.state is None:
             return None
         try:
-            state = unpack(rows.state)
+            state = unpack(rows.state, one_request=True)
         except DamagedState:  # the cold read that follows warns where it is damaged
             return None
         if state.user_id != user_id or state.keys is None or state.dim != q.shape[0]:
@@ -1199,47 +1193,30 @@ class Corpus:
             return None
         if not servable(state, config, anchor_key):
             return None
-        position = dict(zip(state.keys, range(len(state.keys))))
-        if len(rows.keys) != len(position) or position.keys() != set(rows.keys):
-            return None  # rows the state does not describe (left out, or shadowed): read them
-        cosines = np.empty(len(position), dtype=np.float64)
-        cosines[np.fromiter(map(position.__getitem__, rows.keys), np.int64, len(rows.keys))] = (
-            rows.cosines
-        )
+        if rows.keys == state.keys:  # the usual case: both in key order
+            cosines, row_of = rows.cosines, np.arange(len(rows.keys))
+        else:
+            position = dict(zip(state.keys, range(len(state.keys))))
+            if len(rows.keys) != len(position) or position.keys() != set(rows.keys):
+                return None  # rows the state does not describe (left out, shadowed): read them
+            order = np.fromiter(map(position.__getitem__, rows.keys), np.int64, len(rows.keys))
+            cosines = np.empty(len(position), dtype=np.float64)
+            cosines[order] = rows.cosines
+            row_of = np.empty(len(position), dtype=np.int64)
+            row_of[order] = np.arange(len(order))
         if not np.isfinite(cosines).all():
             return None
-        known: dict[int, HistoryItem] = {}
-        for record in rows.near:
-            pos = position.get(record.key)
-            if pos is None or state.ids[pos] != record.item_id:
-                return None
-            known[pos] = record.item()
-        return ScoredView(state, q, cosines, rows.token, known, position)
 
-    def fill_view(self, view: ScoredView, positions: Sequence[int]) -> bool:
-        """Read the texts and metadata of ``view``'s items at ``positions`` that it does not
-        hold (the results of its ranking); False where the user's rows changed since they
-        were scored (the caller then reads them afresh)."""
-        keys = view.missing(positions)
-        if not keys:
-            return True
-        assert self._host is not None
-        records = self._host.fetch_at(view.user_id, keys, view.token)  # type: ignore[attr-defined]
-        if records is None:
-            return False
-        got: dict[int, HistoryItem] = {}
-        for record in records:
-            pos = view.position_of_key(record.key)
-            if pos is None or view.position(record.item_id) != pos:
-                return False
-            got[pos] = record.item()
-        if len(got) != len(set(keys)):
-            return False
-        view.fill(got)
-        return True
+        def load(pos: int) -> HistoryItem | None:
+            record = rows.record(int(row_of[pos]))
+            if record is None or record.item_id != state.ids[pos]:
+                return None
+            return record.item()
+
+        return ScoredView(state, q, cosines, rows.token, load)
 
     def view_results(self, view: ScoredView, ranked: Sequence[Ranked]) -> list[ScoredRecord]:
-        """``ranked`` (over ``view``, filled) as search results, as :meth:`search` gives them."""
+        """``ranked`` (over ``view``) as search results, as :meth:`search` gives them."""
         return [
             ScoredRecord(hit=hit, key=view.keys[r.position], raw_score=None)
             for r, hit in zip(ranked, hits(view, ranked))  # type: ignore[arg-type]

@@ -37,8 +37,8 @@ import sys
 import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, get_args
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
@@ -240,7 +240,7 @@ class LexicalIndex:
 
     def __init__(
         self,
-        vocab: dict[str, int],
+        vocab: Mapping[str, int],
         tf: sp.csc_matrix,
         dl: np.ndarray,
         *,
@@ -295,7 +295,7 @@ class LexicalIndex:
     @classmethod
     def from_parts(
         cls,
-        terms: Sequence[str],
+        terms: Sequence[str] | str,
         arrays: Mapping[str, np.ndarray],
         *,
         k1: float,
@@ -304,15 +304,27 @@ class LexicalIndex:
     ) -> LexicalIndex:
         """The index :meth:`parts` gave, every shape checked and the counts consistent (whole
         numbers, each item's length their sum): ``ValueError`` where one does not fit, so a
-        damaged or foreign state is never read as an index."""
+        damaged or foreign state is never read as an index.
+
+        ``terms`` as one string, one term per line: looked up in that string, never split
+        (for an index that serves one request: a few lookups among thousands of terms); its
+        terms are then not checked to be distinct (a state's checksum says they are what pbr
+        wrote)."""
         indptr, indices = np.asarray(arrays["indptr"]), np.asarray(arrays["indices"])
         data, dl = np.asarray(arrays["data"]), np.asarray(arrays["dl"])
-        n, m = int(dl.shape[0]) if dl.ndim == 1 else -1, len(terms)
-        vocab = dict(zip(terms, range(m)))
+        vocab: Mapping[str, int]
+        if isinstance(terms, str):
+            vocab = _Lines(terms)
+            m = distinct = len(vocab)
+        else:
+            vocab = dict(zip(terms, range(len(terms))))
+            m, distinct = len(terms), len(vocab)
+            if not set(map(type, vocab)) <= {str}:
+                raise ValueError("the lexical index's terms are not all strings")
+        n = int(dl.shape[0]) if dl.ndim == 1 else -1
         ok = (
             n >= 0
-            and len(vocab) == m
-            and set(map(type, vocab)) <= {str}
+            and distinct == m
             and indptr.shape == (m + 1,)
             and np.issubdtype(indptr.dtype, np.integer)
             and np.issubdtype(indices.dtype, np.integer)
@@ -451,6 +463,37 @@ class LexicalIndex:
             df = 0 if col is None else int(indptr[col + 1] - indptr[col])
             total += float(weight) * math.log(1.0 + (n - df + 0.5) / (df + 0.5))
         return total
+
+
+class _Lines(Mapping[str, int]):
+    """A vocabulary kept as its terms joined by line breaks (term ``i`` on line ``i``), looked
+    up in place: building a dict of thousands of terms would cost a request that looks up a
+    few of them more than the lookups."""
+
+    def __init__(self, joined: str) -> None:
+        self._text = "\n" + joined + "\n"
+        self._size = joined.count("\n") + 1 if joined else 0
+
+    def get(self, term: str, default: Any = None) -> Any:
+        if not self._size or not isinstance(term, str) or "\n" in term:
+            return default
+        at = self._text.find("\n" + term + "\n")
+        return default if at < 0 else self._text.count("\n", 0, at)
+
+    def __getitem__(self, term: str) -> int:
+        column = self.get(term)
+        if column is None:
+            raise KeyError(term)
+        return int(column)
+
+    def __contains__(self, term: object) -> bool:
+        return isinstance(term, str) and self.get(term) is not None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._text[1:-1].split("\n") if self._size else ())
 
 
 def _as_rows(keep: Sequence[int] | np.ndarray, n: int) -> np.ndarray:

@@ -174,21 +174,23 @@ class UserRows:
 
 @dataclass(frozen=True)
 class ScoredRows:
-    """What :meth:`PgRecords.read_scored` read in one statement.
+    """What :meth:`PgRecords.read_scored` read in one statement: every row of a user, by its
+    key, cosine with the query, text, metadata and row version, without its vector.
 
     Attributes:
         token: the change token of these rows, None where it cannot be told.
         state: the user's shared derived state at exactly this token, else None.
         keys: every row's key, in the order the server returned them.
         cosines: each row's cosine with the query, in the order of ``keys``.
-        near: the rows closest to the query, as records without vectors, closest first.
+        record: the row at an index of ``keys`` as its owner's record (no vector), None for a
+            row that is not the user's; built on demand, for the rows a request shows.
     """
 
     token: str | None
     state: bytes | None
     keys: list[str]
     cosines: np.ndarray
-    near: list[Record]
+    record: Callable[[int], Record | None]
 
 
 @dataclass(frozen=True)
@@ -996,96 +998,65 @@ class PgRecords:
         pbr's trigger, whose states this role reads and writes."""
         return self.tokens and self.states and self.owner is None
 
-    def read_scored(self, user_id: str, query: np.ndarray, near: int) -> ScoredRows | None:
+    def read_scored(self, user_id: str, query: np.ndarray) -> ScoredRows | None:
         """What ranks a user this worker has not read, without bringing their vectors here
         (:mod:`pbr_core.view`), in **one statement** and one snapshot: the change token, the
-        user's shared derived state, every row's key with its cosine with the unit ``query``
-        (pgvector computes them: one number per row instead of 1.5 kB at 384-d), and the
-        ``near`` rows closest to ``query`` with their texts and metadata (the related items a
-        request shows). None where this table cannot (no revision trigger or shared states, a
-        per-user table, a vector column that is not pgvector's ``vector``)."""
+        user's shared derived state, and every row's key, cosine with the unit ``query``
+        (pgvector computes them: one number per row instead of 1.5 kB at 384-d), text,
+        metadata and row version, as one array each. None where this table cannot (no revision
+        trigger or shared states, a per-user table, a vector column that is not pgvector's
+        ``vector``)."""
         if not self.can_score:
             return None
-        vector = self._vector_select()
+        self._vector_select()  # looks the column's type up, once: pgvector's schema
         schema = self._vector_schema
         if schema is None:
             return None
         t = self.table
         k, v = quote_ident(t.key), quote_ident(t.vector)
         distinct, order = self._newest_only()
-        cast = f"CAST(:q AS {quote_ident(schema)}.vector)"
-        # Each row's cosine computed once (a materialized CTE), for both the cosines and the
-        # rows nearest q; texts and metadata only of those.
-        statement = (
-            f"WITH mine AS MATERIALIZED (SELECT {distinct}{k}::text AS k, "
-            f"{quote_ident(t.text)} AS t, {quote_ident(t.metadata)} AS m, xmin::text AS x, "
-            f"1 - ({v} OPERATOR({quote_ident(schema)}.<=>) {cast}) AS c FROM {t.qualified} "
-            f"WHERE {t.scoped()} AND {self._mine()}{order}) "
-            f"SELECT 0, {token_columns(t)}, s.rev, s.state, NULL::text, NULL::float8, "
-            "NULL::text, NULL::text, NULL::text, NULL::text FROM (SELECT 1) one LEFT JOIN "
-            f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
-            "AND s.owner = :user "
-            "UNION ALL SELECT 1, NULL, NULL, NULL, NULL, k, c, NULL, NULL, NULL, NULL FROM mine "
-            "UNION ALL (SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, k, t, m::text, x FROM "
-            "mine ORDER BY c DESC, k LIMIT :near)"
+        vector_type = f"{quote_ident(schema)}.vector"
+        cosine = f"1 - ({v} OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type}))"
+        mine = (
+            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, {quote_ident(t.text)} AS t, "
+            f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
+            f"{t.scoped()} AND {self._mine()}{order}"
         )
-        del vector  # looked up for _vector_schema
+        # The rows in key order (code points: the order a cold read builds a history in), so
+        # that the state's items usually line up with them as they come (the caller checks);
+        # none where no state is shared (the caller reads the user's rows anyway).
+        statement = (
+            f"SELECT {token_columns(t)}, s.rev, s.state, a.* FROM (SELECT 1) one LEFT JOIN "
+            f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
+            "AND s.owner = :user CROSS JOIN LATERAL (SELECT array_agg(k), array_agg(c), "
+            "array_agg(t), array_agg(m), array_agg(x) FROM (SELECT * FROM "
+            f'({mine}) r WHERE s.state IS NOT NULL ORDER BY k COLLATE "C") mine) a'
+        )
         params = self._user_params(
             user_id,
             reader=self._reader(),
-            q="[" + ",".join(repr(float(x)) for x in np.asarray(query, dtype=np.float64)) + "]",
-            near=int(near),
+            q="[" + ",".join(map(repr, np.asarray(query, dtype=np.float64).tolist())) + "]",
         )
         rows = self._read_all(statement, params)
-        heads = [row for row in rows if row[0] == 0]
-        if len(heads) != 1:
-            raise RuntimeError(f"a user's scored read returned {len(heads)} head rows, not 1")
-        _, rev, armed, state_rev, state = heads[0][:5]
+        if len(rows) != 1:
+            raise RuntimeError(f"a user's scored read returned {len(rows)} rows, not 1")
+        rev, armed, state_rev, state, keys, cosines, texts, metas, stamps = rows[0]
         token = _token(rev, armed)
-        keys = [row[5] for row in rows if row[0] == 1]
-        cosines = np.array([row[6] for row in rows if row[0] == 1], dtype=np.float64)
-        records = self._text_records(user_id, [row[7:] for row in rows if row[0] == 2])
+        keys = [] if keys is None else list(keys)
+        loads = getattr(self.sql, "loads", json.loads)
+
+        def record(i: int) -> Record | None:
+            meta = loads(metas[i] or "null")
+            return self._record(user_id, *_row(keys[i], texts[i], meta), None, stamps[i])
+
         at_rows = token is not None and state is not None and state_rev == rev
         return ScoredRows(
             token=token,
             state=bytes(state) if at_rows else None,
             keys=keys,
-            cosines=cosines,
-            near=records,
+            cosines=np.array([] if cosines is None else cosines, dtype=np.float64),
+            record=record,
         )
-
-    def fetch_at(self, user_id: str, keys: Sequence[str], token: str) -> list[Record] | None:
-        """The user's rows of ``keys`` (texts and metadata, no vectors), read in one statement
-        with the change token: None where the token is no longer ``token`` (a write committed
-        since the rows were scored: the caller reads the user afresh)."""
-        t = self.table
-        k = quote_ident(t.key)
-        distinct, order = self._newest_only()
-        statement = (
-            f"SELECT 0, {token_columns(t)}, NULL::text, NULL::text, NULL::text, NULL::text "
-            "UNION ALL SELECT 1, NULL, NULL, k::text, t, m::text, x FROM "
-            f"(SELECT {distinct}{k} AS k, {quote_ident(t.text)} AS t, {quote_ident(t.metadata)} "
-            f"AS m, xmin::text AS x FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()} "
-            f"AND {k}::text = ANY(:keys){order}) mine"
-        )
-        params = self._user_params(user_id, keys=list(keys))
-        rows = self._read_all(statement, params)
-        heads = [row for row in rows if row[0] == 0]
-        if len(heads) != 1 or _token(heads[0][1], heads[0][2]) != token:
-            return None
-        return self._text_records(user_id, [row[3:] for row in rows if row[0] == 1])
-
-    def _text_records(self, user_id: str, body: Sequence[Sequence[Any]]) -> list[Record]:
-        """Rows of ``(key, text, metadata as JSON text, xmin)`` as ``user_id``'s records,
-        without vectors (the metadata decoded in one call of the engine's JSON decoder)."""
-        loads = getattr(self.sql, "loads", json.loads)
-        metas = loads("[" + ",".join(m or "null" for _, _, m, _ in body) + "]")
-        out = []
-        for (key, text, _, stamp), meta in zip(body, metas):
-            record = self._record(user_id, *_row(key, text, meta), None, stamp)
-            if record is not None:
-                out.append(record)
-        return out
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at

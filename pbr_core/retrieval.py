@@ -309,14 +309,6 @@ class _PersonalizeView:
     q: np.ndarray
 
 
-@dataclass(frozen=True)
-class _FillView:
-    """The texts of ``view``'s items at ``positions`` read; False where the rows changed."""
-
-    view: ScoredView
-    positions: list[int]
-
-
 _Effect = (
     _ReadHistory
     | _Filter
@@ -327,7 +319,6 @@ _Effect = (
     | _EmbedQuery
     | _ReadView
     | _PersonalizeView
-    | _FillView
 )
 
 
@@ -401,8 +392,9 @@ def _view_steps(
     corpus: Corpus, request: Request, config: PBRConfig, q: np.ndarray
 ) -> Generator[_Effect, Any, Retrieval | None]:
     """The request ranked in the database for the query vector ``q``; None where the view
-    cannot serve it (no state at the rows' revision, a write between its two reads, ...): the
-    request then runs on the user's rows, as for any other store."""
+    cannot serve it (no state at the rows' change token, a row that is not the item the state
+    says, a ``q*`` outside its span): the request then runs on the user's rows, as for any
+    other store."""
     anchor_key = config.anchor_key if MODE_TERMS[config.fusion][0] else None
     view: ScoredView | None = yield _ReadView(q, anchor_key)
     if view is None:
@@ -422,12 +414,9 @@ def _view_steps(
             own_terms=own,
             stemmer=config.lexical_stemmer,
         )
+        results = corpus.view_results(view, ranked)
     except NotServed:
         return None
-    filled: bool = yield _FillView(view, [r.position for r in ranked])
-    if not filled:
-        return None
-    results = corpus.view_results(view, ranked)
     pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
     return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
 
@@ -484,8 +473,6 @@ def retrieve(
             if isinstance(effect, _ReadView):
                 viewed = True
                 return corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
-            if isinstance(effect, _FillView):
-                return corpus.fill_view(effect.view, effect.positions)
             if isinstance(effect, _ReadHistory):
                 return corpus.history(request.user_id)
             if isinstance(effect, _Filter):
@@ -553,8 +540,6 @@ async def aretrieve(
                 return await asyncio.to_thread(
                     corpus.read_view, request.user_id, effect.q, config, effect.anchor_key
                 )
-            if isinstance(effect, _FillView):
-                return await asyncio.to_thread(corpus.fill_view, effect.view, effect.positions)
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index

@@ -11,16 +11,17 @@ item's inner product with the anchor, the BM25 index and the anchor's most centr
 the hybrid ranking runs exactly as on a history in memory.
 
 :class:`ScoredView` stands in for the user's :class:`~pbr_core.snapshot.UserHistory` for one
-request. It knows every item's id and host key, but the texts and metadata only of the items it
-was given: the related items, the anchor's central items and, once ranked, the results
-(:meth:`ScoredView.fill`). It ranks only vectors in the span of ``q`` and the anchors it holds;
+request. It knows every item's id, host key and cosine with ``q``; an item's text and metadata
+are built from its row (read in the same statement) only for the items a request shows: the
+related items and the results (the anchor's central items come with the state). It ranks only
+vectors in the span of ``q`` and the anchors it holds;
 any other (a custom fusion rule, an LLM term) raises :class:`NotServed`, and the request is
 then run on the user's rows as usual.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -44,20 +45,30 @@ class NotServed(LookupError):
 
 
 class _Items(Sequence[HistoryItem]):
-    """The user's items by position: those the view holds; any other raises :class:`NotServed`."""
+    """The user's items by position: the state's central items, and any other read on demand
+    from the row that holds it (``load``); an item the rows do not give raises
+    :class:`NotServed`."""
 
-    def __init__(self, n: int, known: Mapping[int, HistoryItem]) -> None:
+    def __init__(
+        self, n: int, known: Mapping[int, HistoryItem], load: Callable[[int], HistoryItem | None]
+    ) -> None:
         self._n = n
-        self.known = dict(known)
+        self._known = dict(known)
+        self._load = load
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, pos: int) -> HistoryItem:  # type: ignore[override]
-        try:
-            return self.known[pos]
-        except KeyError:
-            raise NotServed(f"item at position {pos} not read") from None
+        item = self._known.get(pos)
+        if item is None:
+            if not 0 <= pos < self._n:
+                raise IndexError(pos)
+            item = self._load(pos)
+            if item is None:
+                raise NotServed(f"the row of the item at position {pos} is not its")
+            self._known[pos] = item
+        return item
 
 
 class ScoredView:
@@ -69,6 +80,7 @@ class ScoredView:
         keys: each item's host key, by position.
         cosines: each item's cosine with ``q``, by position.
         token: the host's change token of the rows scored.
+        items: by position, read from their rows on first use (``load``).
     """
 
     def __init__(
@@ -77,8 +89,7 @@ class ScoredView:
         q: np.ndarray,
         cosines: np.ndarray,
         token: str,
-        known: Mapping[int, HistoryItem],
-        by_key: dict[str, int] | None = None,
+        load: Callable[[int], HistoryItem | None],
     ) -> None:
         assert state.keys is not None
         self.user_id = state.user_id
@@ -87,10 +98,8 @@ class ScoredView:
         self.cosines = np.asarray(cosines, dtype=np.float64)
         self.token = token
         self._state = state
-        n = len(state.ids)
-        self._positions = dict(zip(state.ids, range(n)))
-        self._by_key = by_key if by_key is not None else dict(zip(state.keys, range(n)))
-        self.items = _Items(len(state.ids), {**state.central, **known})
+        self._positions = dict(zip(state.ids, range(len(state.ids))))
+        self.items = _Items(len(state.ids), state.central, load)
         self.windows: dict[str, np.ndarray] = {}  # never served for windowed items
 
     # -- what the request reads of a history ----------------------------------------------------
@@ -103,9 +112,6 @@ class ScoredView:
 
     def position(self, item_id: str) -> int | None:
         return self._positions.get(item_id)
-
-    def position_of_key(self, key: str) -> int | None:
-        return self._by_key.get(key)
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
         """The ``k`` items nearest to ``vector`` (``q`` only), best first."""
@@ -146,15 +152,6 @@ class ScoredView:
             return self._state.anchors[config.anchor_key]
         except KeyError:
             raise NotServed("no shared anchor for these graph parameters") from None
-
-    # -- what the request must read -------------------------------------------------------------
-    def missing(self, positions: Sequence[int]) -> list[str]:
-        """The host keys of the items at ``positions`` whose texts the view does not hold."""
-        return [self.keys[p] for p in positions if p not in self.items.known]
-
-    def fill(self, items: Mapping[int, HistoryItem]) -> None:
-        """Hold these items (read after ranking: the results) by position."""
-        self.items.known.update(items)
 
 
 def servable(state: PackedState, config: PBRConfig, anchor_key: AnchorKey | None) -> bool:

@@ -125,6 +125,26 @@ def test_a_lexical_index_whose_parts_do_not_fit_is_refused() -> None:
         LexicalIndex.from_parts([*terms, "extra"], parts, k1=1.5, b=0.75, stemmer=None)
 
 
+def test_terms_given_as_one_string_are_looked_up_in_place_and_score_alike() -> None:
+    """What a request ranked in the database builds (terms one per line, never split): the
+    same scores and ceilings, and the same refusal of parts that do not fit."""
+    texts = ["tea at night", "trains and tea", "green tea", "bikes", ""]
+    index = LexicalIndex.build(texts)
+    terms, parts = index.parts()
+    lazy = LexicalIndex.from_parts("\n".join(terms), parts, k1=index.k1, b=index.b, stemmer=None)
+    for query in ["tea", "trains bikes", "nothing here", "tea night green", "bike"]:
+        assert np.array_equal(lazy.scores(query), index.scores(query))
+        assert lazy.ceiling(query) == index.ceiling(query)
+    assert list(lazy.parts()[0]) == terms and len(lazy) == len(texts)
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.from_parts(
+            "\n".join([*terms, "extra"]), parts, k1=index.k1, b=index.b, stemmer=None
+        )
+    empty_terms, empty_parts = LexicalIndex.build(["", ""]).parts()
+    empty = LexicalIndex.from_parts("", empty_parts, k1=index.k1, b=index.b, stemmer=None)
+    assert empty_terms == [] and empty.scores("").tolist() == [0.0, 0.0]
+
+
 def _fractional(parts: dict[str, np.ndarray]) -> None:
     parts["data"] = parts["data"].astype(np.float64)
     parts["data"][0] = 0.5  # a count that is not a whole number
