@@ -253,7 +253,8 @@ def fleet_postgres(results: Path) -> list[str]:
         "and shared)",
         "cold_pgvector_own": "`PGVector`'s own filtered search, next to the cold queries",
         "shared_plain": "plain search, next to the shared-state queries",
-        "shared_pbr": "pbr query, a user new to this worker whose state another worker shared",
+        "shared_pbr": "pbr query, a user new to this worker whose state another worker shared "
+        "(ranked in the database)",
         "shared_pgvector_own": "`PGVector`'s own filtered search, next to the shared-state queries",
     }
     lines = [
