@@ -45,14 +45,15 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .config import SearchMode
-from .derived import DamagedState, OtherVersion, attach, pack, unpack
+from .derived import DamagedState, OtherVersion, attach, pack, rows_digest, unpack
 from .errors import UnknownUserError
 from .history import HistoryStore
 from .hybrid import Ranked, hits, rank
@@ -90,28 +91,52 @@ RAW_SCORE_KEY = "store_score"
 
 log = logging.getLogger("pbr.corpus")
 
-_BACKGROUND: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-_BACKGROUND_THREAD: threading.Thread | None = None
-_BACKGROUND_GUARD = threading.Lock()
+
+class _BackgroundReads:
+    """A corpus's own daemon thread that reads users into its cache after a request ranked them
+    in the database (:meth:`Corpus.read_later`). One per corpus, so a read stuck on a dead
+    connection holds up no other corpus's; a daemon, so it never keeps the process from
+    exiting; it holds its corpus weakly, and ends once the corpus is gone. At most
+    :data:`_BACKGROUND_PENDING` users wait: past that a read is dropped (the user's next
+    request ranks in the database again)."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self._corpus = weakref.ref(corpus)
+        self._queue: queue.Queue[str] = queue.Queue(maxsize=_BACKGROUND_PENDING)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, user_id: str) -> bool:
+        """Queue a read of ``user_id``; False where too many wait."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pbr-read-later", daemon=True
+                )
+                self._thread.start()
+        try:
+            self._queue.put_nowait(user_id)
+        except queue.Full:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            try:
+                user_id = self._queue.get(timeout=30.0)
+            except queue.Empty:
+                if self._corpus() is None:
+                    return
+                continue
+            corpus = self._corpus()
+            if corpus is None:
+                return
+            corpus._read_now(user_id)
+            del corpus  # not kept alive by this thread while it waits
 
 
-def _in_background(task: Callable[[], None]) -> None:
-    """Run ``task`` in the one thread that reads users in the background
-    (:meth:`Corpus.read_later`): a daemon, so that a read stuck on a dead connection never
-    keeps the process from exiting (a cache fill is never worth waiting for)."""
-    global _BACKGROUND_THREAD
-    with _BACKGROUND_GUARD:
-        if _BACKGROUND_THREAD is None or not _BACKGROUND_THREAD.is_alive():
-            _BACKGROUND_THREAD = threading.Thread(
-                target=_serve_background, name="pbr-read-later", daemon=True
-            )
-            _BACKGROUND_THREAD.start()
-    _BACKGROUND.put(task)
-
-
-def _serve_background() -> None:
-    while True:
-        _BACKGROUND.get()()
+#: Users a corpus's background reads may have waiting (:class:`_BackgroundReads`).
+_BACKGROUND_PENDING = 256
 
 
 _NAMESPACE = uuid.UUID("6f1c1f52-3b0e-4d7e-9a55-8a1b3c0e4b21")
@@ -329,6 +354,8 @@ class _Known:
     # BM25 index) no other worker shared: written back after the request (Corpus.share_state).
     # (history, token, rows' digest, what of it was taken from another worker's state)
     unshared: tuple[UserHistory, str, str, tuple[Any, ...]] | None = None
+    # key -> the row's version (PostgreSQL's xmin) as the last cold read read it
+    stamps: dict[str, str] = field(default_factory=dict)
 
 
 class Corpus:
@@ -380,13 +407,22 @@ class Corpus:
         # requests under way per user (in_use): the cache does not evict them meanwhile
         self._in_use: dict[str, int] = {}
         self._reading_later: set[str] = set()  # users read_later is reading now
+        self._background: _BackgroundReads | None = None  # made on the first read_later
         self.host = host  # checks the cache's budget against it
         self.check_model()
         self.cache.attach(self)
 
     def __getstate__(self) -> dict[str, Any]:  # locks are made anew by a copy or an unpickle
         # locks; a tokenizer closure; the requests under way
-        skip = ("_locks", "_write_locks", "_locks_guard", "_window_of", "_in_use", "_reading_later")
+        skip = (
+            "_locks",
+            "_write_locks",
+            "_locks_guard",
+            "_window_of",
+            "_in_use",
+            "_reading_later",
+            "_background",
+        )
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -401,6 +437,7 @@ class Corpus:
         self._locks_guard = threading.Lock()
         self._in_use = {}
         self._reading_later = set()
+        self._background = None
         self.cache.attach(self)
 
     @property
@@ -1107,6 +1144,8 @@ class Corpus:
         known.token = token
         self._drop_if_empty(user_id)
         history = self.cache._current(user_id)
+        if rows is not None:
+            known.stamps = {r.key: r.stamp for r in current.values() if r.stamp is not None}
         if rows is not None and rows.shares and history is not None and token is not None:
             self._take_state(history, token, rows.state, known)
         return history
@@ -1191,6 +1230,9 @@ class Corpus:
             return None
         if state.token != rows.token:  # a revision the trigger did not see move (disabled)
             return None
+        window = self._window()
+        if state.window != (None if window is None else window.max_tokens):
+            return None  # this worker's embedder would window other items
         if not servable(state, config, anchor_key):
             return None
         if rows.keys == state.keys:  # the usual case: both in key order
@@ -1206,6 +1248,9 @@ class Corpus:
             row_of[order] = np.arange(len(order))
         if not np.isfinite(cosines).all():
             return None
+        stamps = [rows.stamps[i] for i in row_of.tolist()]
+        if state.rows != rows_digest(state.keys, stamps):
+            return None  # a row rewritten unseen (a partition's trigger disabled meanwhile)
 
         def load(pos: int) -> HistoryItem | None:
             record = rows.record(int(row_of[pos]))
@@ -1225,23 +1270,29 @@ class Corpus:
     def read_later(self, user_id: str) -> None:
         """Read ``user_id``'s rows into the cache in the background (after a request ranked
         them in the database), so that the user's next request is served warm; at most one
-        such read per user at a time. Never raises: a failed read leaves the next request
-        ranking in the database again (logged at debug level)."""
+        such read per user at a time, in this corpus's own thread (:class:`_BackgroundReads`).
+        Never raises: a failed read leaves the next request ranking in the database again
+        (logged at debug level)."""
         with self._locks_guard:
             if user_id in self._reading_later:
                 return
             self._reading_later.add(user_id)
+            if self._background is None:
+                self._background = _BackgroundReads(self)
+            background = self._background
+        if not background.submit(user_id):
+            with self._locks_guard:
+                self._reading_later.discard(user_id)
 
-        def read() -> None:
-            try:
-                self.history(user_id)
-            except Exception as exc:
-                log.debug("pbr: background read of user %s failed: %s", user_tag(user_id), exc)
-            finally:
-                with self._locks_guard:
-                    self._reading_later.discard(user_id)
-
-        _in_background(read)
+    def _read_now(self, user_id: str) -> None:
+        """:meth:`read_later`'s read, in the background thread."""
+        try:
+            self.history(user_id)
+        except Exception as exc:
+            log.debug("pbr: background read of user %s failed: %s", user_tag(user_id), exc)
+        finally:
+            with self._locks_guard:
+                self._reading_later.discard(user_id)
 
     def has_unshared(self, user_id: str) -> bool:
         """Whether :meth:`share_state` has something to write for ``user_id``."""
@@ -1271,9 +1322,22 @@ class Corpus:
             if _derived(history) == taken:
                 return  # nothing built beyond what was read
             keys = [known.key_of.get(item.id) for item in history.items]
+            stamps = [known.stamps.get(key) for key in keys if key is not None]
+            # with the rows' keys, versions and token, a state also ranks the user in the
+            # database (read_view)
+            rows = None
+            if None not in keys and None not in stamps and len(stamps) == len(keys):
+                rows = rows_digest(keys, stamps)  # type: ignore[arg-type]
         try:
-            # with its keys and token, a state also ranks the user in the database (read_view)
-            blob = pack(history, basis, None if None in keys else keys, token)  # type: ignore[arg-type]
+            window = self._window()
+            blob = pack(
+                history,
+                basis,
+                keys,  # type: ignore[arg-type]
+                token,
+                rows,
+                None if window is None else window.max_tokens,
+            )
             if blob is not None:
                 write(user_id, token, blob)
         except Exception as exc:  # a cache write: the query it follows already succeeded

@@ -75,21 +75,32 @@ class OtherVersion(DamagedState):
     after an upgrade (every user's state written before it), not a sign of damage."""
 
 
+def rows_digest(keys: Sequence[str], stamps: Sequence[str]) -> str:
+    """A digest of rows' keys and row versions (PostgreSQL's ``xmin``), in the given order: a
+    row rewritten by any means, seen by a trigger or not, has another version."""
+    raw = "\x00".join(keys) + "\x01" + "\x00".join(stamps)
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 def pack(
     history: UserHistory,
     basis: str,
     keys: Sequence[str] | None = None,
     token: str | None = None,
+    rows: str | None = None,
+    window: int | None = None,
 ) -> bytes | None:
     """``history``'s built anchors and BM25 indexes (one per analyzer) as one blob, for rows of
     digest ``basis`` (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read);
     None when it has built neither (nothing worth sharing).
 
-    ``keys``: each item's host key, in order; ``token``: the host's change token of the rows.
-    With both, the blob also holds what ranks the user without their vectors
-    (:mod:`pbr_core.view`, which uses it only at exactly that token): each item's inner product
-    with each anchor and the most central items of each anchor, as the explanation lists
-    them."""
+    ``keys``: each item's host key, in order; ``token``: the host's change token of the rows;
+    ``rows``: :func:`rows_digest` of the keys and the rows' versions, in the items' order;
+    ``window``: the tokens the embedder read per text (None: no limit), which decided which
+    items have windows. With the first three, the blob also holds what ranks the user without
+    their vectors (:mod:`pbr_core.view`, which uses it only for exactly those rows, read by a
+    worker whose embedder reads as much): each item's inner product with each anchor and the
+    most central items of each anchor, as the explanation lists them."""
     anchors = [(k, a) for k, a in list(history._anchors.items()) if a is not None]
     lexical = history.lexical_indexes()
     if not anchors and not lexical:
@@ -102,8 +113,10 @@ def pack(
         "ids": [item.id for item in history.items],
         "dim": history.dim,
         "anchors": entries,
-        "keys": None if keys is None or token is None else list(keys),
+        "keys": None if keys is None or token is None or rows is None else list(keys),
         "token": token,
+        "rows": rows,
+        "window": window,
         "windowed": bool(history.windows),
         "central": {},
     }
@@ -194,6 +207,8 @@ class PackedState:
         lexical: the BM25 indexes built with today's ``k1`` and ``b``, one per analyzer.
         keys: each item's host key, in order (None: packed without them).
         token: the host's change token of the rows it was derived from (with ``keys``).
+        rows: :func:`rows_digest` of those rows (with ``keys``).
+        window: the tokens per text the deriving worker's embedder read (None: no limit).
         affinity: per anchor key, each item's inner product with that anchor (with ``keys``).
         central: the most central items of each anchor by position (with ``keys``).
         windowed: whether some item had windows (its dense score is not one vector's).
@@ -207,6 +222,8 @@ class PackedState:
     lexical: list[LexicalIndex]
     keys: list[str] | None
     token: str | None
+    rows: str | None
+    window: int | None
     affinity: dict[AnchorKey, np.ndarray]
     central: dict[int, HistoryItem]
     windowed: bool
@@ -294,6 +311,8 @@ def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:
             lexical=lexical,
             keys=keys,
             token=None if keys is None else str(header["token"]),
+            rows=None if keys is None else str(header["rows"]),
+            window=header["window"] if type(header["window"]) is int else None,
             affinity=affinity,
             central=central,
             windowed=bool(header["windowed"]),

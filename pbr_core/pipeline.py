@@ -71,6 +71,7 @@ from .vectors import (
     embed_documents,
     embed_query,
 )
+from .view import NotServed
 
 if TYPE_CHECKING:
     from .view import ScoredView
@@ -387,6 +388,15 @@ class Personalizer:
         result back, so :meth:`personalize` and :meth:`apersonalize` are drivers over one
         implementation."""
         check_unknown_user(opts.unknown_user)
+        if opts.history is not None:
+            if opts.history.user_id != user_id:
+                raise ValueError(
+                    f"history is user {opts.history.user_id!r}'s, not {user_id!r}'s: pass the "
+                    "requesting user's own snapshot, or none"
+                )
+            if not isinstance(opts.history, UserHistory) and self.fusion_rule is not default_rule:
+                # a rule of the caller's may read what only a snapshot in memory has
+                raise NotServed("a custom fusion rule is given the user's history in memory")
         try:
             req = self._start(user_id, query, opts.config, opts.prompts, opts.history)
         except UnknownUserError as exc:

@@ -181,7 +181,9 @@ class ScoredRows:
         token: the change token of these rows, None where it cannot be told.
         state: the user's shared derived state at exactly this token, else None.
         keys: every row's key, in the order the server returned them.
-        cosines: each row's cosine with the query, in the order of ``keys``.
+        cosines: each row's cosine with the query, in the order of ``keys`` (NaN for a row
+            whose vector is of another dimension than the query).
+        stamps: each row's version (``xmin``), in the order of ``keys``.
         record: the row at an index of ``keys`` as its owner's record (no vector), None for a
             row that is not the user's; built on demand, for the rows a request shows.
     """
@@ -190,6 +192,7 @@ class ScoredRows:
     state: bytes | None
     keys: list[str]
     cosines: np.ndarray
+    stamps: list[str]
     record: Callable[[int], Record | None]
 
 
@@ -1016,7 +1019,12 @@ class PgRecords:
         k, v = quote_ident(t.key), quote_ident(t.vector)
         distinct, order = self._newest_only()
         vector_type = f"{quote_ident(schema)}.vector"
-        cosine = f"1 - ({v} OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type}))"
+        # NULL (NaN here) where the dimensions differ, instead of an error: the request then
+        # reads the rows and says what is wrong as any request does
+        cosine = (
+            f"CASE WHEN {quote_ident(schema)}.vector_dims({v}) = :dim THEN 1 - ({v} "
+            f"OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type})) END"
+        )
         mine = (
             f"SELECT {distinct}{k}::text AS k, {cosine} AS c, {quote_ident(t.text)} AS t, "
             f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
@@ -1036,6 +1044,7 @@ class PgRecords:
             user_id,
             reader=self._reader(),
             q="[" + ",".join(map(repr, np.asarray(query, dtype=np.float64).tolist())) + "]",
+            dim=int(np.asarray(query).shape[0]),
         )
         rows = self._read_all(statement, params)
         if len(rows) != 1:
@@ -1055,6 +1064,7 @@ class PgRecords:
             state=bytes(state) if at_rows else None,
             keys=keys,
             cosines=np.array([] if cosines is None else cosines, dtype=np.float64),
+            stamps=[] if stamps is None else list(stamps),
             record=record,
         )
 

@@ -337,10 +337,11 @@ def _steps(
     user_id, k = request.user_id, request.k
     q: np.ndarray | None = None
     if _viewable(corpus, request, config, hosts):
-        q = yield _EmbedQuery()
-        served = yield from _view_steps(corpus, request, config, q)
-        if served is not None:
-            return served
+        q = yield _EmbedQuery()  # None where the embedder failed: the usual path says why
+        if q is not None:
+            served = yield from _view_steps(corpus, request, config, q)
+            if served is not None:
+                return served
     history: UserHistory | None = yield _ReadHistory()
     if history is None and request.skip_unknown:
         return Retrieval(None, [], config.search)
@@ -377,9 +378,11 @@ def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts
     """Whether the request may be ranked in the database (:mod:`pbr_core.view`), decided
     before anything is read: a user this worker has not read, over a host that scores, and a
     request that needs nothing but ``q``, the anchor and the BM25 index (no LLM term, no given
-    feedback, no re-rank, no neighbour context, no view filter or caller's search)."""
+    feedback, no re-rank, no neighbour context, no view filter or caller's search, not agent
+    memory's skip of a user without items)."""
     return (
         not (hosts.filter or hosts.final or request.view_filtered)
+        and not request.skip_unknown  # agent memory: an empty memory costs no embedding
         and request.feedback is None
         and not any(MODE_TERMS[config.fusion][1:])
         and config.rerank == "none"
@@ -468,11 +471,15 @@ def retrieve(
         if isinstance(effect, _Rerank):
             return rerank_by_salience(effect.query, effect.results, request.salience_scorer)
         if isinstance(effect, _EmbedQuery):
-            return _query_vector(corpus, request)
+            try:
+                return _query_vector(corpus, request)
+            except Exception:  # raised again, where it applies, by the usual path
+                return None
         with host_errors():
             if isinstance(effect, _ReadView):
-                viewed = True
-                return corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
+                view = corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
+                viewed = view is not None
+                return view
             if isinstance(effect, _ReadHistory):
                 return corpus.history(request.user_id)
             if isinstance(effect, _Filter):
@@ -533,13 +540,17 @@ async def aretrieve(
                 rerank_by_salience, effect.query, effect.results, request.salience_scorer
             )
         if isinstance(effect, _EmbedQuery):
-            return await _aquery_vector(corpus, request)
+            try:
+                return await _aquery_vector(corpus, request)
+            except Exception:  # raised again, where it applies, by the usual path
+                return None
         with host_errors():
             if isinstance(effect, _ReadView):
-                viewed = True
-                return await asyncio.to_thread(
+                view = await asyncio.to_thread(
                     corpus.read_view, request.user_id, effect.q, config, effect.anchor_key
                 )
+                viewed = view is not None
+                return view
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index

@@ -1,22 +1,22 @@
 """A user ranked in the database: a request served without bringing the user's rows here.
 
 Why: a worker that has never read a user must otherwise read every row with its vector
-(1.5 kB at 384-d) before it ranks anything, about 8× a search that returns ten rows at 1k items
-(docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
+(1.5 kB at 384-d) before it ranks anything, about 13× a search that returns ten rows at 1k
+items (docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
 :meth:`pbr_core.postgres.PgRecords.read_scored`) and another worker shared the user's derived
-state at exactly the rows' revision (:mod:`pbr_core.derived`), one statement returns every
-row's cosine with the query ``q``, the state and the rows closest to ``q``; the state holds each
+state for exactly these rows (:mod:`pbr_core.derived`), one statement returns the state and
+every row's cosine with the query ``q``, key, text, metadata and version; the state holds each
 item's inner product with the anchor, the BM25 index and the anchor's most central items. For
 ``q* = α·q + β·anchor``, every item's cosine with ``q*`` is then ``α·cos + β·affinity``, and
-the hybrid ranking runs exactly as on a history in memory.
+the hybrid ranking runs as on a history in memory (scores equal to float32 rounding).
 
 :class:`ScoredView` stands in for the user's :class:`~pbr_core.snapshot.UserHistory` for one
 request. It knows every item's id, host key and cosine with ``q``; an item's text and metadata
 are built from its row (read in the same statement) only for the items a request shows: the
 related items and the results (the anchor's central items come with the state). It ranks only
-vectors in the span of ``q`` and the anchors it holds;
-any other (a custom fusion rule, an LLM term) raises :class:`NotServed`, and the request is
-then run on the user's rows as usual.
+vectors in the span of ``q`` and the anchors it holds; any other raises :class:`NotServed`
+(as does a custom fusion rule, which may read what only a history in memory has), and the
+request is then run on the user's rows as usual.
 """
 
 from __future__ import annotations

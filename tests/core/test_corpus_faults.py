@@ -8,6 +8,7 @@ being the corpus: a host that fails once where asked, with or without a change t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -284,3 +285,28 @@ def test_a_read_does_not_wait_for_an_add_writing_the_host() -> None:
     resume.set()
     adding.join(10)
     assert seen[0] == ["a", "b"] and ids_of(corpus, "alice") == ["a", "b"]  # the host's
+
+
+def test_a_background_read_stuck_in_one_corpus_holds_up_no_other() -> None:
+    """Each corpus reads users into its cache after a request ranked them in the database in
+    a thread of its own: one read stuck on a dead connection delays no other corpus's, and
+    one user is read once at a time."""
+    stuck, release = threading.Event(), threading.Event()
+    read: list[str] = []
+    first, second = Corpus(None), Corpus(None)
+
+    def blocked(user_id: str) -> None:
+        stuck.set()
+        release.wait(10)
+
+    first.history = blocked  # type: ignore[method-assign]
+    second.history = lambda user_id: read.append(user_id)  # type: ignore[method-assign]
+    first.read_later("alice")
+    assert stuck.wait(5)
+    first.read_later("alice")  # already being read: not queued twice
+    second.read_later("bob")
+    deadline = time.monotonic() + 5
+    while not read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert read == ["bob"]
+    release.set()

@@ -24,9 +24,12 @@ import pytest
 import pbr_core.snapshot
 from pbr_core import HistoryItem, PBRConfig, Personalizer, postgres
 from pbr_core.corpus import Corpus, Record
+from pbr_core.errors import EmbeddingError
 from pbr_core.fusion import FusionInputs, FusionResult, default_rule
 from pbr_core.lexical import LexicalIndex
 from pbr_core.postgres import PgRecords, PgTable, engine_sql, record_rows
+from pbr_core.retrieval import Request, retrieve
+from pbr_core.windows import Window
 
 DIM = 16  # the hash_embedder fixture's
 
@@ -1482,3 +1485,112 @@ def test_a_write_the_trigger_did_not_see_is_not_ranked_from_the_state(
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "rides", 1)
     assert views == ["alice"] and reads == ["MainThread"]
     assert [h.text for h in got.hits] == ["alice rides trains"]
+
+
+def _reads_history(inputs: FusionInputs) -> FusionResult:
+    """A fusion rule that reads the user's vectors (q* stays in the span of q and the anchor)."""
+    assert inputs.history.vectors.shape[0] == len(inputs.history)
+    return default_rule(inputs)
+
+
+def test_a_custom_fusion_rule_gets_the_users_history_in_memory(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule of the caller's may read anything a snapshot has: the view does not stand in for
+    one there; the request reads the user's rows and answers as a warm worker does."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+
+    def worker() -> Personalizer:
+        corpus = _worker(engine, hash_embedder)
+        config = PBRConfig(fusion="no_prf")
+        return Personalizer(corpus=corpus, config=config, fusion_rule=_reads_history)
+
+    warm = worker()
+    warm.corpus.history("alice")
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    assert _answer(worker().search("alice", "tea", 5)) == _answer(warm.search("alice", "tea", 5))
+    assert views == ["alice"] and reads == ["MainThread"]
+
+
+def test_a_worker_whose_embedder_reads_less_text_does_not_rank_from_the_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which items have windows (and score as their best window) depends on how much text the
+    embedder reads: a worker that reads less than the one that shared the state reads the rows."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)  # shared by a worker whose embedder reads any length
+    short = Window(max_tokens=3, count=lambda text: len(text.split()))
+    monkeypatch.setattr(Corpus, "_window", lambda self: short)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    assert views == ["alice"] and reads == ["MainThread"]
+
+
+def test_a_row_rewritten_where_the_token_did_not_move_is_not_ranked_from_the_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state is used only for rows of exactly the versions it was derived from (a
+    partition's own trigger disabled around a write leaves the parent's token as it was; here
+    the row version the statement reads is changed)."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    real = PgRecords.read_scored
+
+    def rewritten(self: PgRecords, user_id: str, q: Any) -> Any:
+        rows = real(self, user_id, q)
+        return dataclasses.replace(rows, stamps=["1", *rows.stamps[1:]])
+
+    monkeypatch.setattr(PgRecords, "read_scored", rewritten)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    assert views == ["alice"] and reads == ["MainThread"]
+
+
+def test_a_query_vector_of_another_dimension_is_refused_clearly_by_a_cold_worker(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    cold = _personalizer(engine, hash_embedder, fusion="no_prf")
+    with pytest.raises(EmbeddingError, match="dimension 8"):
+        cold.search("alice", "tea", 5, query_vector=[0.1] * 8)
+
+
+class _Down:
+    """An embedder whose service is down."""
+
+    def embed_query(self, text: str) -> list[float]:
+        raise ConnectionError("embedding service down")
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        raise ConnectionError("embedding service down")
+
+
+def test_an_empty_memory_costs_no_embedding_and_an_embedder_failure_is_the_usual_one(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """Agent memory (skip_unknown): a user without items gets nothing, without an embedding,
+    as over any store. A plain request of a user who has rows, the embedder down: the error
+    the usual path raises, not one of the attempt to rank in the database."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    down = Personalizer(corpus=_worker(engine, _Down()), config=PBRConfig(fusion="no_prf"))
+    request = Request("nobody", "tea", 5, config=down.config, skip_unknown=True)
+    got = retrieve(down.corpus, request, down.personalize)
+    assert (got.query, got.results) == (None, [])
+    with pytest.raises(Exception, match="embedding service down"):
+        down.search("alice", "tea", 5)
+
+
+def test_personalize_refuses_another_users_history(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    _add(writer, "alice", _MANY)
+    _add(writer, "bob", {"b0": "bob secret"})
+    personalizer = _personalizer(engine, hash_embedder, fusion="no_prf")
+    bobs = personalizer.corpus.history("bob")
+    with pytest.raises(ValueError, match="'bob'"):
+        personalizer.personalize("alice", "tea", history=bobs)
