@@ -102,9 +102,14 @@ class _BackgroundReads:
 
     def __init__(self, corpus: Corpus) -> None:
         self._corpus = weakref.ref(corpus)
-        self._queue: queue.Queue[str] = queue.Queue(maxsize=_BACKGROUND_PENDING)
+        self._queue: queue.Queue[str | None] = queue.Queue(maxsize=_BACKGROUND_PENDING)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
+
+    def _stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
 
     def submit(self, user_id: str) -> bool:
         """Queue a read of ``user_id``; False where too many wait."""
@@ -129,7 +134,7 @@ class _BackgroundReads:
                     return
                 continue
             corpus = self._corpus()
-            if corpus is None:
+            if corpus is None or user_id is None:
                 return
             corpus._read_now(user_id)
             del corpus  # not kept alive by this thread while it waits
@@ -1280,7 +1285,12 @@ class Corpus:
             if self._background is None:
                 self._background = _BackgroundReads(self)
             background = self._background
-        if not background.submit(user_id):
+        try:
+            queued = background.submit(user_id)
+        except Exception as exc:  # e.g. no thread can be started now: the read is a cache fill
+            log.debug("pbr: background read of user %s not started: %s", user_tag(user_id), exc)
+            queued = False
+        if not queued:
             with self._locks_guard:
                 self._reading_later.discard(user_id)
 
@@ -1316,18 +1326,22 @@ class Corpus:
             if known.unshared is not unshared:
                 return
             known.unshared = None
+            stamp_of, known.stamps = known.stamps, {}  # read for this only
             history, token, basis, taken = unshared
             if known.token != token or self.cache._current(user_id) is not history:
                 return  # changed since: the next cold read derives and shares anew
             if _derived(history) == taken:
                 return  # nothing built beyond what was read
             keys = [known.key_of.get(item.id) for item in history.items]
-            stamps = [known.stamps.get(key) for key in keys if key is not None]
-            # with the rows' keys, versions and token, a state also ranks the user in the
-            # database (read_view)
+            stamps = [stamp_of.get(key) for key in keys if key is not None]
+            # with the rows' keys (distinct: a key column that is not unique is outside what
+            # a view serves), versions and token, a state also ranks the user in the database
             rows = None
-            if None not in keys and None not in stamps and len(stamps) == len(keys):
+            complete = None not in keys and None not in stamps and len(stamps) == len(keys)
+            if complete and len(set(keys)) == len(keys):
                 rows = rows_digest(keys, stamps)  # type: ignore[arg-type]
+            else:
+                keys = None  # type: ignore[assignment]
         try:
             window = self._window()
             blob = pack(

@@ -28,6 +28,7 @@ import numpy as np
 
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
+from .derived import CENTRAL_ITEMS
 from .fusion import MODE_TERMS
 from .hybrid import host_candidates, lexical_query, lexical_terms, rank
 from .prf import PromptSet
@@ -336,13 +337,19 @@ def _steps(
 ) -> Generator[_Effect, Any, Retrieval]:
     user_id, k = request.user_id, request.k
     q: np.ndarray | None = None
+    failed: Exception | None = None  # the embedder's error, raised once the user is known
     if _viewable(corpus, request, config, hosts):
-        q = yield _EmbedQuery()  # None where the embedder failed: the usual path says why
-        if q is not None:
+        embedded: np.ndarray | Exception = yield _EmbedQuery()
+        if isinstance(embedded, Exception):
+            failed = embedded
+        else:
+            q = embedded
             served = yield from _view_steps(corpus, request, config, q)
             if served is not None:
                 return served
     history: UserHistory | None = yield _ReadHistory()
+    if failed is not None and history is not None:
+        raise failed  # what personalizing would raise, without a second call of the embedder
     if history is None and request.skip_unknown:
         return Retrieval(None, [], config.search)
     within: Candidates | None = None
@@ -387,6 +394,7 @@ def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts
         and not any(MODE_TERMS[config.fusion][1:])
         and config.rerank == "none"
         and not config.lexical_context
+        and config.top_anchor_items <= CENTRAL_ITEMS  # the explanation's, kept in a state
         and corpus.may_view(request.user_id)
     )
 
@@ -473,8 +481,8 @@ def retrieve(
         if isinstance(effect, _EmbedQuery):
             try:
                 return _query_vector(corpus, request)
-            except Exception:  # raised again, where it applies, by the usual path
-                return None
+            except Exception as exc:  # raised by the steps once the user is known to exist
+                return exc
         with host_errors():
             if isinstance(effect, _ReadView):
                 view = corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
@@ -542,8 +550,8 @@ async def aretrieve(
         if isinstance(effect, _EmbedQuery):
             try:
                 return await _aquery_vector(corpus, request)
-            except Exception:  # raised again, where it applies, by the usual path
-                return None
+            except Exception as exc:  # raised by the steps once the user is known to exist
+                return exc
         with host_errors():
             if isinstance(effect, _ReadView):
                 view = await asyncio.to_thread(

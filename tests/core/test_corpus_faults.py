@@ -7,6 +7,7 @@ being the corpus: a host that fails once where asked, with or without a change t
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Sequence
@@ -310,3 +311,39 @@ def test_a_background_read_stuck_in_one_corpus_holds_up_no_other() -> None:
         time.sleep(0.01)
     assert read == ["bob"]
     release.set()
+
+
+def test_a_corpus_s_background_thread_ends_with_the_corpus() -> None:
+    corpus = Corpus(None)
+    corpus.history = lambda user_id: None  # type: ignore[method-assign]
+    corpus.read_later("alice")
+    assert corpus._background is not None
+    deadline = time.monotonic() + 5
+    while corpus._reading_later and time.monotonic() < deadline:
+        time.sleep(0.01)
+    thread = corpus._background._thread
+    assert thread is not None and thread.is_alive()
+    del corpus
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_background_read_that_cannot_start_raises_nothing_and_is_tried_again_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read: list[str] = []
+    corpus = Corpus(None)
+    corpus.history = lambda user_id: read.append(user_id)  # type: ignore[method-assign]
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", no_thread)
+        corpus.read_later("alice")  # a cache fill after an answered request: never raises
+    corpus.read_later("alice")
+    deadline = time.monotonic() + 5
+    while not read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert read == ["alice"]

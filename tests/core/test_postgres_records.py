@@ -1558,9 +1558,13 @@ def test_a_query_vector_of_another_dimension_is_refused_clearly_by_a_cold_worker
 
 
 class _Down:
-    """An embedder whose service is down."""
+    """An embedder whose service is down (its calls counted)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
 
     def embed_query(self, text: str) -> list[float]:
+        self.calls += 1
         raise ConnectionError("embedding service down")
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
@@ -1575,12 +1579,14 @@ def test_an_empty_memory_costs_no_embedding_and_an_embedder_failure_is_the_usual
     the usual path raises, not one of the attempt to rank in the database."""
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
-    down = Personalizer(corpus=_worker(engine, _Down()), config=PBRConfig(fusion="no_prf"))
+    embedder = _Down()
+    down = Personalizer(corpus=_worker(engine, embedder), config=PBRConfig(fusion="no_prf"))
     request = Request("nobody", "tea", 5, config=down.config, skip_unknown=True)
     got = retrieve(down.corpus, request, down.personalize)
-    assert (got.query, got.results) == (None, [])
+    assert (got.query, got.results, embedder.calls) == (None, [], 0)
     with pytest.raises(Exception, match="embedding service down"):
         down.search("alice", "tea", 5)
+    assert embedder.calls == 1  # one call of a failing service, not a retry
 
 
 def test_personalize_refuses_another_users_history(
@@ -1594,3 +1600,53 @@ def test_personalize_refuses_another_users_history(
     bobs = personalizer.corpus.history("bob")
     with pytest.raises(ValueError, match="'bob'"):
         personalizer.personalize("alice", "tea", history=bobs)
+
+
+def test_an_explanation_longer_than_a_state_keeps_is_not_tried_in_the_database(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state keeps the anchor's ten most central items: a request that lists more is known
+    not to be servable before anything is read (no statement wasted on it)."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf", top_anchor_items=20).search(
+        "alice", "tea", 5
+    )
+    assert len(got.personalized.explanation.anchor_items) == 20
+    assert views == [] and reads == ["MainThread"]
+
+
+def test_a_key_column_that_is_not_unique_still_shares_a_state_cold_workers_take(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two items under one key (outside what a view serves): the state is shared without the
+    keys, and the next cold worker takes it without a warning."""
+    engine = pgvector_engine[0]
+    sql = engine_sql(engine)
+    sql([("CREATE TABLE notes (id text, doc text, meta jsonb, emb vector(16))", {})])
+    for i in range(12):
+        text = f"alice note {i} about tea"
+        meta = json.dumps({"user_id": "alice", "pbr_id": f"m{i}"})
+        vector = json.dumps(hash_embedder.embed_query(text))
+        sql(
+            [
+                (
+                    "INSERT INTO notes VALUES (:id, :doc, CAST(:meta AS jsonb), "
+                    "CAST(:emb AS vector))",
+                    {
+                        "id": "one-key" if i < 2 else f"k{i}",
+                        "doc": text,
+                        "meta": meta,
+                        "emb": vector,
+                    },
+                )
+            ]
+        )
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    assert len(sql([("SELECT state FROM pbr_states", {})])) == 1
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        cold = _personalizer(engine, hash_embedder, fusion="no_prf")
+        cold.corpus.rank_cold_in_database = False
+        cold.search("alice", "tea", 3)
+    assert not [r for r in caplog.records if "not usable" in r.getMessage()]
