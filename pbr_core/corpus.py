@@ -63,10 +63,13 @@ from .protocols import Embedder, SearchHit, model_id_of
 from .snapshot import UserHistory
 from .vectors import (
     aembed_documents,
+    aembed_query,
     as_unit_rows,
+    as_unit_vector,
     check_dimension,
     check_model,
     embed_documents,
+    embed_query,
 )
 from .view import ScoredView, servable
 from .windows import Window, split, window_of
@@ -898,6 +901,23 @@ class Corpus:
         )
         return merge_vectors(known, todo, fresh)
 
+    def query_vector(
+        self, query: str, given: Sequence[float] | np.ndarray | None = None
+    ) -> np.ndarray:
+        """The unit vector of ``query``: ``given`` (a caller's embedding of it, checked and
+        normalised), else the embedder's, in the stored vectors' dimension where known."""
+        if given is not None:
+            return as_unit_vector(given, dim=self.cache.dim, what="query_vector")
+        return embed_query(self.resolved_embedder(), query, dim=self.cache.dim)
+
+    async def aquery_vector(
+        self, query: str, given: Sequence[float] | np.ndarray | None = None
+    ) -> np.ndarray:
+        """Async :meth:`query_vector` (the embedder's native async call where it has one)."""
+        if given is not None:
+            return as_unit_vector(given, dim=self.cache.dim, what="query_vector")
+        return await aembed_query(self.resolved_embedder(), query, dim=self.cache.dim)
+
     def resolved_embedder(self) -> Embedder:
         """:attr:`embedder`, or the embedded MiniLM (loaded now) when none was given."""
         if self.embedder is None:  # the embedded MiniLM, loaded only when something needs it
@@ -1235,8 +1255,7 @@ class Corpus:
             return None
         if state.token != rows.token:  # a revision the trigger did not see move (disabled)
             return None
-        window = self._window()
-        if state.window != (None if window is None else window.max_tokens):
+        if state.window != self._window_tokens():
             return None  # this worker's embedder would window other items
         if not servable(state, config, anchor_key):
             return None
@@ -1343,15 +1362,7 @@ class Corpus:
             else:
                 keys = None  # type: ignore[assignment]
         try:
-            window = self._window()
-            blob = pack(
-                history,
-                basis,
-                keys,  # type: ignore[arg-type]
-                token,
-                rows,
-                None if window is None else window.max_tokens,
-            )
+            blob = pack(history, basis, keys, token, rows, self._window_tokens())  # type: ignore[arg-type]
             if blob is not None:
                 write(user_id, token, blob)
         except Exception as exc:  # a cache write: the query it follows already succeeded
@@ -1501,6 +1512,11 @@ class Corpus:
         if cached is None or cached[0] is not embedder:
             cached = self._window_of = (embedder, window_of(embedder))
         return cached[1]
+
+    def _window_tokens(self) -> int | None:
+        """The tokens of text the embedder reads (None: no limit): which items have windows."""
+        window = self._window()
+        return None if window is None else window.max_tokens
 
     def _drop_if_empty(self, user_id: str) -> None:
         # A host lists no empty users, so there an emptied user is an unknown one; pbr's own

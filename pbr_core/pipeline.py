@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -66,15 +66,9 @@ from .retrieval import (
 from .snapshot import UserHistory
 from .vectors import (
     aembed_documents,
-    aembed_query,
-    as_unit_vector,
     embed_documents,
-    embed_query,
 )
-from .view import NotServed
-
-if TYPE_CHECKING:
-    from .view import ScoredView
+from .view import NotServed, ScoredView
 
 _log = logging.getLogger("pbr.pipeline")
 
@@ -430,7 +424,7 @@ class Personalizer:
             effect = next(steps)
             while True:
                 if isinstance(effect, _EmbedQuery):
-                    result: Any = self._query_vector(effect.text, effect.given)
+                    result: Any = self.corpus.query_vector(effect.text, effect.given)
                 elif isinstance(effect, _Generate):
                     result = self._generate(effect.req)
                 else:
@@ -445,7 +439,7 @@ class Personalizer:
             effect = next(steps)
             while True:
                 if isinstance(effect, _EmbedQuery):
-                    result: Any = await self._aquery_vector(effect.text, effect.given)
+                    result: Any = await self.corpus.aquery_vector(effect.text, effect.given)
                 elif isinstance(effect, _Generate):
                     result = await self._agenerate(effect.req)
                 else:
@@ -453,18 +447,6 @@ class Personalizer:
                 effect = steps.send(result)
         except StopIteration as done:
             return done.value
-
-    def _query_vector(self, query: str, given: Sequence[float] | np.ndarray | None) -> np.ndarray:
-        if given is not None:
-            return as_unit_vector(given, dim=self.store.dim, what="query_vector")
-        return embed_query(self.embedder, query, dim=self.store.dim)
-
-    async def _aquery_vector(
-        self, query: str, given: Sequence[float] | np.ndarray | None
-    ) -> np.ndarray:
-        if given is not None:
-            return as_unit_vector(given, dim=self.store.dim, what="query_vector")
-        return await aembed_query(self.embedder, query, dim=self.store.dim)
 
     def feedback_prompts(
         self,
@@ -487,7 +469,7 @@ class Personalizer:
         try:  # the request's own steps, up to the LLM call
             effect = next(steps)
             while isinstance(effect, _EmbedQuery):
-                effect = steps.send(self._query_vector(effect.text, effect.given))
+                effect = steps.send(self.corpus.query_vector(effect.text, effect.given))
             return effect.req.sent if isinstance(effect, _Generate) else None
         finally:
             steps.close()

@@ -36,7 +36,6 @@ from .protocols import SearchHit, TextGenerator
 from .rerank import rerank_by_salience
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 from .snapshot import UserHistory
-from .vectors import aembed_query, as_unit_vector, embed_query
 from .view import NotServed, ScoredView
 
 if TYPE_CHECKING:
@@ -259,9 +258,11 @@ class _Filter:
 @dataclass(frozen=True)
 class _Personalize:
     """The request's personalized query (embedding and LLM calls); ``q``: the query's vector
-    where the request has it already (a view tried first), so it is not embedded again."""
+    where the request has it already (a view tried first), so it is not embedded again;
+    ``view``: personalize on it (:mod:`pbr_core.view`), giving None where it cannot serve."""
 
     q: np.ndarray | None = None
+    view: ScoredView | None = None
 
 
 @dataclass(frozen=True)
@@ -301,15 +302,6 @@ class _ReadView:
     anchor_key: Any
 
 
-@dataclass(frozen=True)
-class _PersonalizeView:
-    """:class:`_Personalize` on ``view`` with the query vector ``q``; None where the view
-    cannot serve it (:class:`~pbr_core.view.NotServed`)."""
-
-    view: ScoredView
-    q: np.ndarray
-
-
 _Effect = (
     _ReadHistory
     | _Filter
@@ -319,7 +311,6 @@ _Effect = (
     | _Rerank
     | _EmbedQuery
     | _ReadView
-    | _PersonalizeView
 )
 
 
@@ -410,7 +401,7 @@ def _view_steps(
     view: ScoredView | None = yield _ReadView(q, anchor_key)
     if view is None:
         return None
-    pq: PersonalizedQuery | None = yield _PersonalizeView(view, q)
+    pq: PersonalizedQuery | None = yield _Personalize(q, view)
     if pq is None:
         return None
     start = time.perf_counter()
@@ -469,18 +460,18 @@ def retrieve(
     def perform(effect: _Effect) -> Any:
         nonlocal viewed
         if isinstance(effect, _Personalize):
-            return personalize(request.user_id, request.query, **_kwargs(request, effect.q))
-        if isinstance(effect, _PersonalizeView):
-            kwargs = _kwargs(request, effect.q)
+            kwargs = _kwargs(request, effect)
+            if effect.view is None:
+                return personalize(request.user_id, request.query, **kwargs)
             try:
-                return personalize(request.user_id, request.query, **kwargs, history=effect.view)
+                return personalize(request.user_id, request.query, **kwargs)
             except NotServed:
                 return None
         if isinstance(effect, _Rerank):
             return rerank_by_salience(effect.query, effect.results, request.salience_scorer)
         if isinstance(effect, _EmbedQuery):
             try:
-                return _query_vector(corpus, request)
+                return corpus.query_vector(request.query, request.query_vector)
             except Exception as exc:  # raised by the steps once the user is known to exist
                 return exc
         with host_errors():
@@ -534,13 +525,11 @@ async def aretrieve(
     async def perform(effect: _Effect) -> Any:
         nonlocal viewed
         if isinstance(effect, _Personalize):
-            return await personalize(request.user_id, request.query, **_kwargs(request, effect.q))
-        if isinstance(effect, _PersonalizeView):
-            kwargs = _kwargs(request, effect.q)
+            kwargs = _kwargs(request, effect)
+            if effect.view is None:
+                return await personalize(request.user_id, request.query, **kwargs)
             try:
-                return await personalize(
-                    request.user_id, request.query, **kwargs, history=effect.view
-                )
+                return await personalize(request.user_id, request.query, **kwargs)
             except NotServed:
                 return None
         if isinstance(effect, _Rerank):  # a CPU-bound LM pass: off the event loop
@@ -549,7 +538,7 @@ async def aretrieve(
             )
         if isinstance(effect, _EmbedQuery):
             try:
-                return await _aquery_vector(corpus, request)
+                return await corpus.aquery_vector(request.query, request.query_vector)
             except Exception as exc:  # raised by the steps once the user is known to exist
                 return exc
         with host_errors():
@@ -592,28 +581,15 @@ async def aretrieve(
     return retrieval
 
 
-def _kwargs(request: Request, q: np.ndarray | None) -> dict[str, Any]:
-    """The personalizer's keyword arguments for ``request``, with the query vector ``q`` where
-    the request has embedded the query already."""
+def _kwargs(request: Request, effect: _Personalize) -> dict[str, Any]:
+    """The personalizer's keyword arguments for ``request``, with the query vector where the
+    request has embedded the query already, and the view it personalizes on."""
     kwargs = request.personalize_kwargs()
-    if q is not None:
-        kwargs["query_vector"] = q
+    if effect.q is not None:
+        kwargs["query_vector"] = effect.q
+    if effect.view is not None:
+        kwargs["history"] = effect.view
     return kwargs
-
-
-def _query_vector(corpus: Corpus, request: Request) -> np.ndarray:
-    """The request's unit query vector: as given, or embedded (as the personalizer would)."""
-    dim = corpus.cache.dim
-    if request.query_vector is not None:
-        return as_unit_vector(request.query_vector, dim=dim, what="query_vector")
-    return embed_query(corpus.resolved_embedder(), request.query, dim=dim)
-
-
-async def _aquery_vector(corpus: Corpus, request: Request) -> np.ndarray:
-    dim = corpus.cache.dim
-    if request.query_vector is not None:
-        return as_unit_vector(request.query_vector, dim=dim, what="query_vector")
-    return await aembed_query(corpus.resolved_embedder(), request.query, dim=dim)
 
 
 def _missing(history: UserHistory, config: PBRConfig, ranks: bool) -> tuple[bool, bool]:

@@ -1264,11 +1264,17 @@ def _personalizer(engine: Any, embedder: Any, **config: Any) -> Personalizer:
     return Personalizer(corpus=_worker(engine, embedder), config=PBRConfig(**config))
 
 
+def _many_written(engine: Any, embedder: Any) -> Corpus:
+    """alice's many notes written through pbr; returns the writer."""
+    writer, _ = _corpus(_records(engine), embedder)
+    _add(writer, "alice", _MANY)
+    return writer
+
+
 def _many_shared(engine: Any, embedder: Any) -> Corpus:
     """alice's many notes written, then searched by a worker that read her cold and shared
     her derived state; returns the writer."""
-    writer, _ = _corpus(_records(engine), embedder)
-    _add(writer, "alice", _MANY)
+    writer = _many_written(engine, embedder)
     _personalizer(engine, embedder, fusion="no_prf").search("alice", "tea", 5)
     return writer
 
@@ -1318,8 +1324,7 @@ def test_a_cold_worker_ranks_a_shared_user_in_the_database_as_a_warm_one_would(
     fusion: str,
 ) -> None:
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    writer = _many_written(engine, hash_embedder)
     _add(writer, "bob", {"m00": "bob tea note about trains"})
     config = {"fusion": fusion, "search": search}
     first = _personalizer(engine, hash_embedder, **config)
@@ -1337,8 +1342,7 @@ def test_an_async_cold_request_is_ranked_in_the_database_too(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    _many_written(engine, hash_embedder)
     expected = _answer(
         _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
     )
@@ -1353,8 +1357,7 @@ def test_a_user_without_a_shared_state_is_read_as_before(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    _many_written(engine, hash_embedder)
     reads = _counting_reads(monkeypatch)
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
     assert len(got.hits) == 5 and reads == ["MainThread"]
@@ -1386,8 +1389,7 @@ def test_a_request_the_view_cannot_rank_reads_the_users_rows(
     """Decided before anything is read: neighbour context (it reads the neighbours of every
     item). Found while ranking: a fusion rule whose q* the cosines cannot give."""
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    _many_written(engine, hash_embedder)
     expected = _answer(
         _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
     )
@@ -1440,8 +1442,7 @@ def test_rows_the_state_does_not_describe_are_read_not_ranked_from_the_state(
     """A row written with the trigger's revision left behind (here: the state put back by
     hand after a write) is not in the state's keys: the view is not used."""
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    writer = _many_written(engine, hash_embedder)
     sql = engine_sql(engine)
     _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)  # shares
     saved = sql([("SELECT tbl, owner, reader, state FROM pbr_states", {})])
@@ -1593,8 +1594,7 @@ def test_personalize_refuses_another_users_history(
     pgvector_engine: Any, hash_embedder: Any
 ) -> None:
     engine = pgvector_engine[0]
-    writer, _ = _corpus(_records(engine), hash_embedder)
-    _add(writer, "alice", _MANY)
+    writer = _many_written(engine, hash_embedder)
     _add(writer, "bob", {"b0": "bob secret"})
     personalizer = _personalizer(engine, hash_embedder, fusion="no_prf")
     bobs = personalizer.corpus.history("bob")
