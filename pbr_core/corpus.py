@@ -1282,7 +1282,7 @@ class Corpus:
                 return None
             return record.item()
 
-        return ScoredView(state, q, cosines, rows.token, load)
+        return ScoredView(state, q, cosines, load)
 
     def view_results(self, view: ScoredView, ranked: Sequence[Ranked]) -> list[ScoredRecord]:
         """``ranked`` (over ``view``) as search results, as :meth:`search` gives them."""

@@ -37,7 +37,7 @@ import numpy as np
 from .anchor import AnchorResult
 from .history_format import anchor_arrays, anchors_from_arrays
 from .items import HistoryItem
-from .lexical import DEFAULT_B, DEFAULT_K1, LexicalIndex
+from .lexical import DEFAULT_B, DEFAULT_K1, LexicalIndex, StemmerName
 from .snapshot import AnchorKey, UserHistory
 
 __all__ = [
@@ -227,6 +227,14 @@ class PackedState:
     affinity: dict[AnchorKey, np.ndarray]
     central: dict[int, HistoryItem]
     windowed: bool
+
+    def lexical_for(self, stemmer: StemmerName | None) -> LexicalIndex | None:
+        """The BM25 index built with ``stemmer`` (None: without stemming), if the state holds
+        one."""
+        for index in self.lexical:
+            if index.stemmer == stemmer:
+                return index
+        return None
 
 
 def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:

@@ -481,13 +481,10 @@ class _Lines(Mapping[str, int]):
         return default if at < 0 else self._text.count("\n", 0, at)
 
     def __getitem__(self, term: str) -> int:
-        column = self.get(term)
+        column: int | None = self.get(term)
         if column is None:
             raise KeyError(term)
-        return int(column)
-
-    def __contains__(self, term: object) -> bool:
-        return isinstance(term, str) and self.get(term) is not None
+        return column
 
     def __len__(self) -> int:
         return self._size

@@ -27,7 +27,7 @@ import numpy as np
 
 from .anchor import AnchorResult
 from .config import PBRConfig
-from .derived import CENTRAL_ITEMS, PackedState
+from .derived import PackedState
 from .items import HistoryItem
 from .lexical import DEFAULT_STEMMER, LexicalIndex, StemmerName
 from .snapshot import AnchorKey, top_k
@@ -79,7 +79,6 @@ class ScoredView:
         q: the unit query vector the cosines were computed with.
         keys: each item's host key, by position.
         cosines: each item's cosine with ``q``, by position.
-        token: the host's change token of the rows scored.
         items: by position, read from their rows on first use (``load``).
     """
 
@@ -88,7 +87,6 @@ class ScoredView:
         state: PackedState,
         q: np.ndarray,
         cosines: np.ndarray,
-        token: str,
         load: Callable[[int], HistoryItem | None],
     ) -> None:
         assert state.keys is not None
@@ -96,7 +94,6 @@ class ScoredView:
         self.q = np.asarray(q, dtype=np.float64)
         self.keys = state.keys
         self.cosines = np.asarray(cosines, dtype=np.float64)
-        self.token = token
         self._state = state
         self._positions = dict(zip(state.ids, range(len(state.ids))))
         self.items = _Items(len(state.ids), state.central, load)
@@ -136,13 +133,13 @@ class ScoredView:
         return scores.astype(np.float32)
 
     def lexical(self, stemmer: StemmerName | None = DEFAULT_STEMMER) -> LexicalIndex:
-        for index in self._state.lexical:
-            if index.stemmer == stemmer:
-                return index
-        raise NotServed(f"no shared BM25 index for analyzer {stemmer!r}")
+        index = self._state.lexical_for(stemmer)
+        if index is None:
+            raise NotServed(f"no shared BM25 index for analyzer {stemmer!r}")
+        return index
 
     def has_lexical(self, stemmer: StemmerName | None) -> bool:
-        return any(index.stemmer == stemmer for index in self._state.lexical)
+        return self._state.lexical_for(stemmer) is not None
 
     def has_anchor(self, config: PBRConfig) -> bool:
         return config.anchor_key in self._state.anchors
@@ -164,11 +161,7 @@ def servable(state: PackedState, config: PBRConfig, anchor_key: AnchorKey | None
         result = state.anchors.get(anchor_key)
         if result is None or anchor_key not in state.affinity:
             return False
-        if config.top_anchor_items > CENTRAL_ITEMS:
-            return False
         wanted = [pos for pos, _ in result.top_items(config.top_anchor_items)]
         if any(pos not in state.central for pos in wanted):
             return False
-    if config.search != "dense":
-        return any(index.stemmer == config.lexical_stemmer for index in state.lexical)
-    return True
+    return config.search == "dense" or state.lexical_for(config.lexical_stemmer) is not None
