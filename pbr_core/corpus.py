@@ -1251,7 +1251,7 @@ class Corpus:
             state = unpack(rows.state, one_request=True)
         except DamagedState:  # the cold read that follows warns where it is damaged
             return None
-        if state.user_id != user_id or state.keys is None or state.dim != q.shape[0]:
+        if state.user_id != user_id or state.rows is None or state.dim != q.shape[0]:
             return None
         if state.token != rows.token:  # a revision the trigger did not see move (disabled)
             return None
@@ -1259,30 +1259,22 @@ class Corpus:
             return None  # this worker's embedder would window other items
         if not servable(state, config, anchor_key):
             return None
-        if rows.keys == state.keys:  # the usual case: both in key order
-            cosines, row_of = rows.cosines, np.arange(len(rows.keys))
-        else:
-            position = dict(zip(state.keys, range(len(state.keys))))
-            if len(rows.keys) != len(position) or position.keys() != set(rows.keys):
-                return None  # rows the state does not describe (left out, shadowed): read them
-            order = np.fromiter(map(position.__getitem__, rows.keys), np.int64, len(rows.keys))
-            cosines = np.empty(len(position), dtype=np.float64)
-            cosines[order] = rows.cosines
-            row_of = np.empty(len(position), dtype=np.int64)
-            row_of[order] = np.arange(len(order))
-        if not np.isfinite(cosines).all():
+        # exactly the rows (keys and versions, in the items' order: the key order both the
+        # statement and a cold read use) the state was derived from: a row added, removed,
+        # left out, shadowed or rewritten unseen (a partition's trigger disabled meanwhile)
+        # is not served; the rows are then read
+        if len(rows.keys) != len(state.ids) or state.rows != rows_digest(rows.keys, rows.stamps):
             return None
-        stamps = [rows.stamps[i] for i in row_of.tolist()]
-        if state.rows != rows_digest(state.keys, stamps):
-            return None  # a row rewritten unseen (a partition's trigger disabled meanwhile)
+        if not np.isfinite(rows.cosines).all():
+            return None
 
         def load(pos: int) -> HistoryItem | None:
-            record = rows.record(int(row_of[pos]))
+            record = rows.record(pos)
             if record is None or record.item_id != state.ids[pos]:
                 return None
             return record.item()
 
-        return ScoredView(state, q, cosines, load)
+        return ScoredView(state, q, rows.keys, rows.cosines, load)
 
     def view_results(self, view: ScoredView, ranked: Sequence[Ranked]) -> list[ScoredRecord]:
         """``ranked`` (over ``view``) as search results, as :meth:`search` gives them."""
@@ -1352,17 +1344,14 @@ class Corpus:
             if _derived(history) == taken:
                 return  # nothing built beyond what was read
             keys = [known.key_of.get(item.id) for item in history.items]
+            # with the rows' keys and versions (a key column that is not unique is outside
+            # what a view serves: pack leaves them out) and token, a state also ranks the user
+            # in the database
             stamps = [stamp_of.get(key) for key in keys if key is not None]
-            # with the rows' keys (distinct: a key column that is not unique is outside what
-            # a view serves), versions and token, a state also ranks the user in the database
-            rows = None
-            complete = None not in keys and None not in stamps and len(stamps) == len(keys)
-            if complete and len(set(keys)) == len(keys):
-                rows = rows_digest(keys, stamps)  # type: ignore[arg-type]
-            else:
-                keys = None  # type: ignore[assignment]
+            if None in keys or None in stamps or len(stamps) != len(keys):
+                keys = stamps = None  # type: ignore[assignment]
         try:
-            blob = pack(history, basis, keys, token, rows, self._window_tokens())  # type: ignore[arg-type]
+            blob = pack(history, basis, keys, stamps, token, self._window_tokens())  # type: ignore[arg-type]
             if blob is not None:
                 write(user_id, token, blob)
         except Exception as exc:  # a cache write: the query it follows already succeeded

@@ -16,10 +16,12 @@ rebuilt from the rows, which are the truth.
 
 Layout: ``b"PBRD"``, a format byte, the sha256 of the rest, then the length of a JSON header
 (4 bytes, little-endian), the header (user, item ids, anchor keys, each BM25 index's
-parameters, analyzer and terms, and the name, type and shape of each array) and the raw bytes of
-those arrays: the anchors' (:func:`pbr_core.history_format.anchor_arrays`) and each BM25 index's
-(:meth:`pbr_core.lexical.LexicalIndex.parts`). Numbers only, never a pickle; read in place,
-without an ``.npz`` container, whose per-array parsing cost a cold read ~0.7 ms.
+parameters, analyzer and terms, and each array's name, stored type, shape and type) and the raw
+bytes of those arrays: the anchors' (:func:`pbr_core.history_format.anchor_arrays`) and each
+BM25 index's (:meth:`pbr_core.lexical.LexicalIndex.parts`), counts and positions stored in the
+narrowest unsigned type that holds them. Numbers only, never a pickle; read in place, without
+an ``.npz`` container, whose per-array parsing cost a cold read ~0.7 ms; ids and terms as one
+string each, one per line (a JSON list of thousands of strings costs ~0.3 ms to parse).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -58,8 +61,10 @@ except importlib.metadata.PackageNotFoundError:  # a source tree run without ins
 _MAGIC = b"PBRD"
 # 1: an .npz body; 2: at most one BM25 index, unstemmed; 3: the tokenizer cut words at their
 # combining marks and did not normalise to NFC (a BM25 index's terms differ); 4: no host keys,
-# anchor affinities or central items (what ranks a user without their vectors)
-_FORMAT = 5
+# anchor affinities or central items (what ranks a user without their vectors); 5: the host
+# keys listed, the rows digest in the items' order, the item ids as a JSON list, arrays in
+# their own types
+_FORMAT = 6
 #: How many of each anchor's most central items a state keeps, for the explanations of requests
 #: ranked without the user's rows (:mod:`pbr_core.view`; ``PBRConfig.top_anchor_items`` up to it).
 CENTRAL_ITEMS = 10
@@ -86,41 +91,53 @@ def pack(
     history: UserHistory,
     basis: str,
     keys: Sequence[str] | None = None,
+    stamps: Sequence[str] | None = None,
     token: str | None = None,
-    rows: str | None = None,
     window: int | None = None,
 ) -> bytes | None:
     """``history``'s built anchors and BM25 indexes (one per analyzer) as one blob, for rows of
     digest ``basis`` (the caller's, e.g. :meth:`pbr_core.corpus.Corpus`'s of the rows it read);
     None when it has built neither (nothing worth sharing).
 
-    ``keys``: each item's host key, in order; ``token``: the host's change token of the rows;
-    ``rows``: :func:`rows_digest` of the keys and the rows' versions, in the items' order;
-    ``window``: the tokens the embedder read per text (None: no limit), which decided which
-    items have windows. With the first three, the blob also holds what ranks the user without
-    their vectors (:mod:`pbr_core.view`, which uses it only for exactly those rows, read by a
-    worker whose embedder reads as much): each item's inner product with each anchor and the
-    most central items of each anchor, as the explanation lists them."""
+    ``keys`` and ``stamps``: each item's host key and row version, in the items' order;
+    ``token``: the host's change token of the rows; ``window``: the tokens the embedder read per
+    text (None: no limit), which decided which items have windows. With the first three, where
+    the items are in key order (code points, as a cold read puts them and ``COLLATE "C"``
+    sorts) and no key repeats, the blob also holds what ranks the user without their vectors
+    (:mod:`pbr_core.view`, which uses it only for exactly those rows, read by a worker whose
+    embedder reads as much): :func:`rows_digest` of the keys and versions, each item's inner
+    product with each anchor, and the most central items of each anchor, as the explanation
+    lists them. The keys themselves are not kept: the rows that come with the state have
+    them."""
     anchors = [(k, a) for k, a in list(history._anchors.items()) if a is not None]
     lexical = history.lexical_indexes()
     if not anchors and not lexical:
         return None
     entries, arrays = anchor_arrays(anchors, prefix="anchor")
+    ids = [item.id for item in history.items]
+    ranks = (
+        keys is not None
+        and stamps is not None
+        and token is not None
+        and len(keys) == len(stamps) == len(ids)
+        and all(a < b for a, b in pairwise(keys))  # in key order, none repeated
+    )
     header: dict[str, Any] = {
         "pbr": _PBR,
         "basis": basis,
         "user_id": history.user_id,
-        "ids": [item.id for item in history.items],
+        "ids": _joined(ids),
         "dim": history.dim,
         "anchors": entries,
-        "keys": None if keys is None or token is None or rows is None else list(keys),
-        "token": token,
-        "rows": rows,
+        "token": token if ranks else None,
+        "rows": None,
         "window": window,
         "windowed": bool(history.windows),
         "central": {},
     }
-    if header["keys"] is not None:
+    if ranks:
+        assert keys is not None and stamps is not None
+        header["rows"] = rows_digest(keys, stamps)
         central: set[int] = set()
         for i, (_, result) in enumerate(anchors):
             # float64: the view adds it to the database's cosine with q (float8)
@@ -136,15 +153,29 @@ def pack(
             {"k1": index.k1, "b": index.b, "stemmer": index.stemmer, "terms": _joined(terms)}
         )
         arrays.update({f"lexical{i}_{name}": array for name, array in parts.items()})
-    # little-endian on every host, so a state packed on one is read on any other
-    little = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in arrays.values()]
+    # little-endian on every host, so a state packed on one is read on any other; counts and
+    # positions in the narrowest unsigned type that holds them (a third of a 1k-item state)
+    stored = [_narrowed(a) for a in arrays.values()]
     header["arrays"] = [
-        [name, array.dtype.str, list(array.shape)] for name, array in zip(arrays, little)
+        [name, kept.dtype.str, list(array.shape), np.dtype(array.dtype).newbyteorder("<").str]
+        for name, array, kept in zip(arrays, arrays.values(), stored)
     ]
     head = json.dumps(header).encode("utf-8")
-    raw = [array.tobytes() for array in little]
+    raw = [array.tobytes() for array in stored]
     body = b"".join([len(head).to_bytes(4, "little"), head, *raw])
     return _MAGIC + bytes([_FORMAT]) + hashlib.sha256(body).digest() + body
+
+
+def _narrowed(array: np.ndarray) -> np.ndarray:
+    """``array`` little-endian, an integer one in the narrowest unsigned type that holds its
+    values (:func:`_arrays` widens it back to the type it names)."""
+    a = np.asarray(array)
+    if a.dtype.kind in "iu" and a.size and int(a.min()) >= 0:
+        top = int(a.max())
+        for kind in ("|u1", "<u2", "<u4"):
+            if top <= np.iinfo(np.dtype(kind)).max:
+                return np.ascontiguousarray(a, dtype=kind)
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 
 def _joined(terms: list[str]) -> str | list[str]:
@@ -163,25 +194,26 @@ def _split(terms: Any) -> list[str]:
 
 
 #: The element types a packed state may hold (numbers only: never an object array).
-_DTYPES = frozenset({"<f4", "<f8", "<i4", "<i8", "<u4", "<u8", "|u1"})
+_DTYPES = frozenset({"<f4", "<f8", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8"})
 
 
-def _header(body: bytes) -> tuple[dict[str, Any], int]:
+def _header(body: memoryview) -> tuple[dict[str, Any], int]:
     """A state body's JSON header and where its arrays start."""
     size = int.from_bytes(body[:4], "little")
-    header = json.loads(body[4 : 4 + size].decode("utf-8"))
+    header = json.loads(str(body[4 : 4 + size], "utf-8"))
     if not isinstance(header, dict):
         raise ValueError("the header is not a JSON object")
     return header, 4 + size
 
 
-def _arrays(body: bytes, listed: Any, offset: int) -> dict[str, np.ndarray]:
-    """The arrays a header lists, copied out of the body (aligned, writable, and not keeping
-    the body alive); ``ValueError`` and its kin where the body does not hold them."""
+def _arrays(body: memoryview, listed: Any, offset: int) -> dict[str, np.ndarray]:
+    """The arrays a header lists, copied out of the body in the type each names (aligned,
+    writable, and not keeping the body alive); ``ValueError`` and its kin where the body does
+    not hold them."""
     arrays: dict[str, np.ndarray] = {}
-    for name, dtype, shape in listed:
-        if dtype not in _DTYPES:
-            raise ValueError(f"array {name!r} of type {dtype!r}")
+    for name, dtype, shape, wanted in listed:
+        if dtype not in _DTYPES or wanted not in _DTYPES:
+            raise ValueError(f"array {name!r} of type {dtype!r} as {wanted!r}")
         if not (isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape)):
             raise ValueError(f"array {name!r} of shape {shape!r}")
         kind = np.dtype(dtype)
@@ -190,7 +222,7 @@ def _arrays(body: bytes, listed: Any, offset: int) -> dict[str, np.ndarray]:
         if end > len(body):
             raise ValueError(f"array {name!r} runs past the end of the state")
         view = np.frombuffer(body, dtype=kind, count=count, offset=offset)
-        arrays[name] = view.reshape(shape).astype(kind.newbyteorder("="))
+        arrays[name] = view.reshape(shape).astype(np.dtype(wanted).newbyteorder("="))
         offset = end
     if offset != len(body):
         raise ValueError(f"{len(body) - offset} bytes after the arrays")
@@ -205,12 +237,12 @@ class PackedState:
         user_id, basis, ids, dim: whose, of which rows (digest), which items in which order.
         anchors: the anchors by graph parameters.
         lexical: the BM25 indexes built with today's ``k1`` and ``b``, one per analyzer.
-        keys: each item's host key, in order (None: packed without them).
-        token: the host's change token of the rows it was derived from (with ``keys``).
-        rows: :func:`rows_digest` of those rows (with ``keys``).
+        rows: :func:`rows_digest` of the rows it was derived from, whose keys are in the
+            items' order (None: packed without them; then so are the next three).
+        token: the host's change token of those rows.
+        affinity: per anchor key, each item's inner product with that anchor.
+        central: the most central items of each anchor by position.
         window: the tokens per text the deriving worker's embedder read (None: no limit).
-        affinity: per anchor key, each item's inner product with that anchor (with ``keys``).
-        central: the most central items of each anchor by position (with ``keys``).
         windowed: whether some item had windows (its dense score is not one vector's).
     """
 
@@ -220,12 +252,11 @@ class PackedState:
     dim: int
     anchors: dict[AnchorKey, AnchorResult]
     lexical: list[LexicalIndex]
-    keys: list[str] | None
-    token: str | None
     rows: str | None
-    window: int | None
+    token: str | None
     affinity: dict[AnchorKey, np.ndarray]
     central: dict[int, HistoryItem]
+    window: int | None
     windowed: bool
 
     def lexical_for(self, stemmer: StemmerName | None) -> LexicalIndex | None:
@@ -248,7 +279,7 @@ def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:
             :class:`OtherVersion`). Whatever a malformed blob raises is this error: the state
             is a cache.
     """
-    data = bytes(blob)
+    data = memoryview(blob).cast("B")  # read in place: a 1k-item state is ~150 kB
     if len(data) < _HEAD or data[:4] != _MAGIC:
         raise DamagedState("not a packed state")
     if data[4] != _FORMAT:
@@ -260,8 +291,8 @@ def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:
         header, start = _header(body)
         if header["pbr"] != _PBR:
             raise OtherVersion(f"derived by pbr {header['pbr']}, not {_PBR}")
-        ids, dim = header["ids"], header["dim"]
-        if not (isinstance(ids, list) and set(map(type, ids)) <= {str}):
+        ids, dim = _split(header["ids"]), header["dim"]
+        if not set(map(type, ids)) <= {str}:
             raise DamagedState("item ids that are not strings")
         if type(dim) is not int or dim < 1:
             raise DamagedState(f"a dimension of {dim!r}")
@@ -289,17 +320,10 @@ def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:
             if len(index) != n:
                 raise DamagedState("a BM25 index of another number of items")
             lexical.append(index)
-        keys = header["keys"]
+        rows = header["rows"]
         affinity: dict[AnchorKey, np.ndarray] = {}
         central: dict[int, HistoryItem] = {}
-        if keys is not None:
-            if not (
-                isinstance(keys, list)
-                and len(keys) == n
-                and set(map(type, keys)) <= {str}
-                and len(set(keys)) == n
-            ):
-                raise DamagedState("host keys that are not one distinct string per item")
+        if rows is not None:
             for i, key in enumerate(anchors):
                 values = arrays[f"affinity{i}"]
                 if values.shape != (n,) or not np.isfinite(values).all():
@@ -317,12 +341,11 @@ def unpack(blob: bytes, *, one_request: bool = False) -> PackedState:
             dim=dim,
             anchors=anchors,
             lexical=lexical,
-            keys=keys,
-            token=None if keys is None else str(header["token"]),
-            rows=None if keys is None else str(header["rows"]),
-            window=header["window"] if type(header["window"]) is int else None,
+            rows=None if rows is None else str(rows),
+            token=None if rows is None else str(header["token"]),
             affinity=affinity,
             central=central,
+            window=header["window"] if type(header["window"]) is int else None,
             windowed=bool(header["windowed"]),
         )
     except DamagedState:

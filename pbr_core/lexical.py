@@ -473,12 +473,17 @@ class _Lines(Mapping[str, int]):
     def __init__(self, joined: str) -> None:
         self._text = "\n" + joined + "\n"
         self._size = joined.count("\n") + 1 if joined else 0
+        self._found: dict[str, int | None] = {}  # a request looks each query term up ~3 times
 
     def get(self, term: str, default: Any = None) -> Any:
         if not self._size or not isinstance(term, str) or "\n" in term:
             return default
-        at = self._text.find("\n" + term + "\n")
-        return default if at < 0 else self._text.count("\n", 0, at)
+        if term in self._found:
+            column = self._found[term]
+        else:
+            at = self._text.find("\n" + term + "\n")
+            column = self._found[term] = None if at < 0 else self._text.count("\n", 0, at)
+        return default if column is None else column
 
     def __getitem__(self, term: str) -> int:
         column: int | None = self.get(term)

@@ -86,13 +86,13 @@ class ScoredView:
         self,
         state: PackedState,
         q: np.ndarray,
+        keys: Sequence[str],
         cosines: np.ndarray,
         load: Callable[[int], HistoryItem | None],
     ) -> None:
-        assert state.keys is not None
         self.user_id = state.user_id
         self.q = np.asarray(q, dtype=np.float64)
-        self.keys = state.keys
+        self.keys = keys
         self.cosines = np.asarray(cosines, dtype=np.float64)
         self._state = state
         self._positions = dict(zip(state.ids, range(len(state.ids))))
@@ -152,10 +152,10 @@ class ScoredView:
 
 
 def servable(state: PackedState, config: PBRConfig, anchor_key: AnchorKey | None) -> bool:
-    """Whether a request with ``config`` can be ranked from ``state`` alone: it holds the keys
-    and affinities, no windowed item, the anchor the fusion uses (``anchor_key``; None: none
+    """Whether a request with ``config`` can be ranked from ``state`` alone: it holds the rows
+    digest and affinities, no windowed item, the anchor the fusion uses (``anchor_key``; None: none
     used) with its central items, and the BM25 index the search mode reads."""
-    if state.keys is None or state.windowed or not state.ids:
+    if state.rows is None or state.windowed or not state.ids:
         return False
     if anchor_key is not None and len(state.ids) >= 2:  # one item: no anchor (the pipeline's rule)
         result = state.anchors.get(anchor_key)

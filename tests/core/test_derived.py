@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pbr_core import HistoryItem, PBRConfig
-from pbr_core.derived import DamagedState, OtherVersion, attach, pack
+from pbr_core.derived import DamagedState, OtherVersion, attach, pack, rows_digest, unpack
 from pbr_core.lexical import LexicalIndex
 from pbr_core.snapshot import UserHistory
 
@@ -218,9 +218,9 @@ def test_a_state_of_other_rows_or_another_pbr_is_refused(monkeypatch: pytest.Mon
         attach(_history(), b"PNG" + blob[3:], BASIS)
     assert not isinstance(garbage.value, OtherVersion)  # damage, not an upgrade
     # an .npz body; at most one BM25 index, unstemmed; words cut at their combining marks; no
-    # host keys, affinities or central items
-    for older in (1, 2, 3, 4):
-        with pytest.raises(OtherVersion, match=f"packed in format {older}, not 5"):
+    # host keys, affinities or central items; host keys listed and arrays in their own types
+    for older in (1, 2, 3, 4, 5):
+        with pytest.raises(OtherVersion, match=f"packed in format {older}, not 6"):
             attach(_history(), blob[:4] + bytes([older]) + blob[5:], BASIS)
     monkeypatch.setattr("pbr_core.derived._PBR", "9.9.9")
     with pytest.raises(OtherVersion, match="derived by pbr"):
@@ -234,11 +234,50 @@ def test_a_states_arrays_are_copied_out_aligned_and_little_endian_on_disk() -> N
 
     blob = pack(_built(), BASIS)
     assert blob is not None
-    header, start = _header(blob[37:])
-    assert all(dtype[0] in "<|" for _, dtype, _ in header["arrays"])
-    for array in _arrays(blob[37:], header["arrays"], start).values():
+    body = memoryview(blob)[37:]
+    header, start = _header(body)
+    assert all(dtype[0] in "<|" for _, dtype, _, _ in header["arrays"])
+    for array in _arrays(body, header["arrays"], start).values():
         assert array.flags.owndata and array.flags.aligned and array.flags.writeable
         assert array.dtype.isnative
+
+
+def test_counts_and_positions_are_stored_narrow_and_read_back_in_their_own_types() -> None:
+    """A third of a 1k-item state is BM25 counts and positions: each stored in the narrowest
+    unsigned type that holds it, and read back as the type it was built in."""
+    from pbr_core.derived import _arrays, _header
+
+    built = _built()
+    blob = pack(built, BASIS)
+    assert blob is not None
+    body = memoryview(blob)[37:]
+    header, start = _header(body)
+    stored = {name: (kept, wanted) for name, kept, _, wanted in header["arrays"]}
+    assert stored["lexical0_data"] == ("|u1", "<i4")  # term counts of short notes
+    assert stored["lexical0_indices"][0] == "|u1"  # 30 items
+    assert stored["anchor0_data"][0] == "<f8"  # weights are not narrowed
+    read = _arrays(body, header["arrays"], start)
+    _, parts = built.lexical().parts()
+    for name, array in parts.items():
+        assert read[f"lexical0_{name}"].dtype == array.dtype
+        assert np.array_equal(read[f"lexical0_{name}"], array)
+
+
+def test_only_rows_in_key_order_with_distinct_keys_make_a_state_that_ranks_without_vectors() -> (
+    None
+):
+    """What ranks a user in the database is kept only for rows the state can be lined up
+    with as the database returns them (key order) and told apart (distinct keys)."""
+    built = _built()
+    keys = [f"k{i:03d}" for i in range(len(built))]
+    stamps = [str(700 + i) for i in range(len(built))]
+    state = unpack(pack(built, BASIS, keys, stamps, "token-1") or b"")
+    assert state.rows == rows_digest(keys, stamps) and state.token == "token-1"
+    assert set(state.affinity) == set(state.anchors) and state.central
+    for other in (keys[::-1], [keys[0], *keys[:-1]]):  # another order; a key repeated
+        plain = unpack(pack(built, BASIS, other, stamps, "token-1") or b"")
+        assert plain.rows is None and plain.token is None and not plain.affinity
+        assert plain.lexical and plain.anchors  # still shared with cold readers
 
 
 def _crafted(blob: bytes, edit: Callable[[dict[str, Any]], None], tail: bytes = b"") -> bytes:
