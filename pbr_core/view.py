@@ -95,7 +95,7 @@ class ScoredView:
         self.keys = keys
         self.cosines = np.asarray(cosines, dtype=np.float64)
         self._state = state
-        self._positions = dict(zip(state.ids, range(len(state.ids))))
+        self._positions: dict[str, int] | None = None  # on first use: most requests look none up
         self.items = _Items(len(state.ids), state.central, load)
         self.windows: dict[str, np.ndarray] = {}  # never served for windowed items
 
@@ -108,6 +108,8 @@ class ScoredView:
         return self._state.dim
 
     def position(self, item_id: str) -> int | None:
+        if self._positions is None:
+            self._positions = dict(zip(self._state.ids, range(len(self._state.ids))))
         return self._positions.get(item_id)
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
