@@ -18,10 +18,11 @@ Layout: ``b"PBRD"``, a format byte, the sha256 of the rest, then the length of a
 (4 bytes, little-endian), the header (user, item ids, anchor keys, each BM25 index's
 parameters, analyzer and terms, and each array's name, stored type, shape and type) and the raw
 bytes of those arrays: the anchors' (:func:`pbr_core.history_format.anchor_arrays`) and each
-BM25 index's (:meth:`pbr_core.lexical.LexicalIndex.parts`), counts and positions stored in the
-narrowest unsigned type that holds them. Numbers only, never a pickle; read in place, without
-an ``.npz`` container, whose per-array parsing cost a cold read ~0.7 ms; ids and terms as one
-string each, one per line (a JSON list of thousands of strings costs ~0.3 ms to parse).
+BM25 index's (:meth:`pbr_core.lexical.LexicalIndex.parts`), each in the narrowest type that
+holds its values exactly (counts and positions unsigned, float32 weights as float32). Numbers
+only, never a pickle; read in place, without an ``.npz`` container, whose per-array parsing
+cost a cold read ~0.7 ms; ids and terms as one string each, one per line (a JSON list of
+thousands of strings costs ~0.3 ms to parse).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def pack(
             {"k1": index.k1, "b": index.b, "stemmer": index.stemmer, "terms": _joined(terms)}
         )
         arrays.update({f"lexical{i}_{name}": array for name, array in parts.items()})
-    # little-endian on every host, so a state packed on one is read on any other; counts and
-    # positions in the narrowest unsigned type that holds them (a third of a 1k-item state)
+    # little-endian on every host, so a state packed on one is read on any other; each array in
+    # the narrowest type that holds it exactly (counts and positions: a third of a 1k-item state)
     stored = [_narrowed(a) for a in arrays.values()]
     header["arrays"] = [
         [name, kept.dtype.str, list(array.shape), np.dtype(array.dtype).newbyteorder("<").str]
@@ -167,14 +168,18 @@ def pack(
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
-    """``array`` little-endian, an integer one in the narrowest unsigned type that holds its
-    values (:func:`_arrays` widens it back to the type it names)."""
+    """``array`` little-endian and in the narrowest type that holds its values exactly
+    (:func:`_arrays` widens it back to the type it names): an integer one unsigned where none
+    is negative, a ``float64`` one as ``float32`` where every value is one (the kNN graph's
+    weights, float32 similarities: half of a state of real text's anchor)."""
     a = np.asarray(array)
     if a.dtype.kind in "iu" and a.size and int(a.min()) >= 0:
         top = int(a.max())
         for kind in ("|u1", "<u2", "<u4"):
             if top <= np.iinfo(np.dtype(kind)).max:
                 return np.ascontiguousarray(a, dtype=kind)
+    if a.dtype == np.float64 and np.array_equal(a.astype(np.float32), a):
+        return np.ascontiguousarray(a, dtype="<f4")
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 

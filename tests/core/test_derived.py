@@ -244,7 +244,8 @@ def test_a_states_arrays_are_copied_out_aligned_and_little_endian_on_disk() -> N
 
 def test_counts_and_positions_are_stored_narrow_and_read_back_in_their_own_types() -> None:
     """A third of a 1k-item state is BM25 counts and positions: each stored in the narrowest
-    unsigned type that holds it, and read back as the type it was built in."""
+    unsigned type that holds it, and read back as the type it was built in; float64 values
+    that are float32 (the graph's weights) as float32, any other float64 (PageRank) as is."""
     from pbr_core.derived import _arrays, _header
 
     built = _built()
@@ -255,8 +256,13 @@ def test_counts_and_positions_are_stored_narrow_and_read_back_in_their_own_types
     stored = {name: (kept, wanted) for name, kept, _, wanted in header["arrays"]}
     assert stored["lexical0_data"] == ("|u1", "<i4")  # term counts of short notes
     assert stored["lexical0_indices"][0] == "|u1"  # 30 items
-    assert stored["anchor0_data"][0] == "<f8"  # weights are not narrowed
+    assert stored["anchor0_data"] == ("<f4", "<f8")  # float32 similarities
+    assert stored["anchor0_pagerank"] == ("<f8", "<f8")
     read = _arrays(body, header["arrays"], start)
+    anchor = built.anchor(CONFIG)
+    assert anchor is not None
+    assert np.array_equal(read["anchor0_data"], anchor.graph.tocsr().data)
+    assert np.array_equal(read["anchor0_pagerank"], anchor.pagerank)
     _, parts = built.lexical().parts()
     for name, array in parts.items():
         assert read[f"lexical0_{name}"].dtype == array.dtype
