@@ -1259,11 +1259,13 @@ class Corpus:
             return None  # this worker's embedder would window other items
         if not servable(state, config, anchor_key):
             return None
-        # exactly the rows (keys and versions, in the items' order: the key order both the
-        # statement and a cold read use) the state was derived from: a row added, removed,
+        # exactly the rows (keys and versions, in the items' order: the code-point key order
+        # both the statement and a cold read use) the state was derived from: a row added, removed,
         # left out, shadowed or rewritten unseen (a partition's trigger disabled meanwhile)
         # is not served; the rows are then read
-        if len(rows.keys) != len(state.ids) or state.rows != rows_digest(rows.keys, rows.stamps):
+        if len(rows.keys) != len(state.ids) or None in rows.keys:  # a row without a key
+            return None
+        if state.rows != rows_digest(rows.keys, rows.stamps):
             return None
         if not np.isfinite(rows.cosines).all():
             return None

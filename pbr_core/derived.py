@@ -103,8 +103,8 @@ def pack(
     ``keys`` and ``stamps``: each item's host key and row version, in the items' order;
     ``token``: the host's change token of the rows; ``window``: the tokens the embedder read per
     text (None: no limit), which decided which items have windows. With the first three, where
-    the items are in key order (code points, as a cold read puts them and ``COLLATE "C"``
-    sorts) and no key repeats, the blob also holds what ranks the user without their vectors
+    the items are in key order (code points, as a cold read puts them and the scored read
+    sorts them) and no key repeats, the blob also holds what ranks the user without their vectors
     (:mod:`pbr_core.view`, which uses it only for exactly those rows, read by a worker whose
     embedder reads as much): :func:`rows_digest` of the keys and versions, each item's inner
     product with each anchor, and the most central items of each anchor, as the explanation
@@ -184,9 +184,12 @@ def _narrowed(array: np.ndarray) -> np.ndarray:
 
 
 def _joined(terms: list[str]) -> str | list[str]:
-    """A BM25 index's terms as one string, one per line (a JSON list of thousands of strings
-    costs a cold request ~0.3 ms to parse); as the list where a term holds a line break."""
-    return terms if any("\n" in term for term in terms) else "\n".join(terms)
+    """Strings (a BM25 index's terms, item ids) as one, one per line (a JSON list of thousands
+    of strings costs a cold request ~0.3 ms to parse); as the list where one holds a line
+    break, or is the only one and empty (which would read back as none)."""
+    if terms == [""] or any("\n" in term for term in terms):
+        return terms
+    return "\n".join(terms)
 
 
 def _split(terms: Any) -> list[str]:

@@ -1030,15 +1030,16 @@ class PgRecords:
             f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
             f"{t.scoped()} AND {self._mine()}{order}"
         )
-        # The rows in key order (code points: the order a cold read builds a history in), so
-        # that the state's items usually line up with them as they come (the caller checks);
-        # none where no state is shared (the caller reads the user's rows anyway).
+        # The rows in key order (code points, whatever the server's encoding: UTF-8's byte
+        # order; the order a cold read builds a history in), so that they line up with the
+        # state's items as they come (the caller checks); none where no state is shared (the
+        # caller reads the user's rows anyway).
         statement = (
             f"SELECT {token_columns(t)}, s.rev, s.state, a.* FROM (SELECT 1) one LEFT JOIN "
             f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
             "AND s.owner = :user CROSS JOIN LATERAL (SELECT array_agg(k), array_agg(c), "
             "array_agg(t), array_agg(m), array_agg(x) FROM (SELECT * FROM "
-            f'({mine}) r WHERE s.state IS NOT NULL ORDER BY k COLLATE "C") mine) a'
+            f"({mine}) r WHERE s.state IS NOT NULL ORDER BY convert_to(k, 'UTF8')) mine) a"
         )
         params = self._user_params(
             user_id,

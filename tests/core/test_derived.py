@@ -286,6 +286,18 @@ def test_only_rows_in_key_order_with_distinct_keys_make_a_state_that_ranks_witho
         assert plain.lexical and plain.anchors  # still shared with cold readers
 
 
+def test_a_history_of_one_item_with_an_empty_id_is_taken_back() -> None:
+    """Ids are kept as one string, one per line: a lone empty id must not read back as none."""
+    history = UserHistory("alice", [HistoryItem(id="", text="tea")], np.ones((1, 8)), version=1)
+    history.lexical()
+    blob = pack(history, BASIS)
+    assert blob is not None
+    assert unpack(blob).ids == [""]
+    fresh = UserHistory("alice", [HistoryItem(id="", text="tea")], np.ones((1, 8)), version=1)
+    attach(fresh, blob, BASIS)
+    assert len(fresh.lexical_indexes()) == 1  # taken, not rebuilt
+
+
 def _crafted(blob: bytes, edit: Callable[[dict[str, Any]], None], tail: bytes = b"") -> bytes:
     """``blob`` with its JSON header edited (and bytes appended), checksum made to match:
     what anyone who may write the table could store."""

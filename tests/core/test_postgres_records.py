@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -1460,6 +1461,78 @@ def test_rows_the_state_does_not_describe_are_read_not_ranked_from_the_state(
     views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "new note", 41)
     assert views == ["alice"] and reads == ["MainThread"] and "new" in {h.id for h in got.hits}
+
+
+def _floats(embedder: Any, text: str) -> list[float]:
+    return [float(x) for x in embedder.embed_query(text)]
+
+
+def _notes_by_hand(engine: Any, embedder: Any, keys: Sequence[str | None]) -> None:
+    """alice's notes written by SQL under ``keys`` (a key column without a constraint)."""
+    sql = engine_sql(engine)
+    sql([(f"CREATE TABLE notes (id text, doc text, meta jsonb, emb vector({DIM}))", {})])
+    for i, key in enumerate(keys):
+        text = f"alice note {i} about {'tea' if i % 2 else 'trains'}"
+        meta = json.dumps({"user_id": "alice", "pbr_id": f"m{i}"})
+        emb = json.dumps(_floats(embedder, text))
+        sql(
+            [
+                (
+                    "INSERT INTO notes VALUES (:id, :doc, CAST(:meta AS jsonb), "
+                    "CAST(:emb AS vector))",
+                    {"id": key, "doc": text, "meta": meta, "emb": emb},
+                )
+            ]
+        )
+
+
+def test_a_row_without_a_key_is_read_not_ranked_from_the_state(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row whose key is NULL (a key column that allows it) is never lined up with a state's
+    item: the cold request reads the rows and answers as the first worker did."""
+    engine = pgvector_engine[0]
+    _notes_by_hand(engine, hash_embedder, [str(i) for i in range(1, 12)] + [None])
+    first = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    assert views == ["alice"] and reads == ["MainThread"]  # tried, then the rows read
+    assert _answer(got) == _answer(first)
+
+
+@pytest.fixture
+def win1252_engine(pgvector_url: str) -> Iterator[Any]:
+    """A database in WIN1252 with the C collation (which sorts its bytes, not code points)."""
+    import psycopg
+    from sqlalchemy import create_engine
+
+    name = f"pbr_win_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE DATABASE {name} ENCODING 'WIN1252' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0"
+        )
+    url = pgvector_url.replace("/postgres?", f"/{name}?")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    yield engine
+    engine.dispose()
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_a_database_in_another_encoding_ranks_in_the_database_too(
+    win1252_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys are put in code-point order by both reads whatever the server's encoding (in
+    WIN1252, "C" puts "€" before "Ž" and "ÿ"; code points the other way round)."""
+    _notes_by_hand(win1252_engine, hash_embedder, ["a", "b", "ÿ", "Ž", "€", "c"])
+    first = _personalizer(win1252_engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(win1252_engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
+    assert _answer(got) == _answer(first)
 
 
 def test_a_write_the_trigger_did_not_see_is_not_ranked_from_the_state(
