@@ -52,9 +52,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .config import SearchMode
+from .config import PBRConfig, SearchMode
 from .derived import DamagedState, OtherVersion, attach, pack, rows_digest, unpack
 from .errors import UnknownUserError
+from .fusion import MODE_TERMS
 from .history import HistoryStore
 from .hybrid import Ranked, hits, rank
 from .items import HistoryItem, check_batch, check_ids, check_serialisable, copy_metadata
@@ -97,15 +98,17 @@ log = logging.getLogger("pbr.corpus")
 
 class _BackgroundReads:
     """A corpus's own daemon thread that reads users into its cache after a request ranked them
-    in the database (:meth:`Corpus.read_later`). One per corpus, so a read stuck on a dead
+    in the database (:meth:`Corpus.read_later`), and derives and shares users' states after
+    writes (:meth:`Corpus.derive_later`). One per corpus, so a read stuck on a dead
     connection holds up no other corpus's; a daemon, so it never keeps the process from
     exiting; it holds its corpus weakly, and ends once the corpus is gone. At most
     :data:`_BACKGROUND_PENDING` users wait: past that a read is dropped (the user's next
-    request ranks in the database again)."""
+    request ranks in the database again; a derivation's user is read whole by the next
+    worker new to them)."""
 
     def __init__(self, corpus: Corpus) -> None:
         self._corpus = weakref.ref(corpus)
-        self._queue: queue.Queue[str | None] = queue.Queue(maxsize=_BACKGROUND_PENDING)
+        self._queue: queue.Queue[tuple[str, bool] | None] = queue.Queue(maxsize=_BACKGROUND_PENDING)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
@@ -114,8 +117,8 @@ class _BackgroundReads:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
 
-    def submit(self, user_id: str) -> bool:
-        """Queue a read of ``user_id``; False where too many wait."""
+    def submit(self, user_id: str, derive: bool = False) -> bool:
+        """Queue a read of ``user_id`` (``derive``: a derivation); False where too many wait."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -123,7 +126,7 @@ class _BackgroundReads:
                 )
                 self._thread.start()
         try:
-            self._queue.put_nowait(user_id)
+            self._queue.put_nowait((user_id, derive))
         except queue.Full:
             return False
         return True
@@ -131,15 +134,19 @@ class _BackgroundReads:
     def _run(self) -> None:
         while True:
             try:
-                user_id = self._queue.get(timeout=30.0)
+                job = self._queue.get(timeout=30.0)
             except queue.Empty:
                 if self._corpus() is None:
                     return
                 continue
             corpus = self._corpus()
-            if corpus is None or user_id is None:
+            if corpus is None or job is None:
                 return
-            corpus._read_now(user_id)
+            user_id, derive = job
+            if derive:
+                corpus._derive_now(user_id)
+            else:
+                corpus._read_now(user_id)
             del corpus  # not kept alive by this thread while it waits
 
 
@@ -415,6 +422,7 @@ class Corpus:
         # requests under way per user (in_use): the cache does not evict them meanwhile
         self._in_use: dict[str, int] = {}
         self._reading_later: set[str] = set()  # users read_later is reading now
+        self._deriving_later: set[str] = set()  # users a derivation waits for (derive_later)
         self._background: _BackgroundReads | None = None  # made on the first read_later
         self.host = host  # checks the cache's budget against it
         self.check_model()
@@ -429,6 +437,7 @@ class Corpus:
             "_window_of",
             "_in_use",
             "_reading_later",
+            "_deriving_later",
             "_background",
         )
         return {k: v for k, v in self.__dict__.items() if k not in skip}
@@ -445,6 +454,7 @@ class Corpus:
         self._locks_guard = threading.Lock()
         self._in_use = {}
         self._reading_later = set()
+        self._deriving_later = set()
         self._background = None
         self.cache.attach(self)
 
@@ -687,6 +697,7 @@ class Corpus:
                 known.revisions.pop(key, None)
                 known.key_of.pop(item_id, None)
             self._drop_if_empty(user_id)
+        self.derive_later(user_id)
 
     async def adelete(self, user_id: str, ids: Iterable[str]) -> None:
         """Async :meth:`delete` (the host call runs in a worker thread)."""
@@ -1080,6 +1091,9 @@ class Corpus:
                         for record in by_user[user_id]:
                             known.key_of[record.item_id] = record.key
                             known.revisions[record.key] = revision(self._as_listed(record))
+        if write_host:
+            for group in plan:
+                self.derive_later(group.user_id)
         return out
 
     def _as_listed(self, record: Record) -> Record:
@@ -1291,21 +1305,43 @@ class Corpus:
         such read per user at a time, in this corpus's own thread (:class:`_BackgroundReads`).
         Never raises: a failed read leaves the next request ranking in the database again
         (logged at debug level)."""
+        self._later(user_id, self._reading_later, derive=False)
+
+    #: The request configuration whose derived state (the anchor of its graph parameters, the
+    #: BM25 index of its analyzer) a worker derives and shares after each write of a user's
+    #: rows through it, in the background (:meth:`derive_later`), where the host ranks in the
+    #: database: a write removes the user's shared state, so the next worker new to the user
+    #: would read all their rows. None (the default): shared by the next request that reads
+    #: the user cold. Costs the writer a cold read and the derivation per written user.
+    derive_after_write: PBRConfig | None = None
+
+    def derive_later(self, user_id: str) -> None:
+        """After a write of ``user_id``'s rows: derive and share their state for
+        :attr:`derive_after_write` in the background (:meth:`_derive_now`), where it is set and
+        the host ranks in the database; one waiting derivation per user (it reads the rows as
+        they are when it starts). Never raises (a failure is logged at debug level: the next
+        worker new to the user reads their rows)."""
+        if self.derive_after_write is not None and getattr(self._host, "can_score", False):
+            self._later(user_id, self._deriving_later, derive=True)
+
+    def _later(self, user_id: str, pending: set[str], *, derive: bool) -> None:
+        """Queue ``user_id`` for this corpus's background thread unless ``pending`` (the users
+        queued or under way of that kind) holds them."""
         with self._locks_guard:
-            if user_id in self._reading_later:
+            if user_id in pending:
                 return
-            self._reading_later.add(user_id)
+            pending.add(user_id)
             if self._background is None:
                 self._background = _BackgroundReads(self)
             background = self._background
         try:
-            queued = background.submit(user_id)
+            queued = background.submit(user_id, derive)
         except Exception as exc:  # e.g. no thread can be started now: the read is a cache fill
-            log.debug("pbr: background read of user %s not started: %s", user_tag(user_id), exc)
+            log.debug("pbr: background work on user %s not started: %s", user_tag(user_id), exc)
             queued = False
         if not queued:
             with self._locks_guard:
-                self._reading_later.discard(user_id)
+                pending.discard(user_id)
 
     def _read_now(self, user_id: str) -> None:
         """:meth:`read_later`'s read, in the background thread."""
@@ -1316,6 +1352,33 @@ class Corpus:
         finally:
             with self._locks_guard:
                 self._reading_later.discard(user_id)
+
+    def _derive_now(self, user_id: str) -> None:
+        """:meth:`derive_later`'s derivation, in the background thread: the user read cold by a
+        corpus of its own (as a worker new to the user reads them: the rows in key order, their
+        versions, the change token; this corpus's cache is left as it is), the anchor and BM25
+        index a request of :attr:`derive_after_write` builds, and the state shared."""
+        with self._locks_guard:
+            self._deriving_later.discard(user_id)  # a write from now on queues another
+        config = self.derive_after_write
+        if config is None:
+            return
+        try:
+            reader = Corpus(self._host, embedder=self.embedder, user_key=self.user_key)
+            history = reader.history(user_id)
+            if history is None:
+                return
+            if MODE_TERMS[config.fusion][0] and len(history) >= 2:
+                history.anchor(config)
+            if config.search != "dense":
+                history.lexical(config.lexical_stemmer)
+            reader.share_state(user_id)
+        except Exception as exc:
+            log.debug(
+                "pbr: the state of user %s was not derived after a write: %s",
+                user_tag(user_id),
+                exc,
+            )
 
     def has_unshared(self, user_id: str) -> bool:
         """Whether :meth:`share_state` has something to write for ``user_id``."""

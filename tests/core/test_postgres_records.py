@@ -1723,3 +1723,72 @@ def test_a_key_column_that_is_not_unique_still_shares_a_state_cold_workers_take(
         cold.corpus.rank_cold_in_database = False
         cold.search("alice", "tea", 3)
     assert not [r for r in caplog.records if "not usable" in r.getMessage()]
+
+
+# -- a writer that shares the state its write removed (Corpus.derive_after_write) -------------
+def _state_soon(engine: Any, user: str, seconds: float = 10.0) -> bool:
+    """Whether ``user`` has a shared state within ``seconds`` (a background derivation's)."""
+    sql = engine_sql(engine)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if sql([("SELECT count(*) FROM pbr_states WHERE owner = :u", {"u": user})])[0][0]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_the_database(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write removes the user's state; a writer with ``derive_after_write`` derives and
+    shares it again in the background, so a worker new to the user ranks their next request
+    in the database, with the answer a worker reading the rows gives."""
+    engine = pgvector_engine[0]
+    writer = _many_shared(engine, hash_embedder)
+    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
+    assert _state_soon(engine, "alice")
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "green tea", 7)
+    assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
+    assert "alice" not in writer.cache or len(writer.cache.get("alice")) == 41  # untouched
+    monkeypatch.setattr(Corpus, "rank_cold_in_database", False)
+    expected = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "green tea", 7)
+    assert _answer(got) == _answer(expected)
+    writer.delete("alice", ["m40"])  # a delete is a write too
+    assert _state_soon(engine, "alice")
+
+
+def test_without_derive_after_write_a_write_leaves_no_state_behind(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    writer = _many_shared(engine, hash_embedder)
+    _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
+    assert writer._background is None  # nothing queued
+    assert not _state_soon(engine, "alice", seconds=0.5)
+
+
+def test_a_derivation_that_fails_after_a_write_leaves_the_write_and_the_next_read_as_they_are(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The derivation is a cache fill: its failure (here every cold read fails in the
+    background) neither fails the write nor leaves a state; the next worker reads the rows."""
+    engine = pgvector_engine[0]
+    writer = _many_shared(engine, hash_embedder)
+    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    real = PgRecords.read_user
+    failed = threading.Event()
+
+    def broken(self: PgRecords, user_id: str) -> Any:
+        if threading.current_thread().name == "pbr-read-later":
+            failed.set()
+            raise ConnectionError("the database went away")
+        return real(self, user_id)
+
+    monkeypatch.setattr(PgRecords, "read_user", broken)
+    _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
+    assert failed.wait(10)
+    assert not _state_soon(engine, "alice", seconds=0.5)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "note 40", 3)
+    assert "m40" in {h.id for h in got.hits}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from llamaindex_pbr import PBRRetriever
 from llamaindex_pbr.stores import IndexRecords
 from llamaindex_pbr.testing import HashEmbedding
 from pbr_core import PBRConfig
+from pbr_core.corpus import Corpus
 from pbr_core.postgres import PgRecords
 
 EMB = HashEmbedding(dim=32)
@@ -267,6 +269,26 @@ def _answer(nodes: Any) -> list[Any]:
     ]
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """The users of each scored read (a request ranked in the database), and the threads of
+    each read of a user's rows with their vectors."""
+    views: list[str] = []
+    reads: list[str] = []
+    scored, read_user = PgRecords.read_scored, PgRecords.read_user
+
+    def counted_view(self: PgRecords, user_id: str, *args: Any) -> Any:
+        views.append(user_id)
+        return scored(self, user_id, *args)
+
+    def counted_read(self: PgRecords, user_id: str) -> Any:
+        reads.append(threading.current_thread().name)
+        return read_user(self, user_id)
+
+    monkeypatch.setattr(PgRecords, "read_scored", counted_view)
+    monkeypatch.setattr(PgRecords, "read_user", counted_read)
+    return views, reads
+
+
 def test_a_worker_new_to_a_user_ranks_them_in_postgres_as_a_warm_one_would(
     pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,20 +305,7 @@ def test_a_worker_new_to_a_user_ranks_them_in_postgres_as_a_warm_one_would(
     )
     first, _ = _base(pgvector_engine, config=no_prf)
     expected = _answer(first.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
-    views: list[str] = []
-    reads: list[str] = []
-    scored, read_user = PgRecords.read_scored, PgRecords.read_user
-
-    def counted_view(self: PgRecords, user_id: str, *args: Any) -> Any:
-        views.append(user_id)
-        return scored(self, user_id, *args)
-
-    def counted_read(self: PgRecords, user_id: str) -> Any:
-        reads.append(threading.current_thread().name)
-        return read_user(self, user_id)
-
-    monkeypatch.setattr(PgRecords, "read_scored", counted_view)
-    monkeypatch.setattr(PgRecords, "read_user", counted_read)
+    views, reads = _counting(monkeypatch)
     cold, _ = _base(pgvector_engine, config=no_prf)
     assert _answer(cold.for_user("ann", similarity_top_k=5).retrieve("tea at night")) == expected
     other, _ = _base(pgvector_engine, config=no_prf)
@@ -304,3 +313,32 @@ def test_a_worker_new_to_a_user_ranks_them_in_postgres_as_a_warm_one_would(
     assert _answer(got) == expected
     assert views == ["ann", "ann"]
     assert not [name for name in reads if not name.startswith("pbr-read-later")]
+
+
+def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_postgres(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``derive_after_write`` set on the writer's corpus, its node adds leave a shared
+    state behind (derived in its background thread), so a worker new to ann ranks her first
+    request in the database, answering as a worker that reads her rows."""
+    no_prf = PBRConfig(fusion="no_prf")
+    writer, _ = _base(pgvector_engine, config=no_prf)
+    writer.personalizer.corpus.derive_after_write = writer.config
+    writer.for_user("ann").add_nodes(
+        [
+            TextNode(text=f"ann {'tea' if i % 3 else 'runs'} {i} at {i % 5} pm", id_=f"n{i}")
+            for i in range(30)
+        ]
+    )
+    pg = writer._shared.corpus.host.pg  # type: ignore[union-attr]
+    deadline = time.monotonic() + 10
+    while not pg.sql([("SELECT count(*) FROM pbr_states", {})])[0][0]:
+        assert time.monotonic() < deadline, "no state shared after the write"
+        time.sleep(0.01)
+    views, reads = _counting(monkeypatch)
+    cold, _ = _base(pgvector_engine, config=no_prf)
+    got = _answer(cold.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
+    assert views == ["ann"] and not [n for n in reads if not n.startswith("pbr-read-later")]
+    monkeypatch.setattr(Corpus, "rank_cold_in_database", False)
+    rows_read, _ = _base(pgvector_engine, config=no_prf)
+    assert got == _answer(rows_read.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
