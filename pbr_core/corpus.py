@@ -72,7 +72,7 @@ from .vectors import (
     embed_documents,
     embed_query,
 )
-from .view import ScoredView, servable
+from .view import ScoredView, ranks_in_database, servable
 from .windows import Window, split, window_of
 
 __all__ = [
@@ -111,6 +111,8 @@ class _BackgroundReads:
         self._queue: queue.Queue[tuple[str, bool] | None] = queue.Queue(maxsize=_BACKGROUND_PENDING)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._unfinished = 0  # jobs queued or under way
         weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
 
     def _stop(self) -> None:
@@ -125,11 +127,22 @@ class _BackgroundReads:
                     target=self._run, name="pbr-read-later", daemon=True
                 )
                 self._thread.start()
-        try:
-            self._queue.put_nowait((user_id, derive))
-        except queue.Full:
-            return False
+            try:
+                self._queue.put_nowait((user_id, derive))
+            except queue.Full:
+                return False
+            self._unfinished += 1
         return True
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until no job is queued or under way; False at ``timeout`` (seconds)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._unfinished, timeout)
+
+    def _done(self) -> None:
+        with self._idle:
+            self._unfinished -= 1
+            self._idle.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -143,10 +156,13 @@ class _BackgroundReads:
             if corpus is None or job is None:
                 return
             user_id, derive = job
-            if derive:
-                corpus._derive_now(user_id)
-            else:
-                corpus._read_now(user_id)
+            try:
+                if derive:
+                    corpus._derive_now(user_id)
+                else:
+                    corpus._read_now(user_id)
+            finally:
+                self._done()
             del corpus  # not kept alive by this thread while it waits
 
 
@@ -423,6 +439,7 @@ class Corpus:
         self._in_use: dict[str, int] = {}
         self._reading_later: set[str] = set()  # users read_later is reading now
         self._deriving_later: set[str] = set()  # users a derivation waits for (derive_later)
+        self._derive_after_write: PBRConfig | None = None
         self._background: _BackgroundReads | None = None  # made on the first read_later
         self.host = host  # checks the cache's budget against it
         self.check_model()
@@ -448,6 +465,7 @@ class Corpus:
             state["_host"] = state.pop("host")
         self.__dict__.update(state)
         self.__dict__.setdefault("_evicted", set())
+        self.__dict__.setdefault("_derive_after_write", None)
         self._window_of = None
         self._locks = {}
         self._write_locks = {}
@@ -1307,13 +1325,49 @@ class Corpus:
         (logged at debug level)."""
         self._later(user_id, self._reading_later, derive=False)
 
-    #: The request configuration whose derived state (the anchor of its graph parameters, the
-    #: BM25 index of its analyzer) a worker derives and shares after each write of a user's
-    #: rows through it, in the background (:meth:`derive_later`), where the host ranks in the
-    #: database: a write removes the user's shared state, so the next worker new to the user
-    #: would read all their rows. None (the default): shared by the next request that reads
-    #: the user cold. Costs the writer a cold read and the derivation per written user.
-    derive_after_write: PBRConfig | None = None
+    @property
+    def derive_after_write(self) -> PBRConfig | None:
+        """The request configuration whose derived state (the anchor of its graph parameters,
+        the BM25 index of its analyzer) this worker derives and shares after each write of a
+        user's rows through it, in the background (:meth:`derive_later`), where the host ranks
+        in the database: a write removes the user's shared state, so the next worker new to the
+        user would read all their rows. None (the default): shared by the next request that
+        reads the user cold. Costs the writer a cold read and the derivation per written user.
+
+        Raises (when set):
+            ValueError: a configuration whose requests are not ranked in the database (an LLM
+                term, a re-rank, neighbour context), or that derives nothing (plain fusion
+                with dense search): the writer would pay for a state no request uses.
+        """
+        return self._derive_after_write
+
+    @derive_after_write.setter
+    def derive_after_write(self, config: PBRConfig | None) -> None:
+        if config is not None:
+            if not isinstance(config, PBRConfig):
+                raise TypeError(f"derive_after_write takes a PBRConfig or None, not {config!r}")
+            if not ranks_in_database(config):
+                raise ValueError(
+                    f"derive_after_write: requests of fusion={config.fusion!r} (rerank="
+                    f"{config.rerank!r}, lexical_context={config.lexical_context}) are not "
+                    "ranked in the database, so no request would use the state; give the "
+                    "config of the requests that are, e.g. PBRConfig(fusion='no_prf')"
+                )
+            if not MODE_TERMS[config.fusion][0] and config.search == "dense":
+                raise ValueError(
+                    "derive_after_write: plain fusion with dense search derives nothing (no "
+                    "anchor, no BM25 index): there is no state to share"
+                )
+        self._derive_after_write = config
+
+    def join_background(self, timeout: float | None = None) -> bool:
+        """Wait until this corpus's background work (cache fills after requests ranked in the
+        database, derivations after writes) is done; True when it is, False at ``timeout``
+        (seconds; None: no limit). A job that writes through pbr and then exits calls it
+        first: the background thread is a daemon, and a derivation cut short only costs the
+        next worker new to the user a read of all their rows."""
+        background = self._background
+        return True if background is None else background.wait(timeout)
 
     def derive_later(self, user_id: str) -> None:
         """After a write of ``user_id``'s rows: derive and share their state for
@@ -1357,14 +1411,15 @@ class Corpus:
         """:meth:`derive_later`'s derivation, in the background thread: the user read cold by a
         corpus of its own (as a worker new to the user reads them: the rows in key order, their
         versions, the change token; this corpus's cache is left as it is), the anchor and BM25
-        index a request of :attr:`derive_after_write` builds, and the state shared."""
+        index a request of :attr:`derive_after_write` builds, and the state shared. A user with
+        an item longer than the embedder reads is left (:class:`_StateReader`)."""
         with self._locks_guard:
             self._deriving_later.discard(user_id)  # a write from now on queues another
         config = self.derive_after_write
         if config is None:
             return
         try:
-            reader = Corpus(self._host, embedder=self.embedder, user_key=self.user_key)
+            reader = _StateReader(self._host, embedder=self.embedder, user_key=self.user_key)
             history = reader.history(user_id)
             if history is None:
                 return
@@ -1373,6 +1428,8 @@ class Corpus:
             if config.search != "dense":
                 history.lexical(config.lexical_stemmer)
             reader.share_state(user_id)
+        except _Windowed:
+            pass  # a state with windows never ranks in the database
         except Exception as exc:
             log.debug(
                 "pbr: the state of user %s was not derived after a write: %s",
@@ -1580,6 +1637,26 @@ class Corpus:
         history = self.cache._current(user_id)
         if history is not None and len(history) == 0:
             self.cache.drop_user(user_id)
+
+
+class _Windowed(Exception):
+    """A user with an item longer than the embedder reads (:class:`_StateReader`)."""
+
+
+class _StateReader(Corpus):
+    """The corpus a derivation after a write reads a user with (:meth:`Corpus._derive_now`):
+    as any worker new to the user, except that it gives up on an item longer than the
+    embedder reads instead of embedding its windows. A state with windows never ranks in the
+    database, and its windows would be embedded again on every write."""
+
+    def _windows(self, user_id: str, items: Sequence[HistoryItem]) -> dict[str, np.ndarray]:
+        window = self._window()
+        if window is not None:
+            for item in items:
+                long = len(item.text.encode("utf-8")) > window.max_tokens
+                if long and len(split(item.text, window)) > 1:
+                    raise _Windowed(user_id)
+        return {}
 
 
 def _derived(history: UserHistory) -> tuple[Any, ...]:

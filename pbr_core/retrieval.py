@@ -28,7 +28,6 @@ import numpy as np
 
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
-from .derived import CENTRAL_ITEMS
 from .fusion import MODE_TERMS
 from .hybrid import host_candidates, lexical_query, lexical_terms, rank
 from .prf import PromptSet
@@ -36,7 +35,7 @@ from .protocols import SearchHit, TextGenerator
 from .rerank import rerank_by_salience
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 from .snapshot import UserHistory
-from .view import NotServed, ScoredView
+from .view import NotServed, ScoredView, ranks_in_database
 
 if TYPE_CHECKING:
     from .salience.protocol import LogProbScorer
@@ -382,10 +381,7 @@ def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts
         not (hosts.filter or hosts.final or request.view_filtered)
         and not request.skip_unknown  # agent memory: an empty memory costs no embedding
         and request.feedback is None
-        and not any(MODE_TERMS[config.fusion][1:])
-        and config.rerank == "none"
-        and not config.lexical_context
-        and config.top_anchor_items <= CENTRAL_ITEMS  # the explanation's, kept in a state
+        and ranks_in_database(config)
         and corpus.may_view(request.user_id)
     )
 

@@ -27,12 +27,13 @@ import numpy as np
 
 from .anchor import AnchorResult
 from .config import PBRConfig
-from .derived import PackedState
+from .derived import CENTRAL_ITEMS, PackedState
+from .fusion import MODE_TERMS
 from .items import HistoryItem
 from .lexical import DEFAULT_STEMMER, LexicalIndex, StemmerName
 from .snapshot import AnchorKey, top_k
 
-__all__ = ["NotServed", "ScoredView"]
+__all__ = ["NotServed", "ScoredView", "ranks_in_database"]
 
 # How far from the span of q and the anchors a search vector may be, relative to its norm, and
 # still be ranked from the cosines (rounding of float32 fusion arithmetic stays far below).
@@ -151,6 +152,18 @@ class ScoredView:
             return self._state.anchors[config.anchor_key]
         except KeyError:
             raise NotServed("no shared anchor for these graph parameters") from None
+
+
+def ranks_in_database(config: PBRConfig) -> bool:
+    """Whether requests of ``config`` can be ranked from a shared state: they need nothing but
+    ``q``, the anchor and the BM25 index (no LLM term, no re-rank, no neighbour context, an
+    explanation of at most the central items a state keeps)."""
+    return (
+        not any(MODE_TERMS[config.fusion][1:])
+        and config.rerank == "none"
+        and not config.lexical_context
+        and config.top_anchor_items <= CENTRAL_ITEMS
+    )
 
 
 def servable(state: PackedState, config: PBRConfig, anchor_key: AnchorKey | None) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import pbr_core.corpus
 import pbr_core.snapshot
 from pbr_core import HistoryItem, PBRConfig, Personalizer, postgres
 from pbr_core.corpus import Corpus, Record
@@ -1726,15 +1727,16 @@ def test_a_key_column_that_is_not_unique_still_shares_a_state_cold_workers_take(
 
 
 # -- a writer that shares the state its write removed (Corpus.derive_after_write) -------------
-def _state_soon(engine: Any, user: str, seconds: float = 10.0) -> bool:
-    """Whether ``user`` has a shared state within ``seconds`` (a background derivation's)."""
+def _has_state(engine: Any, user: str) -> bool:
     sql = engine_sql(engine)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if sql([("SELECT count(*) FROM pbr_states WHERE owner = :u", {"u": user})])[0][0]:
-            return True
-        time.sleep(0.01)
-    return False
+    return bool(sql([("SELECT count(*) FROM pbr_states WHERE owner = :u", {"u": user})])[0][0])
+
+
+def _deriving_writer(engine: Any, embedder: Any) -> Corpus:
+    """alice's many notes written and shared; the writer then derives after each write."""
+    writer = _many_shared(engine, embedder)
+    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    return writer
 
 
 def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_the_database(
@@ -1744,10 +1746,9 @@ def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_the_datab
     shares it again in the background, so a worker new to the user ranks their next request
     in the database, with the answer a worker reading the rows gives."""
     engine = pgvector_engine[0]
-    writer = _many_shared(engine, hash_embedder)
-    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    writer = _deriving_writer(engine, hash_embedder)
     _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
-    assert _state_soon(engine, "alice")
+    assert writer.join_background(10) and _has_state(engine, "alice")
     views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "green tea", 7)
     assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
@@ -1756,7 +1757,9 @@ def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_the_datab
     expected = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "green tea", 7)
     assert _answer(got) == _answer(expected)
     writer.delete("alice", ["m40"])  # a delete is a write too
-    assert _state_soon(engine, "alice")
+    assert writer.join_background(10) and _has_state(engine, "alice")
+    asyncio.run(writer.aadd_many({"alice": [HistoryItem(id="m41", text="alice tea at 6 pm")]}))
+    assert writer.join_background(10) and _has_state(engine, "alice")  # async writes too
 
 
 def test_without_derive_after_write_a_write_leaves_no_state_behind(
@@ -1765,8 +1768,48 @@ def test_without_derive_after_write_a_write_leaves_no_state_behind(
     engine = pgvector_engine[0]
     writer = _many_shared(engine, hash_embedder)
     _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
-    assert writer._background is None  # nothing queued
-    assert not _state_soon(engine, "alice", seconds=0.5)
+    assert writer.join_background(10) and not _has_state(engine, "alice")
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ({"fusion": "safe"}, "not ranked in the database"),
+        ({"fusion": "no_prf", "rerank": "salience"}, "not ranked in the database"),
+        ({"fusion": "plain", "search": "dense"}, "derives nothing"),
+    ],
+)
+def test_a_config_no_request_would_rank_from_a_state_is_refused_for_derivation(
+    config: dict[str, Any], why: str
+) -> None:
+    corpus = Corpus(None)
+    with pytest.raises(ValueError, match=why):
+        corpus.derive_after_write = PBRConfig(**config)
+    assert corpus.derive_after_write is None
+
+
+def test_a_user_with_an_item_longer_than_the_embedder_reads_is_not_derived(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state with windows never ranks in the database: the derivation gives up before
+    embedding any window (it would embed them again on every write)."""
+    engine = pgvector_engine[0]
+    short = Window(max_tokens=3, count=lambda text: len(text.split()))
+    monkeypatch.setattr(Corpus, "_window", lambda self: short)
+    embedded: list[str] = []
+    real = pbr_core.corpus.embed_documents
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        embedded.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pbr_core.corpus, "embed_documents", counted)
+    writer, _ = _corpus(_records(engine), hash_embedder)
+    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    _add(writer, "alice", {"long": "alice drinks green tea at night", "short": "alice trains"})
+    assert writer.join_background(10)
+    assert "MainThread" in embedded and "pbr-read-later" not in embedded
+    assert not _has_state(engine, "alice")
 
 
 def test_a_derivation_that_fails_after_a_write_leaves_the_write_and_the_next_read_as_they_are(
@@ -1775,8 +1818,7 @@ def test_a_derivation_that_fails_after_a_write_leaves_the_write_and_the_next_rea
     """The derivation is a cache fill: its failure (here every cold read fails in the
     background) neither fails the write nor leaves a state; the next worker reads the rows."""
     engine = pgvector_engine[0]
-    writer = _many_shared(engine, hash_embedder)
-    writer.derive_after_write = PBRConfig(fusion="no_prf")
+    writer = _deriving_writer(engine, hash_embedder)
     real = PgRecords.read_user
     failed = threading.Event()
 
@@ -1788,7 +1830,7 @@ def test_a_derivation_that_fails_after_a_write_leaves_the_write_and_the_next_rea
 
     monkeypatch.setattr(PgRecords, "read_user", broken)
     _add(writer, "alice", {"m40": "alice green tea note 40 at 5 pm"})
-    assert failed.wait(10)
-    assert not _state_soon(engine, "alice", seconds=0.5)
+    assert writer.join_background(10) and failed.is_set()
+    assert not _has_state(engine, "alice")
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "note 40", 3)
     assert "m40" in {h.id for h in got.hits}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -323,18 +322,16 @@ def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_postgres(
     request in the database, answering as a worker that reads her rows."""
     no_prf = PBRConfig(fusion="no_prf")
     writer, _ = _base(pgvector_engine, config=no_prf)
-    writer.personalizer.corpus.derive_after_write = writer.config
+    writer.personalizer.corpus.derive_after_write = no_prf
     writer.for_user("ann").add_nodes(
         [
             TextNode(text=f"ann {'tea' if i % 3 else 'runs'} {i} at {i % 5} pm", id_=f"n{i}")
             for i in range(30)
         ]
     )
+    assert writer.personalizer.corpus.join_background(10)
     pg = writer._shared.corpus.host.pg  # type: ignore[union-attr]
-    deadline = time.monotonic() + 10
-    while not pg.sql([("SELECT count(*) FROM pbr_states", {})])[0][0]:
-        assert time.monotonic() < deadline, "no state shared after the write"
-        time.sleep(0.01)
+    assert pg.sql([("SELECT count(*) FROM pbr_states", {})])[0][0] == 1  # ann's, shared again
     views, reads = _counting(monkeypatch)
     cold, _ = _base(pgvector_engine, config=no_prf)
     got = _answer(cold.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
