@@ -56,10 +56,19 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
   costs what a cold read costs, once per user and worker, off the request). Writes
   ``fleet_postgres_db_scored{_tag}.{csv,json}``.
 
+- ``after-write`` (``--only after-write``, the rows loaded as above): a user's first query in
+  a worker new to them, right after another worker wrote one document for them
+  (``add_documents``): half the users written by a worker with ``Corpus.derive_after_write``
+  (it derives and shares the state the write removed, in its background thread; that time is
+  measured too, off the clock of any query), half by one without (the new worker then reads
+  all the user's rows), in alternating order, next to the plain search. Writes
+  ``fleet_postgres_after_write{_tag}.{csv,json}``.
+
     python benchmarks/fleet_postgres.py                        # 1M rows: ~7 min on 2 cores
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
     python benchmarks/fleet_postgres.py --only ingest          # the 1M rows, then ingestion only
     python benchmarks/fleet_postgres.py --only db-scored       # the 1M rows, then those only
+    python benchmarks/fleet_postgres.py --only after-write     # the 1M rows, then those only
 
 Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``; with
 ``--only ingest`` (the rows loaded as above, then only the ingestion: no workers, no cold
@@ -441,6 +450,88 @@ def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> l
     return out
 
 
+def after_write(
+    url: str, collection_uuid: str, users: list[str], spare: str
+) -> list[dict[str, Any]]:
+    """A user's first query in a worker new to them right after another worker wrote for them
+    (module doc, ``--only after-write``): one row per user and what. Even users are written by
+    a worker that derives after writing (its derivation waited for and timed, as
+    ``derivation``), odd ones by one that does not; each user's first query then runs in a
+    worker that has served ``spare`` only, next to the plain search, in alternating order."""
+    engine = _engine(url)
+    embed = DeterministicFakeEmbedding(size=DIM)
+    deriving = _retriever(_store(engine, COLLECTION))
+    deriving.corpus.derive_after_write = PBRConfig(fusion="no_prf")  # type: ignore[union-attr]
+    plain_writer = _retriever(_store(engine, COLLECTION))
+    reader = _retriever(_store(engine, COLLECTION))
+    for worker_ in (deriving, plain_writer, reader):
+        worker_.invoke("warm up", user_id=spare)
+    deriving.corpus.join_background(60)  # type: ignore[union-attr]
+    vocab = _vocab()
+    rng = random.Random(SEED + 11)
+    out: list[dict[str, Any]] = []
+    for n, user in enumerate(users):
+        writer = deriving if n % 2 == 0 else plain_writer
+        writer.add_documents([Document(_text(rng, vocab))], user_id=user, ids=[f"w{n}"])
+        if writer is deriving:
+            t0 = time.perf_counter()
+            if not deriving.corpus.join_background(60):  # type: ignore[union-attr]
+                raise RuntimeError(f"{user}'s derivation did not end within 60 s")
+            out.append(
+                {"user": user, "what": "derivation", "ms": (time.perf_counter() - t0) * 1000}
+            )
+        query = " ".join(rng.choices(vocab, k=5))
+        what = "after_deriving_write" if writer is deriving else "after_plain_write"
+        steps = [
+            (what, partial(_shipped, reader, query, user)),
+            ("plain", partial(_plain_of, engine, collection_uuid, embed, query, user)),
+        ]
+        if n % 4 >= 2:
+            steps.reverse()
+        for name, run in steps:
+            t0 = time.perf_counter()
+            run()
+            out.append({"user": user, "what": name, "ms": (time.perf_counter() - t0) * 1000})
+        reader.corpus.join_background(60)  # type: ignore[union-attr]  # its cache fill, untimed
+    engine.dispose()
+    return out
+
+
+def _report_after_write(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) -> None:
+    """Print and write ``--only after-write``'s table: p50 / p95 of each, as a multiple of the
+    plain search's (the derivation's too, for scale: it runs off any query)."""
+    by: dict[str, list[float]] = {}
+    for r in samples:
+        by.setdefault(r["what"], []).append(r["ms"])
+    b50, b95 = _pct(by["plain"], 50), _pct(by["plain"], 95)
+    rows = [
+        {
+            "what": what,
+            "n": len(by[what]),
+            "p50_ms": round(_pct(by[what], 50), 2),
+            "p95_ms": round(_pct(by[what], 95), 2),
+            "p50_x_plain": round(_pct(by[what], 50) / b50, 3),
+            "p95_x_plain": round(_pct(by[what], 95) / b95, 3),
+        }
+        for what in ("plain", "after_deriving_write", "after_plain_write", "derivation")
+    ]
+    print(
+        f"\n{meta['rows']:,} rows ({meta['users']} users x {meta['items']}), cpu {meta['cpu']} "
+        f"x{meta['cores']}, load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}"
+    )
+    for r in rows:
+        print(
+            f"{r['what']:<50}{r['n']:>5}{r['p50_ms']!s:>9}{r['p95_ms']!s:>9}"
+            f"{r['p50_x_plain']!s:>8}{r['p95_x_plain']!s:>8}"
+        )
+    out = RESULTS_DIR / f"fleet_postgres_after_write{'_' + tag if tag else ''}"
+    write_csv(out.with_suffix(".csv"), rows)
+    out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=1) + "\n"
+    )
+    print(f"wrote {out}.csv / .json")
+
+
 class _Done(Exception):
     """``--only``: the chosen part has run."""
 
@@ -476,11 +567,13 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the result files")
     parser.add_argument(
         "--only",
-        choices=["ingest", "db-scored"],
+        choices=["ingest", "db-scored", "after-write"],
         help="load the rows, then run only this part (result files fleet_postgres_ingest* "
-        "or fleet_postgres_db_scored*)",
+        "or fleet_postgres_db_scored* or fleet_postgres_after_write*)",
     )
-    parser.add_argument("--lead-users", type=int, default=60, help="users of --only db-scored")
+    parser.add_argument(
+        "--lead-users", type=int, default=60, help="users of --only db-scored / after-write"
+    )
     args = parser.parse_args()
     binaries = find_binaries()
     if binaries is None:
@@ -535,6 +628,16 @@ def main() -> None:
             print(f"ranked in the database, on {len(users)} users ...", flush=True)
             lead_rows = db_scored(server.url, collection_uuid, users, spare)
             raise _Done
+        if args.only == "after-write":
+            *users, spare = [
+                user_name(u)
+                for u in random.Random(SEED + 1).sample(
+                    range(args.users), min(args.lead_users + 1, args.users)
+                )
+            ]
+            print(f"first queries after a write, on {len(users)} users ...", flush=True)
+            lead_rows = after_write(server.url, collection_uuid, users, spare)
+            raise _Done
         print(f"ingest: {args.ingest} rows through add_documents ...", flush=True)
         meta["ingest"] = ingest(server.url, args.ingest, args.batch)
         print(f"  {meta['ingest']}", flush=True)
@@ -584,6 +687,9 @@ def main() -> None:
     meta["loadavg_end"] = os.getloadavg()
     if args.only == "db-scored":
         _report_lead(lead_rows, meta, args.tag)
+        return
+    if args.only == "after-write":
+        _report_after_write(lead_rows, meta, args.tag)
         return
 
     by_kind: dict[str, list[float]] = {}
