@@ -53,7 +53,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .config import PBRConfig, SearchMode
-from .derived import DamagedState, OtherVersion, attach, pack, rows_digest, unpack
+from .derived import CENTRAL_ITEMS, DamagedState, OtherVersion, attach, pack, rows_digest, unpack
 from .errors import UnknownUserError
 from .fusion import MODE_TERMS
 from .history import HistoryStore
@@ -1335,9 +1335,11 @@ class Corpus:
         reads the user cold. Costs the writer a cold read and the derivation per written user.
 
         Raises (when set):
+            TypeError: not a :class:`~pbr_core.PBRConfig` (nor None).
             ValueError: a configuration whose requests are not ranked in the database (an LLM
-                term, a re-rank, neighbour context), or that derives nothing (plain fusion
-                with dense search): the writer would pay for a state no request uses.
+                term, a re-rank, neighbour context, ``top_anchor_items`` above the central
+                items a state keeps), or that derives nothing (plain fusion with dense
+                search): the writer would pay for a state no request uses.
         """
         return self._derive_after_write
 
@@ -1349,9 +1351,11 @@ class Corpus:
             if not ranks_in_database(config):
                 raise ValueError(
                     f"derive_after_write: requests of fusion={config.fusion!r} (rerank="
-                    f"{config.rerank!r}, lexical_context={config.lexical_context}) are not "
-                    "ranked in the database, so no request would use the state; give the "
-                    "config of the requests that are, e.g. PBRConfig(fusion='no_prf')"
+                    f"{config.rerank!r}, lexical_context={config.lexical_context}, "
+                    f"top_anchor_items={config.top_anchor_items}) are not ranked in the "
+                    "database (that takes no LLM term, no re-rank, no neighbour context and "
+                    f"top_anchor_items <= {CENTRAL_ITEMS}), so no request would use the state; "
+                    "give the config of the requests that are, e.g. PBRConfig(fusion='no_prf')"
                 )
             if not MODE_TERMS[config.fusion][0] and config.search == "dense":
                 raise ValueError(
@@ -1373,8 +1377,9 @@ class Corpus:
         """After a write of ``user_id``'s rows: derive and share their state for
         :attr:`derive_after_write` in the background (:meth:`_derive_now`), where it is set and
         the host ranks in the database; one waiting derivation per user (it reads the rows as
-        they are when it starts). Never raises (a failure is logged at debug level: the next
-        worker new to the user reads their rows)."""
+        they are when it starts). Never raises: a failed read is logged at debug level, a
+        failed sharing write as a warning (as any worker's), and the next worker new to the
+        user reads their rows."""
         if self.derive_after_write is not None and getattr(self._host, "can_score", False):
             self._later(user_id, self._deriving_later, derive=True)
 

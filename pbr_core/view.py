@@ -1,7 +1,7 @@
 """A user ranked in the database: a request served without bringing the user's rows here.
 
 Why: a worker that has never read a user must otherwise read every row with its vector
-(1.5 kB at 384-d) before it ranks anything, about 13× a search that returns ten rows at 1k
+(1.5 kB at 384-d) before it ranks anything, about 12× a search that returns ten rows at 1k
 items (docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
 :meth:`pbr_core.postgres.PgRecords.read_scored`) and another worker shared the user's derived
 state for exactly these rows (:mod:`pbr_core.derived`), one statement returns the state and
