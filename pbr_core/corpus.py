@@ -113,7 +113,10 @@ class _BackgroundReads:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._unfinished = 0  # jobs queued or under way
+        # held while a job runs: a fork waits for the job under way (_before_fork)
+        self._gate = threading.Lock()
         weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
+        _WORKERS.add(self)
 
     def _stop(self) -> None:
         with contextlib.suppress(queue.Full):
@@ -156,14 +159,59 @@ class _BackgroundReads:
             if corpus is None or job is None:
                 return
             user_id, derive = job
-            try:
-                if derive:
-                    corpus._derive_now(user_id)
-                else:
-                    corpus._read_now(user_id)
-            finally:
-                self._done()
+            with self._gate:
+                try:
+                    if derive:
+                        corpus._derive_now(user_id)
+                    else:
+                        corpus._read_now(user_id)
+                finally:
+                    self._done()
             del corpus  # not kept alive by this thread while it waits
+
+
+#: Every corpus's background worker in this process, for the fork handlers.
+_WORKERS: weakref.WeakSet[_BackgroundReads] = weakref.WeakSet()
+#: The workers whose gate the fork under way holds.
+_GATES_HELD: list[_BackgroundReads] = []
+#: How long a fork waits for a background job under way (seconds): a read takes tens of ms;
+#: one stuck on a dead connection is not waited for past this.
+_FORK_WAIT_S = 10.0
+
+
+def _before_fork() -> None:
+    """Let no background job be under way while the process forks. A job holds a user's lock
+    (and, a moment, the cache's) while it reads; a child would inherit them held, with no
+    thread to release them, and hang on that user's requests (a server that preloads its app,
+    warms it up and forks its workers). Waits for the jobs under way, not for the queues."""
+    _GATES_HELD.clear()
+    for worker in list(_WORKERS):
+        if worker._gate.acquire(timeout=_FORK_WAIT_S):
+            _GATES_HELD.append(worker)
+
+
+def _after_fork_in_parent() -> None:
+    for worker in _GATES_HELD:
+        worker._gate.release()
+    _GATES_HELD.clear()
+
+
+def _after_fork_in_child() -> None:
+    """The child has none of the parent's threads: each corpus starts its background work
+    anew (the parent's queued reads and derivations stay the parent's)."""
+    _after_fork_in_parent()
+    for worker in list(_WORKERS):
+        corpus = worker._corpus()
+        if corpus is not None and corpus._background is worker:
+            corpus._forget_background()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 #: Users a corpus's background reads may have waiting (:class:`_BackgroundReads`).
@@ -1401,6 +1449,12 @@ class Corpus:
         if not queued:
             with self._locks_guard:
                 pending.discard(user_id)
+
+    def _forget_background(self) -> None:
+        """In a forked child: no background thread, nothing queued or under way."""
+        self._background = None
+        self._reading_later = set()
+        self._deriving_later = set()
 
     def _read_now(self, user_id: str) -> None:
         """:meth:`read_later`'s read, in the background thread."""

@@ -8,6 +8,7 @@ being the corpus: a host that fails once where asked, with or without a change t
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -347,3 +348,36 @@ def test_a_background_read_that_cannot_start_raises_nothing_and_is_tried_again_l
     while not read and time.monotonic() < deadline:
         time.sleep(0.01)
     assert read == ["alice"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is a POSIX call")
+def test_a_process_forked_while_a_background_read_holds_a_user_s_lock_does_not_inherit_it() -> None:
+    """A server that preloads its app, warms it up and forks its workers: the fork waits for
+    the background read under way (which holds the user's lock), so the child can serve that
+    user, and starts its own background work anew."""
+    corpus = Corpus(None)
+    reading, done = threading.Event(), threading.Event()
+
+    def slow(user_id: str) -> None:
+        with corpus._user_lock(user_id):
+            reading.set()
+            time.sleep(0.3)
+        done.set()
+
+    corpus.history = slow  # type: ignore[method-assign]
+    corpus.read_later("alice")
+    assert reading.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: exit at once whatever happens, with what it found
+        ok = False
+        try:
+            lock = corpus._user_lock("alice")
+            ok = lock.acquire(timeout=2) and corpus._background is None
+        finally:
+            os._exit(0 if ok else 1)
+    fork_waited = done.is_set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child took alice's lock
+    assert fork_waited  # for the read under way
+    corpus.read_later("bob")  # the parent's background work goes on
+    assert corpus.join_background(5)
