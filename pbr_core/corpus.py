@@ -115,7 +115,8 @@ class _BackgroundReads:
         self._unfinished = 0  # jobs queued or under way
         # held while a job runs: a fork waits for the job under way (_before_fork)
         self._gate = threading.Lock()
-        weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
+        self._job_thread: int | None = None  # the thread running a job (a job may fork)
+        self._finalizer = weakref.finalize(corpus, self._stop)  # the thread ends with its corpus
         _WORKERS.add(self)
 
     def _stop(self) -> None:
@@ -160,22 +161,27 @@ class _BackgroundReads:
                 return
             user_id, derive = job
             with self._gate:
+                self._job_thread = threading.get_ident()
                 try:
                     if derive:
                         corpus._derive_now(user_id)
                     else:
                         corpus._read_now(user_id)
                 finally:
+                    self._job_thread = None
                     self._done()
             del corpus  # not kept alive by this thread while it waits
 
 
 #: Every corpus's background worker in this process, for the fork handlers.
 _WORKERS: weakref.WeakSet[_BackgroundReads] = weakref.WeakSet()
-#: The workers whose gate the fork under way holds.
+#: One fork at a time through the handlers (two threads may fork at once).
+_FORK_LOCK = threading.Lock()
+#: The workers whose gate the fork under way holds, and those it could not wait for.
 _GATES_HELD: list[_BackgroundReads] = []
-#: How long a fork waits for a background job under way (seconds): a read takes tens of ms;
-#: one stuck on a dead connection is not waited for past this.
+_GATES_MISSED: list[_BackgroundReads] = []
+#: How long a fork waits for the background jobs under way, in all (seconds): a read takes
+#: tens of ms; one stuck on a dead connection is not waited for past this.
 _FORK_WAIT_S = 10.0
 
 
@@ -183,27 +189,50 @@ def _before_fork() -> None:
     """Let no background job be under way while the process forks. A job holds a user's lock
     (and, a moment, the cache's) while it reads; a child would inherit them held, with no
     thread to release them, and hang on that user's requests (a server that preloads its app,
-    warms it up and forks its workers). Waits for the jobs under way, not for the queues."""
+    warms it up and forks its workers). Waits for the jobs under way, not for the queues, at
+    most :data:`_FORK_WAIT_S` in all; a job that forks itself is not waited for."""
+    _FORK_LOCK.acquire()
     _GATES_HELD.clear()
+    _GATES_MISSED.clear()
+    deadline = time.monotonic() + _FORK_WAIT_S
+    me = threading.get_ident()
     for worker in list(_WORKERS):
-        if worker._gate.acquire(timeout=_FORK_WAIT_S):
+        if worker._job_thread == me:
+            continue  # this fork is the job's own
+        if worker._gate.acquire(timeout=max(0.0, deadline - time.monotonic())):
             _GATES_HELD.append(worker)
+        else:
+            _GATES_MISSED.append(worker)
+    if _GATES_MISSED:
+        log.warning(
+            "pbr: forking while %d background read(s) of a corpus are still under way after "
+            "%.0f s; the child resets those corpora's locks",
+            len(_GATES_MISSED),
+            _FORK_WAIT_S,
+        )
 
 
 def _after_fork_in_parent() -> None:
     for worker in _GATES_HELD:
         worker._gate.release()
     _GATES_HELD.clear()
+    _GATES_MISSED.clear()
+    _FORK_LOCK.release()
 
 
 def _after_fork_in_child() -> None:
     """The child has none of the parent's threads: each corpus starts its background work
-    anew (the parent's queued reads and derivations stay the parent's)."""
+    anew (the parent's queued reads and derivations stay the parent's). A corpus whose job
+    was not waited for gets new locks, since that job held some and will never release them."""
+    missed = list(_GATES_MISSED)
+    workers = list(_WORKERS)
+    _WORKERS.clear()  # none of their threads exists here
     _after_fork_in_parent()
-    for worker in list(_WORKERS):
+    for worker in workers:
+        worker._finalizer.detach()
         corpus = worker._corpus()
         if corpus is not None and corpus._background is worker:
-            corpus._forget_background()
+            corpus._forget_background(locks=worker in missed)
 
 
 if hasattr(os, "register_at_fork"):
@@ -1450,11 +1479,18 @@ class Corpus:
             with self._locks_guard:
                 pending.discard(user_id)
 
-    def _forget_background(self) -> None:
-        """In a forked child: no background thread, nothing queued or under way."""
+    def _forget_background(self, *, locks: bool = False) -> None:
+        """In a forked child: no background thread, nothing queued or under way; ``locks``:
+        every lock anew too (a job under way at the fork held some)."""
         self._background = None
         self._reading_later = set()
         self._deriving_later = set()
+        if locks:
+            self._locks = {}
+            self._write_locks = {}
+            self._locks_guard = threading.Lock()
+            self._in_use = {}
+            self.cache._lock = threading.RLock()
 
     def _read_now(self, user_id: str) -> None:
         """:meth:`read_later`'s read, in the background thread."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -350,34 +351,119 @@ def test_a_background_read_that_cannot_start_raises_nothing_and_is_tried_again_l
     assert read == ["alice"]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is a POSIX call")
-def test_a_process_forked_while_a_background_read_holds_a_user_s_lock_does_not_inherit_it() -> None:
-    """A server that preloads its app, warms it up and forks its workers: the fork waits for
-    the background read under way (which holds the user's lock), so the child can serve that
-    user, and starts its own background work anew."""
-    corpus = Corpus(None)
+def _exit_code(pid: int, seconds: float = 10.0) -> int:
+    """A forked child's exit code; killed (and failed) if it has not exited in ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -1
+
+
+def _holding_alice(corpus: Corpus, seconds: float) -> tuple[threading.Event, threading.Event]:
+    """A background read of alice that holds her lock ``seconds``: (started, ended)."""
     reading, done = threading.Event(), threading.Event()
 
     def slow(user_id: str) -> None:
         with corpus._user_lock(user_id):
             reading.set()
-            time.sleep(0.3)
+            time.sleep(seconds)
         done.set()
 
     corpus.history = slow  # type: ignore[method-assign]
     corpus.read_later("alice")
     assert reading.wait(5)
+    return reading, done
+
+
+def _fork_and_take_alice(corpus: Corpus) -> int:
+    """Fork; the child takes alice's lock within 2 s and exits 0 if it could (and its corpus
+    starts its background work anew)."""
     pid = os.fork()
     if pid == 0:  # the child: exit at once whatever happens, with what it found
         ok = False
         try:
-            lock = corpus._user_lock("alice")
-            ok = lock.acquire(timeout=2) and corpus._background is None
+            ok = corpus._user_lock("alice").acquire(timeout=2) and corpus._background is None
         finally:
             os._exit(0 if ok else 1)
+    return pid
+
+
+fork_only = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is a POSIX call")
+
+
+@fork_only
+def test_a_process_forked_while_a_background_read_holds_a_user_s_lock_does_not_inherit_it() -> None:
+    """A server that preloads its app, warms it up and forks its workers: the fork waits for
+    the background read under way (which holds the user's lock), so the child can serve that
+    user, and starts its own background work anew."""
+    corpus = Corpus(None)
+    _, done = _holding_alice(corpus, 0.3)
+    pid = _fork_and_take_alice(corpus)
     fork_waited = done.is_set()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0  # the child took alice's lock
+    assert _exit_code(pid) == 0  # the child took alice's lock
     assert fork_waited  # for the read under way
     corpus.read_later("bob")  # the parent's background work goes on
     assert corpus.join_background(5)
+
+
+@fork_only
+def test_a_fork_that_cannot_wait_for_a_stuck_read_gives_the_child_new_locks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read stuck past the wait (a dead connection): the fork goes ahead, and the child's
+    corpus gets new locks, since the stuck read's will never be released there."""
+    monkeypatch.setattr("pbr_core.corpus._FORK_WAIT_S", 0.2)
+    corpus = Corpus(None)
+    _, done = _holding_alice(corpus, 3.0)
+    pid = _fork_and_take_alice(corpus)
+    assert not done.is_set()  # not waited for
+    assert _exit_code(pid) == 0
+    assert corpus.join_background(10)
+
+
+def test_forks_from_two_threads_at_once_leave_every_gate_free() -> None:
+    """The handlers let one fork through at a time: a second fork's handlers wait for the
+    first's, and neither leaves a worker's gate held."""
+    from pbr_core import corpus as module
+
+    corpus = Corpus(None)
+    corpus.history = lambda user_id: None  # type: ignore[method-assign]
+    corpus.read_later("alice")
+    assert corpus.join_background(5)
+    module._before_fork()  # the first fork, under way
+    second = threading.Thread(
+        target=lambda: (module._before_fork(), module._after_fork_in_parent())
+    )
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # waits for the first fork's handlers
+    module._after_fork_in_parent()
+    second.join(5)
+    assert not second.is_alive()
+    background = corpus._background
+    assert background is not None and not background._gate.locked()
+    corpus.read_later("bob")
+    assert corpus.join_background(5)
+
+
+def test_a_background_job_that_forks_is_not_waited_for_by_its_own_fork() -> None:
+    from pbr_core import corpus as module
+
+    corpus = Corpus(None)
+    seen: list[tuple[bool, bool]] = []
+
+    def forking(user_id: str) -> None:  # what a fork from inside the job runs first
+        module._before_fork()
+        background = corpus._background
+        seen.append((background in module._GATES_HELD, background in module._GATES_MISSED))
+        module._after_fork_in_parent()
+
+    corpus.history = forking  # type: ignore[method-assign]
+    corpus.read_later("alice")
+    assert corpus.join_background(5)
+    assert seen == [(False, False)]  # skipped, neither waited for nor missed
