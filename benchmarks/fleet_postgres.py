@@ -500,21 +500,44 @@ def after_write(
 def _report_after_write(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) -> None:
     """Print and write ``--only after-write``'s table: p50 / p95 of each, as a multiple of the
     plain search's (the derivation's too, for scale: it runs off any query)."""
+    whats = ("plain", "after_deriving_write", "after_plain_write", "derivation")
+    rows, _ = _against_plain(samples, whats)
+    _write_part("after_write", rows, samples, meta, tag)
+
+
+def _against_plain(
+    samples: list[dict[str, Any]], whats: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """One row per ``what``: n, p50 / p95 ms and each as a multiple of the plain search's
+    (p50 over p50, p95 over p95); and the samples' ms by what."""
     by: dict[str, list[float]] = {}
     for r in samples:
         by.setdefault(r["what"], []).append(r["ms"])
     b50, b95 = _pct(by["plain"], 50), _pct(by["plain"], 95)
-    rows = [
-        {
-            "what": what,
-            "n": len(by[what]),
-            "p50_ms": round(_pct(by[what], 50), 2),
-            "p95_ms": round(_pct(by[what], 95), 2),
-            "p50_x_plain": round(_pct(by[what], 50) / b50, 3),
-            "p95_x_plain": round(_pct(by[what], 95) / b95, 3),
-        }
-        for what in ("plain", "after_deriving_write", "after_plain_write", "derivation")
-    ]
+    rows: list[dict[str, Any]] = []
+    for what in whats:
+        p50, p95 = _pct(by[what], 50), _pct(by[what], 95)
+        rows.append(
+            {
+                "what": what,
+                "n": len(by[what]),
+                "p50_ms": round(p50, 2),
+                "p95_ms": round(p95, 2),
+                "p50_x_plain": round(p50 / b50, 3),
+                "p95_x_plain": round(p95 / b95, 3),
+            }
+        )
+    return rows, by
+
+
+def _write_part(
+    part: str,
+    rows: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    meta: dict[str, Any],
+    tag: str,
+) -> None:
+    """Print an ``--only`` part's table and write ``fleet_postgres_{part}{_tag}.{csv,json}``."""
     print(
         f"\n{meta['rows']:,} rows ({meta['users']} users x {meta['items']}), cpu {meta['cpu']} "
         f"x{meta['cores']}, load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}"
@@ -524,7 +547,7 @@ def _report_after_write(samples: list[dict[str, Any]], meta: dict[str, Any], tag
             f"{r['what']:<50}{r['n']:>5}{r['p50_ms']!s:>9}{r['p95_ms']!s:>9}"
             f"{r['p50_x_plain']!s:>8}{r['p95_x_plain']!s:>8}"
         )
-    out = RESULTS_DIR / f"fleet_postgres_after_write{'_' + tag if tag else ''}"
+    out = RESULTS_DIR / f"fleet_postgres_{part}{'_' + tag if tag else ''}"
     write_csv(out.with_suffix(".csv"), rows)
     out.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=1) + "\n"
@@ -790,23 +813,7 @@ def main() -> None:
 def _report_lead(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) -> None:
     """Print and write ``--only db-scored``'s table: p50 / p95 of each way, as a multiple of
     the plain search's, and how often the two ways' top 10 are equal."""
-    by: dict[str, list[float]] = {}
-    for r in samples:
-        by.setdefault(r["what"], []).append(r["ms"])
-    b50, b95 = _pct(by["plain"], 50), _pct(by["plain"], 95)
-    rows: list[dict[str, Any]] = []
-    for what in ("plain", "shipped_cold", "rows_read_first"):
-        p50, p95 = _pct(by[what], 50), _pct(by[what], 95)
-        rows.append(
-            {
-                "what": what,
-                "n": len(by[what]),
-                "p50_ms": round(p50, 2),
-                "p95_ms": round(p95, 2),
-                "p50_x_plain": round(p50 / b50, 3),
-                "p95_x_plain": round(p95 / b95, 3),
-            }
-        )
+    rows, by = _against_plain(samples, ("plain", "shipped_cold", "rows_read_first"))
     same = by["same_top10"]
     rows.append(
         {
@@ -818,21 +825,7 @@ def _report_lead(samples: list[dict[str, Any]], meta: dict[str, Any], tag: str) 
             "p95_x_plain": "",
         }
     )
-    print(
-        f"\n{meta['rows']:,} rows ({meta['users']} users x {meta['items']}), cpu {meta['cpu']} "
-        f"x{meta['cores']}, load {meta['loadavg_start'][0]:.1f} -> {meta['loadavg_end'][0]:.1f}"
-    )
-    for r in rows:
-        print(
-            f"{r['what']:<50}{r['n']:>5}{r['p50_ms']!s:>9}{r['p95_ms']!s:>9}"
-            f"{r['p50_x_plain']!s:>8}{r['p95_x_plain']!s:>8}"
-        )
-    out = RESULTS_DIR / f"fleet_postgres_db_scored{'_' + tag if tag else ''}"
-    write_csv(out.with_suffix(".csv"), rows)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "samples": samples}, indent=1) + "\n"
-    )
-    print(f"wrote {out}.csv / .json")
+    _write_part("db_scored", rows, samples, meta, tag)
 
 
 def _plot(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
