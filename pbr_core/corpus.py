@@ -53,7 +53,17 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .config import PBRConfig, SearchMode
-from .derived import CENTRAL_ITEMS, DamagedState, OtherVersion, attach, pack, rows_digest, unpack
+from .derived import (
+    CENTRAL_ITEMS,
+    DamagedState,
+    OtherVersion,
+    attach,
+    derive,
+    pack,
+    rows_digest,
+    to_derive,
+    unpack,
+)
 from .errors import UnknownUserError
 from .fusion import MODE_TERMS
 from .history import HistoryStore
@@ -1518,10 +1528,7 @@ class Corpus:
             history = reader.history(user_id)
             if history is None:
                 return
-            if MODE_TERMS[config.fusion][0] and len(history) >= 2:
-                history.anchor(config)
-            if config.search != "dense":
-                history.lexical(config.lexical_stemmer)
+            derive(history, config, *to_derive(history, config, ranks=True))
             reader.share_state(user_id)
         except _Windowed:
             pass  # a state with windows never ranks in the database
@@ -1683,12 +1690,29 @@ class Corpus:
     def _windows(self, user_id: str, items: Sequence[HistoryItem]) -> dict[str, np.ndarray]:
         """Window vectors of the items longer than the embedder reads (pbr_core.windows), for
         those not windowed already with the same text."""
-        window = self._window()
-        if window is None:
+        long, pieces = self._to_window(user_id, items)
+        if not long:
             return {}
-        current = self.cache._current(user_id)
+        flat = [text for texts in pieces for text in texts]
+        rows = embed_documents(self.resolved_embedder(), flat, dim=self.cache.dim)
+        out: dict[str, np.ndarray] = {}
+        start = 0
+        for item, texts in zip(long, pieces):
+            out[item.id] = rows[start : start + len(texts)]
+            start += len(texts)
+        return out
+
+    def _to_window(
+        self, user_id: str, items: Sequence[HistoryItem]
+    ) -> tuple[list[HistoryItem], list[list[str]]]:
+        """The items longer than the embedder reads and not windowed already with the same
+        text, and each one's window texts."""
+        window = self._window()
         long: list[HistoryItem] = []
         pieces: list[list[str]] = []
+        if window is None:
+            return long, pieces
+        current = self.cache._current(user_id)
         for item in items:
             if len(item.text.encode("utf-8")) <= window.max_tokens:
                 continue  # no tokenizer makes more tokens than bytes
@@ -1700,16 +1724,7 @@ class Corpus:
             if len(texts) > 1:
                 long.append(item)
                 pieces.append(texts)
-        if not long:
-            return {}
-        flat = [text for texts in pieces for text in texts]
-        rows = embed_documents(self.resolved_embedder(), flat, dim=self.cache.dim)
-        out: dict[str, np.ndarray] = {}
-        start = 0
-        for item, texts in zip(long, pieces):
-            out[item.id] = rows[start : start + len(texts)]
-            start += len(texts)
-        return out
+        return long, pieces
 
     def _window(self) -> Window | None:
         """The embedder's window, read once per embedder."""
@@ -1745,12 +1760,8 @@ class _StateReader(Corpus):
     database, and its windows would be embedded again on every write."""
 
     def _windows(self, user_id: str, items: Sequence[HistoryItem]) -> dict[str, np.ndarray]:
-        window = self._window()
-        if window is not None:
-            for item in items:
-                long = len(item.text.encode("utf-8")) > window.max_tokens
-                if long and len(split(item.text, window)) > 1:
-                    raise _Windowed(user_id)
+        if self._to_window(user_id, items)[0]:
+            raise _Windowed(user_id)
         return {}
 
 

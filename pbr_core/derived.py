@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from .anchor import AnchorResult
+from .config import PBRConfig
+from .fusion import MODE_TERMS
 from .history_format import anchor_arrays, anchors_from_arrays
 from .items import HistoryItem
 from .lexical import DEFAULT_B, DEFAULT_K1, LexicalIndex, StemmerName
@@ -50,7 +52,9 @@ __all__ = [
     "OtherVersion",
     "PackedState",
     "attach",
+    "derive",
     "pack",
+    "to_derive",
     "unpack",
 ]
 
@@ -79,6 +83,27 @@ class DamagedState(ValueError):
 class OtherVersion(DamagedState):
     """A state packed by another version of pbr or in another format: expected for a while
     after an upgrade (every user's state written before it), not a sign of damage."""
+
+
+def to_derive(history: UserHistory, config: PBRConfig, ranks: bool) -> tuple[bool, bool]:
+    """(the anchor, the BM25 index) a request with ``config`` derives from ``history`` and has
+    not built yet: the anchor where the fusion uses it, the index where pbr ranks (``ranks``)
+    with a lexical leg."""
+    anchor = bool(MODE_TERMS[config.fusion][0]) and len(history) >= 2
+    lexical = ranks and config.search != "dense"
+    return (
+        anchor and not history.has_anchor(config),
+        lexical and not history.has_lexical(config.lexical_stemmer),
+    )
+
+
+def derive(history: UserHistory, config: PBRConfig, anchor: bool, lexical: bool) -> None:
+    """Build what :func:`to_derive` found missing (the async request path runs it in a worker
+    thread, so a cold user's derivation never runs on the event loop)."""
+    if anchor:
+        history.anchor(config)
+    if lexical:
+        history.lexical(config.lexical_stemmer)
 
 
 def rows_digest(keys: Sequence[str], stamps: Sequence[str]) -> str:

@@ -28,6 +28,7 @@ import numpy as np
 
 from .config import PBRConfig
 from .corpus import Corpus, ScoredRecord
+from .derived import derive, to_derive
 from .fusion import MODE_TERMS
 from .hybrid import host_candidates, lexical_query, lexical_terms, rank
 from .prf import PromptSet
@@ -548,9 +549,9 @@ async def aretrieve(
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index
                 if history is not None:
-                    anchor, lexical = _missing(history, config, ranks)
+                    anchor, lexical = to_derive(history, config, ranks)
                     if anchor or lexical:  # a cold user's: CPU work (1.5 s at 10k items)
-                        await asyncio.to_thread(_derive, history, config, anchor, lexical)
+                        await asyncio.to_thread(derive, history, config, anchor, lexical)
                 return history
             if isinstance(effect, _Filter):
                 assert host_filter is not None
@@ -586,27 +587,6 @@ def _kwargs(request: Request, effect: _Personalize) -> dict[str, Any]:
     if effect.view is not None:
         kwargs["history"] = effect.view
     return kwargs
-
-
-def _missing(history: UserHistory, config: PBRConfig, ranks: bool) -> tuple[bool, bool]:
-    """(the anchor, the BM25 index) a request with ``config`` derives from ``history`` and has
-    not built yet: the anchor where the fusion uses it, the index where pbr ranks (``ranks``)
-    with a lexical leg."""
-    anchor = bool(MODE_TERMS[config.fusion][0]) and len(history) >= 2
-    lexical = ranks and config.search != "dense"
-    return (
-        anchor and not history.has_anchor(config),
-        lexical and not history.has_lexical(config.lexical_stemmer),
-    )
-
-
-def _derive(history: UserHistory, config: PBRConfig, anchor: bool, lexical: bool) -> None:
-    """Build what :func:`_missing` found missing (the async driver runs it in a worker thread,
-    so a cold user's derivation never runs on the event loop)."""
-    if anchor:
-        history.anchor(config)
-    if lexical:
-        history.lexical(config.lexical_stemmer)
 
 
 def _hosts(search: object, filter_: object, final: object) -> _Hosts:
