@@ -242,7 +242,10 @@ def _after_fork_in_child() -> None:
         worker._finalizer.detach()
         corpus = worker._corpus()
         if corpus is not None and corpus._background is worker:
-            corpus._forget_background(locks=worker in missed)
+            corpus._no_background()
+            if worker in missed:  # its job held some of the corpus's and the cache's locks
+                corpus._new_locks()
+                corpus.cache._lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -518,16 +521,9 @@ class Corpus:
         # Users the cache evicted and no read has brought back: a write re-reads them first.
         self._evicted: set[str] = set()
         self._window_of: tuple[object, Window | None] | None = None
-        self._locks: dict[str, threading.Lock] = {}
-        # one add or delete per user at a time (reads do not take it: see _writes_locked)
-        self._write_locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
-        # requests under way per user (in_use): the cache does not evict them meanwhile
-        self._in_use: dict[str, int] = {}
-        self._reading_later: set[str] = set()  # users read_later is reading now
-        self._deriving_later: set[str] = set()  # users a derivation waits for (derive_later)
+        self._new_locks()
+        self._no_background()
         self._derive_after_write: PBRConfig | None = None
-        self._background: _BackgroundReads | None = None  # made on the first read_later
         self.host = host  # checks the cache's budget against it
         self.check_model()
         self.cache.attach(self)
@@ -554,14 +550,26 @@ class Corpus:
         self.__dict__.setdefault("_evicted", set())
         self.__dict__.setdefault("_derive_after_write", None)
         self._window_of = None
-        self._locks = {}
-        self._write_locks = {}
-        self._locks_guard = threading.Lock()
-        self._in_use = {}
-        self._reading_later = set()
-        self._deriving_later = set()
-        self._background = None
+        self._new_locks()
+        self._no_background()
         self.cache.attach(self)
+
+    def _new_locks(self) -> None:
+        """This process's locks, made anew (a new corpus, an unpickled one, a forked child
+        whose parent's background job held some), and no request under way."""
+        self._locks: dict[str, threading.Lock] = {}
+        # one add or delete per user at a time (reads do not take it: see _writes_locked)
+        self._write_locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        # requests under way per user (in_use): the cache does not evict them meanwhile
+        self._in_use: dict[str, int] = {}
+
+    def _no_background(self) -> None:
+        """No background thread, nothing queued or under way (a new corpus, an unpickled one,
+        a forked child)."""
+        self._reading_later: set[str] = set()  # users read_later is reading now
+        self._deriving_later: set[str] = set()  # users a derivation waits for (derive_later)
+        self._background: _BackgroundReads | None = None  # made on the first read_later
 
     @property
     def host(self) -> HostRecords | None:
@@ -1488,19 +1496,6 @@ class Corpus:
         if not queued:
             with self._locks_guard:
                 pending.discard(user_id)
-
-    def _forget_background(self, *, locks: bool = False) -> None:
-        """In a forked child: no background thread, nothing queued or under way; ``locks``:
-        every lock anew too (a job under way at the fork held some)."""
-        self._background = None
-        self._reading_later = set()
-        self._deriving_later = set()
-        if locks:
-            self._locks = {}
-            self._write_locks = {}
-            self._locks_guard = threading.Lock()
-            self._in_use = {}
-            self.cache._lock = threading.RLock()
 
     def _read_now(self, user_id: str) -> None:
         """:meth:`read_later`'s read, in the background thread."""
