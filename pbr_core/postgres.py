@@ -180,7 +180,7 @@ class ScoredRows:
     Attributes:
         token: the change token of these rows, None where it cannot be told.
         state: the user's shared derived state at exactly this token, else None.
-        keys: every row's key, in the order the server returned them.
+        keys: every row's key, in code-point order (a NULL key last).
         cosines: each row's cosine with the query, in the order of ``keys`` (NaN for a row
             whose vector is of another dimension than the query).
         stamps: each row's version (``xmin``), in the order of ``keys``.
@@ -1030,16 +1030,14 @@ class PgRecords:
             f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
             f"{t.scoped()} AND {self._mine()}{order}"
         )
-        # The rows in key order (code points, whatever the server's encoding: UTF-8's byte
-        # order; the order a cold read builds a history in), so that they line up with the
-        # state's items as they come (the caller checks); none where no state is shared (the
+        # The rows in any order (put in key order below); none where no state is shared (the
         # caller reads the user's rows anyway).
         statement = (
             f"SELECT {token_columns(t)}, s.rev, s.state, a.* FROM (SELECT 1) one LEFT JOIN "
             f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
             "AND s.owner = :user CROSS JOIN LATERAL (SELECT array_agg(k), array_agg(c), "
-            "array_agg(t), array_agg(m), array_agg(x) FROM (SELECT * FROM "
-            f"({mine}) r WHERE s.state IS NOT NULL ORDER BY convert_to(k, 'UTF8')) mine) a"
+            f"array_agg(t), array_agg(m), array_agg(x) FROM ({mine}) r "
+            "WHERE s.state IS NOT NULL) a"
         )
         params = self._user_params(
             user_id,
@@ -1051,22 +1049,32 @@ class PgRecords:
         rows = self._read_all(statement, params)
         if len(rows) != 1:
             raise RuntimeError(f"a user's scored read returned {len(rows)} rows, not 1")
-        rev, armed, state_rev, state, keys, cosines, texts, metas, stamps = rows[0]
+        rev, armed, state_rev, state, got, cosines, texts, metas, stamps = rows[0]
         token = _token(rev, armed)
-        keys = [] if keys is None else list(keys)
+        got = got or []
+        # In key order (code points, whatever the server's encoding; a NULL key last): the
+        # order a cold read builds a history in, so that the rows line up with the state's
+        # items (the caller checks). Sorted here: the server sorting the rows with their texts
+        # took ~0.4 ms of a 1k-item user's statement, Python takes ~0.1.
+        if None in got:
+            by_key = sorted(range(len(got)), key=lambda i: (got[i] is None, got[i] or ""))
+        else:
+            by_key = sorted(range(len(got)), key=got.__getitem__)
+        keys = [got[i] for i in by_key]
         loads = getattr(self.sql, "loads", json.loads)
 
         def record(i: int) -> Record | None:
-            meta = loads(metas[i] or "null")
-            return self._record(user_id, *_row(keys[i], texts[i], meta), None, stamps[i])
+            row = by_key[i]
+            meta = loads(metas[row] or "null")
+            return self._record(user_id, *_row(keys[i], texts[row], meta), None, stamps[row])
 
         at_rows = token is not None and state is not None and state_rev == rev
         return ScoredRows(
             token=token,
             state=bytes(state) if at_rows else None,
             keys=keys,
-            cosines=np.array([] if cosines is None else cosines, dtype=np.float64),
-            stamps=[] if stamps is None else list(stamps),
+            cosines=np.array(cosines or [], dtype=np.float64)[by_key],
+            stamps=[stamps[i] for i in by_key],
             record=record,
         )
 
