@@ -65,6 +65,7 @@ __all__ = [
     "PgRecords",
     "PgRow",
     "PgTable",
+    "QueryVector",
     "ScoredRows",
     "Sql",
     "UserRows",
@@ -268,6 +269,31 @@ class PgTable:
         """A short stable name part for pbr's index and trigger on this table and key."""
         raw = json.dumps([self.schema, self.name, self.metadata, self.scope_column, user_key])
         return hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
+
+
+class QueryVector:
+    """One vector bound as pgvector's ``vector`` (the statement casts the parameter to it).
+
+    :func:`engine_sql` sends it in pgvector's binary form where the driver is psycopg 3 (the
+    dimension, then big-endian float32s: ~0.2 ms less per statement than formatting and parsing
+    384 numbers as text), its text form (``[x,y,...]``) through any other driver. Either way
+    the database holds the float32 nearest to each value.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, vector: Any) -> None:
+        self.values = np.asarray(vector, dtype=np.float64).reshape(-1)
+
+    def text(self) -> str:
+        """pgvector's text form (JSON's float formatting runs in C)."""
+        return json.dumps(self.values.tolist(), separators=(",", ":"))
+
+    def binary(self) -> bytes:
+        """pgvector's binary form (``vector_recv``): the dimension and a reserved zero as
+        big-endian 16-bit integers, then each value as a big-endian float32."""
+        head = struct.pack(">HH", self.values.shape[0], 0)
+        return head + self.values.astype(">f4").tobytes()
 
 
 class Float4Array:
@@ -1042,8 +1068,7 @@ class PgRecords:
         params = self._user_params(
             user_id,
             reader=self._reader(),
-            # pgvector's text form; JSON's float formatting runs in C (0.17 against 0.26 ms)
-            q=json.dumps(np.asarray(query, dtype=np.float64).tolist(), separators=(",", ":")),
+            q=QueryVector(query),
             dim=int(np.asarray(query).shape[0]),
         )
         rows = self._read_all(statement, params)
@@ -1433,28 +1458,28 @@ def json_dumps_of(engine: Any) -> Callable[[Any], str]:
 
 
 def _bindable(params: Mapping[str, Any], driver: Any) -> dict[str, Any]:
-    """``params`` as the driver binds them: a :class:`Float4Array` in binary for psycopg 3 (its
-    dumper registered on the connection, for that type only), a list of floats otherwise."""
+    """``params`` as the driver binds them: a :class:`Float4Array` or :class:`QueryVector` in
+    binary for psycopg 3 (their dumpers registered on the connection, for those types only); a
+    list of floats or pgvector's text form otherwise."""
     out = dict(params)
     for name, value in out.items():
-        if isinstance(value, Float4Array):
-            if _register_float4(driver):
+        if isinstance(value, (Float4Array, QueryVector)):
+            if _register_binary(driver):
                 continue
-            out[name] = value.tolist()
+            out[name] = value.tolist() if isinstance(value, Float4Array) else value.text()
     return out
 
 
-_DUMPER: Any = None
+_DUMPERS: dict[type, Any] = {}
 
 
-def _register_float4(driver: Any) -> bool:
-    """Register the binary :class:`Float4Array` dumper on a psycopg 3 connection; False for
-    any other driver."""
-    global _DUMPER
+def _register_binary(driver: Any) -> bool:
+    """Register the binary :class:`Float4Array` and :class:`QueryVector` dumpers on a psycopg 3
+    connection; False for any other driver."""
     module = type(driver).__module__ or ""
     if module.split(".")[0] != "psycopg" or not hasattr(driver, "adapters"):
         return False
-    if _DUMPER is None:
+    if not _DUMPERS:
         from psycopg.adapt import Dumper
         from psycopg.pq import Format
 
@@ -1465,6 +1490,16 @@ def _register_float4(driver: Any) -> bool:
             def dump(self, obj: Any) -> bytes:
                 return obj.binary()
 
-        _DUMPER = Float4ArrayDumper
-    driver.adapters.register_dumper(Float4Array, _DUMPER)
+        class QueryVectorDumper(Dumper):
+            format = Format.BINARY
+            # unknown: the type comes from the statement's cast (pgvector's oid differs from
+            # one database to the next)
+            oid = 0
+
+            def dump(self, obj: Any) -> bytes:
+                return obj.binary()
+
+        _DUMPERS.update({Float4Array: Float4ArrayDumper, QueryVector: QueryVectorDumper})
+    for kind, dumper in _DUMPERS.items():
+        driver.adapters.register_dumper(kind, dumper)
     return True

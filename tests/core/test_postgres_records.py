@@ -480,6 +480,34 @@ def test_vectors_are_read_back_exactly_in_binary_from_a_vector_column(
         assert np.array_equal(read, v)
 
 
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_a_query_vector_reaches_pgvector_as_its_nearest_float32s_whatever_the_driver(
+    pgvector_engine: Any, driver: str
+) -> None:
+    """The query vector of a scored read (:class:`QueryVector`): in pgvector's binary form
+    through psycopg 3, as text through another driver, through pbr's driver path and through
+    SQLAlchemy's; each way the database holds the float32 nearest to each value."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(pgvector_engine[0].url.set(drivername=f"postgresql+{driver}"))
+    try:
+        sql = engine_sql(engine)
+        values = np.random.default_rng(3).standard_normal(DIM) / 7.0
+        statement = "SELECT vector_dims(CAST(:q AS vector)), CAST(:q AS vector)::text"
+        params = {"q": postgres.QueryVector(values)}
+        through_driver = sql.binary(statement, params)  # type: ignore[attr-defined]
+        assert (through_driver is not None) is (driver == "psycopg")
+        for rows in (through_driver, sql([(statement, params)])):
+            if rows is None:
+                continue
+            ((dims, text),) = rows
+            assert dims == DIM
+            stored = np.array(json.loads(text), dtype=np.float32)
+            assert np.array_equal(stored, values.astype(np.float32))
+    finally:
+        engine.dispose()
+
+
 def test_a_halfvec_column_is_read_in_its_text_form(pgvector_engine: Any) -> None:
     sql = engine_sql(pgvector_engine[0])
     sql(
@@ -881,7 +909,7 @@ def test_pbrs_write_stores_what_the_frameworks_write_stores(
         )
         assert pbr.bulk_plan() is not None
         with engine.connect() as conn:  # psycopg 3 binds the vectors in binary, not as a list
-            binary = postgres._register_float4(conn.connection.driver_connection)
+            binary = postgres._register_binary(conn.connection.driver_connection)
         assert binary is (driver == "psycopg")
         rng = np.random.default_rng(7)
 
