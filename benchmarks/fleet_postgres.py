@@ -92,6 +92,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -401,15 +402,34 @@ def _plain_of(engine: Any, collection_uuid: str, embed: Any, query: str, user: s
     return [d.id or "" for d in _plain(engine, collection_uuid, embed.embed_query(query), user)]
 
 
-def _cached_within(retriever: PBRRetriever, user: str, seconds: float) -> None:
-    """Wait until ``retriever``'s background read of ``user`` is over (the user cached)."""
-    corpus = retriever.corpus
-    assert corpus is not None
-    deadline = time.monotonic() + seconds
-    while user not in corpus.cache or user in corpus._reading_later:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{user} was not read in the background within {seconds} s")
-        time.sleep(0.001)
+def _pass(
+    what: str,
+    worker: PBRRetriever,
+    users: list[str],
+    queries: dict[str, str],
+    plain: Callable[[str, str], list[str]],
+    plain_name: str,
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list[str]]]:
+    """One pass over ``users``: each one's query through ``worker`` (as ``what``) next to the
+    plain search (as ``plain_name``), in alternating order, the worker's background work on the
+    user waited for, untimed, right after its query. Rows of user, what and ms; the ids each
+    returned, by (what, user)."""
+    out: list[dict[str, Any]] = []
+    got: dict[tuple[str, str], list[str]] = {}
+    for n, user in enumerate(users):
+        steps = [
+            (what, partial(_shipped, worker, queries[user], user)),
+            (plain_name, partial(plain, queries[user], user)),
+        ]
+        if n % 2:
+            steps.reverse()
+        for step, run in steps:
+            t0 = time.perf_counter()
+            got[step, user] = run()
+            out.append({"user": user, "what": step, "ms": (time.perf_counter() - t0) * 1000})
+            if step == what and not worker.corpus.join_background(60):  # type: ignore[union-attr]
+                raise RuntimeError(f"{user}'s background work did not end within 60 s")
+    return out, got
 
 
 def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> list[dict[str, Any]]:
@@ -436,26 +456,12 @@ def db_scored(url: str, collection_uuid: str, users: list[str], spare: str) -> l
     vocab = _vocab()
     rng = random.Random(SEED + 7)
     queries = {user: " ".join(rng.choices(vocab, k=5)) for user in users}
-    out: list[dict[str, Any]] = []
-    got: dict[tuple[str, str], list[str]] = {}
-    passes = (
-        ("shipped_cold", in_database, "plain"),
-        ("rows_read_first", rows_read, "plain_second_pass"),
-    )
-    for what, worker_, plain in passes:
-        for n, user in enumerate(users):
-            steps = [
-                (what, partial(_shipped, worker_, queries[user], user)),
-                (plain, partial(_plain_of, engine, collection_uuid, embed, queries[user], user)),
-            ]
-            if n % 2:
-                steps.reverse()
-            for step, run in steps:
-                t0 = time.perf_counter()
-                got[step, user] = run()
-                out.append({"user": user, "what": step, "ms": (time.perf_counter() - t0) * 1000})
-                if step == "shipped_cold":  # its background read of the user: waited for, untimed
-                    _cached_within(in_database, user, 30.0)
+    plain = partial(_plain_of, engine, collection_uuid, embed)
+    # the background read after each query ranked in the database: waited for, untimed
+    out, got = _pass("shipped_cold", in_database, users, queries, plain, "plain")
+    more, got_more = _pass("rows_read_first", rows_read, users, queries, plain, "plain_second_pass")
+    out += more
+    got.update(got_more)
     for user in users:
         same = got["shipped_cold", user] == got["rows_read_first", user]
         out.append({"user": user, "what": "same_top10", "ms": float(same)})
@@ -497,23 +503,13 @@ def after_write(
                 {"user": user, "what": "derivation", "ms": (time.perf_counter() - t0) * 1000}
             )
     queries = {user: " ".join(rng.choices(vocab, k=5)) for user in users}
+    plain = partial(_plain_of, engine, collection_uuid, embed)
     passes = (
         ("after_deriving_write", users[0::2], "plain"),
         ("after_plain_write", users[1::2], "plain_second_pass"),
     )
-    for what, group, plain in passes:
-        for n, user in enumerate(group):
-            steps = [
-                (what, partial(_shipped, reader, queries[user], user)),
-                (plain, partial(_plain_of, engine, collection_uuid, embed, queries[user], user)),
-            ]
-            if n % 2:
-                steps.reverse()
-            for name, run in steps:
-                t0 = time.perf_counter()
-                run()
-                out.append({"user": user, "what": name, "ms": (time.perf_counter() - t0) * 1000})
-            reader.corpus.join_background(60)  # type: ignore[union-attr]  # its cache fill, untimed
+    for what, group, plain_name in passes:
+        out += _pass(what, reader, group, queries, plain, plain_name)[0]
     engine.dispose()
     return out
 
