@@ -1816,6 +1816,54 @@ def test_a_config_no_request_would_rank_from_a_state_is_refused_for_derivation(
     assert corpus.derive_after_write is None
 
 
+def test_states_derived_ahead_let_users_loaded_by_sql_be_ranked_in_the_database(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written without pbr have no shared state: ``derive_states`` derives and shares it
+    (by a reader of its own: the deriving corpus's cache is untouched), so a worker new to the
+    user ranks their first request in the database, with the answer a worker reading the rows
+    gives; run again it writes nothing (the state is current); a user without rows is
+    skipped."""
+    engine = pgvector_engine[0]
+    _notes_by_hand(engine, hash_embedder, [f"k{i:02d}" for i in range(12)])
+    deriver = _worker(engine, hash_embedder)
+    config = PBRConfig(fusion="no_prf")
+    assert deriver.derive_states(config, iter(["alice", "nobody"])) == ["alice"]
+    assert _has_state(engine, "alice") and "alice" not in deriver.cache
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
+    monkeypatch.setattr(Corpus, "rank_cold_in_database", False)
+    expected = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)
+    # the same answer; the scores equal to float32 rounding (the database's cosines)
+    assert _answer(got)[1:] == _answer(expected)[1:]
+    assert [(h.id, h.text, h.metadata) for h in got.hits] == [
+        (h.id, h.text, h.metadata) for h in expected.hits
+    ]
+    for mine, theirs in zip(got.hits, expected.hits):
+        assert mine.score == pytest.approx(theirs.score, abs=1e-5)
+        assert mine.legs == pytest.approx(theirs.legs, abs=1e-5)
+    assert deriver.derive_states(config, ["alice"]) == []  # already shared at these rows
+    assert _has_state(engine, "alice")
+
+
+def test_derive_states_refuses_what_no_request_would_use_and_a_host_without_states(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    _notes_by_hand(engine, hash_embedder, ["k0", "k1"])
+    worker = _worker(engine, hash_embedder)
+    with pytest.raises(ValueError, match="not ranked in the database"):
+        worker.derive_states(PBRConfig(fusion="safe"), ["alice"])
+    with pytest.raises(TypeError, match="PBRConfig"):
+        worker.derive_states({"fusion": "no_prf"}, ["alice"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="iterable of user ids"):
+        worker.derive_states(PBRConfig(fusion="no_prf"), "alice")
+    with pytest.raises(ValueError, match="keeps no shared derived states"):
+        Corpus(None, embedder=hash_embedder).derive_states(PBRConfig(fusion="no_prf"), [])
+    assert not _has_state(engine, "alice")
+
+
 def test_a_user_with_an_item_longer_than_the_embedder_reads_is_not_derived(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
