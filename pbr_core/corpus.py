@@ -1441,7 +1441,7 @@ class Corpus:
     @derive_after_write.setter
     def derive_after_write(self, config: PBRConfig | None) -> None:
         if config is not None:
-            _check_derivable(config, "derive_after_write")
+            _check_derivable(config, "derive_after_write", "a PBRConfig or None")
         self._derive_after_write = config
 
     def derive_states(self, config: PBRConfig, user_ids: Iterable[str]) -> list[str]:
@@ -1450,18 +1450,20 @@ class Corpus:
         ``user_ids``, where the host ranks in the database: for rows written without pbr (a
         load by SQL, another app) or before :attr:`derive_after_write` was set, so that each
         user's first request on a worker new to them is ranked in the database instead of
-        reading all their rows (about 3× against 15-30× the plain search at 1k items,
+        reading all their rows (about 3× against 13-19× the plain search at 1k items,
         docs/performance.md). Each user is read as a new worker reads them, by a corpus of its
         own (this corpus's cache is left as it is): one cold read per user (30-50 ms at 1k
         items, 384-d). Returns the users whose state was written; not: a user without rows, one
         whose state for ``config`` was already shared at their rows' version, one with an item
         longer than the embedder reads (never ranked in the database), one whose rows changed
         while they were read (the next cold read shares anew), one the host could not read
-        (logged).
+        (a warning each).
 
         Raises:
             TypeError, ValueError: ``config`` as :attr:`derive_after_write` refuses it.
-            ValueError: a host that keeps no shared states (PostgreSQL tables pbr set up do).
+            ValueError: a host that keeps no shared states (PostgreSQL tables pbr set up do);
+                a user id that is not a non-empty string (when it comes up: the users before
+                it are done).
         """
         _check_derivable(config, "derive_states")
         if not self.verified or not getattr(self._host, "can_score", False):
@@ -1473,7 +1475,7 @@ class Corpus:
             raise TypeError("derive_states takes an iterable of user ids, not one string")
         shared: list[str] = []
         for user_id in user_ids:
-            if self._derive_one(user_id, config):
+            if self._derive_one(check_user_id(user_id), config, failures=logging.WARNING):
                 shared.append(user_id)
         return shared
 
@@ -1534,12 +1536,12 @@ class Corpus:
         if config is not None:
             self._derive_one(user_id, config)
 
-    def _derive_one(self, user_id: str, config: PBRConfig) -> bool:
+    def _derive_one(self, user_id: str, config: PBRConfig, failures: int = logging.DEBUG) -> bool:
         """Read ``user_id`` as a worker new to them would (a corpus of its own: the rows in key
         order, their versions, the change token; this corpus's cache is left as it is), build
         the anchor and BM25 index a request of ``config`` builds, and share them; whether a
         state was written. A user with an item longer than the embedder reads is left
-        (:class:`_StateReader`). Never raises (a failure is logged at debug level)."""
+        (:class:`_StateReader`). Never raises: a failure is logged at level ``failures``."""
         try:
             reader = _StateReader(self._host, embedder=self.embedder, user_key=self.user_key)
             history = reader.history(user_id)
@@ -1550,7 +1552,9 @@ class Corpus:
         except _Windowed:
             return False  # a state with windows never ranks in the database
         except Exception as exc:
-            log.debug("pbr: the state of user %s was not derived: %s", user_tag(user_id), exc)
+            log.log(
+                failures, "pbr: the state of user %s was not derived: %s", user_tag(user_id), exc
+            )
             return False
 
     def has_unshared(self, user_id: str) -> bool:
@@ -1771,13 +1775,13 @@ class _Windowed(Exception):
     """A user with an item longer than the embedder reads (:class:`_StateReader`)."""
 
 
-def _check_derivable(config: object, name: str) -> None:
+def _check_derivable(config: object, name: str, takes: str = "a PBRConfig") -> None:
     """Refuse a ``config`` whose state no request would use (:attr:`Corpus.derive_after_write`,
     :meth:`Corpus.derive_states`): ``TypeError`` for one that is not a
     :class:`~pbr_core.PBRConfig`, ``ValueError`` for one whose requests are not ranked in the
     database or that derives nothing."""
     if not isinstance(config, PBRConfig):
-        raise TypeError(f"{name} takes a PBRConfig, not {config!r}")
+        raise TypeError(f"{name} takes {takes}, not {config!r}")
     if not ranks_in_database(config):
         raise ValueError(
             f"{name}: requests of fusion={config.fusion!r} (rerank="

@@ -1485,7 +1485,13 @@ def _register_binary(driver: Any) -> bool:
 
         class Float4ArrayDumper(Dumper):
             format = Format.BINARY
-            oid = 1021  # float4[], a built-in type
+            # 0 on the class: psycopg files a dumper whose class names a type under that type
+            # too, and would send the app's own float4[] (a binary COPY's) through this one
+            oid = 0
+
+            def __init__(self, cls: type, context: Any = None) -> None:
+                super().__init__(cls, context)
+                self.oid = 1021  # float4[], a built-in type: the parameter's type
 
             def dump(self, obj: Any) -> bytes:
                 return obj.binary()

@@ -508,6 +508,25 @@ def test_a_query_vector_reaches_pgvector_as_its_nearest_float32s_whatever_the_dr
         engine.dispose()
 
 
+def test_pbrs_binary_dumpers_leave_the_apps_own_float4_arrays_to_psycopg(
+    pgvector_engine: Any,
+) -> None:
+    """pbr registers its dumpers on the app's pooled connections (for its own classes): the
+    app's own ``real[]`` values, in a binary COPY that names their type, still go through
+    psycopg's dumper."""
+    with pgvector_engine[0].connect() as conn:
+        driver = conn.connection.driver_connection
+        assert postgres._register_binary(driver)
+        with driver.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE floats (a real[])")
+            with cursor.copy("COPY floats (a) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["real[]"])
+                copy.write_row([[1.0, 2.5]])
+            cursor.execute("SELECT a FROM floats")
+            assert cursor.fetchall() == [([1.0, 2.5],)]
+        conn.rollback()
+
+
 def test_a_halfvec_column_is_read_in_its_text_form(pgvector_engine: Any) -> None:
     sql = engine_sql(pgvector_engine[0])
     sql(
@@ -1861,7 +1880,46 @@ def test_derive_states_refuses_what_no_request_would_use_and_a_host_without_stat
         worker.derive_states(PBRConfig(fusion="no_prf"), "alice")
     with pytest.raises(ValueError, match="keeps no shared derived states"):
         Corpus(None, embedder=hash_embedder).derive_states(PBRConfig(fusion="no_prf"), [])
+    with pytest.raises(ValueError, match="non-empty string"):
+        worker.derive_states(PBRConfig(fusion="no_prf"), [""])
     assert not _has_state(engine, "alice")
+
+
+def test_derive_states_says_which_users_it_could_not_read(
+    pgvector_engine: Any,
+    hash_embedder: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A maintenance job sees what failed: a user the host cannot read is left out of the
+    returned users with a warning, and the next user is still derived."""
+    engine = pgvector_engine[0]
+    _notes_by_hand(engine, hash_embedder, ["k0", "k1", "k2"])
+    engine_sql(engine)(
+        [
+            (
+                "INSERT INTO notes VALUES ('b1', 'bob likes trains', CAST(:meta AS jsonb), "
+                "CAST(:emb AS vector))",
+                {
+                    "meta": json.dumps({"user_id": "bob", "pbr_id": "b1"}),
+                    "emb": json.dumps(_floats(hash_embedder, "bob likes trains")),
+                },
+            )
+        ]
+    )
+    worker = _worker(engine, hash_embedder)
+    real = PgRecords.read_user
+
+    def failing(self: PgRecords, user_id: str) -> Any:
+        if user_id == "alice":
+            raise ConnectionError("the server went away")
+        return real(self, user_id)
+
+    monkeypatch.setattr(PgRecords, "read_user", failing)
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        shared = worker.derive_states(PBRConfig(fusion="no_prf"), ["alice", "bob"])
+    assert shared == ["bob"] and not _has_state(engine, "alice")
+    assert any("not derived" in r.getMessage() for r in caplog.records)
 
 
 def test_a_user_with_an_item_longer_than_the_embedder_reads_is_not_derived(
