@@ -1534,6 +1534,33 @@ def _notes_by_hand(engine: Any, embedder: Any, keys: Sequence[str | None]) -> No
         )
 
 
+def test_a_scored_read_gives_each_rows_cosine_text_and_version_in_code_point_key_order(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """The rows come in any order and are put in key order here (code points, a NULL key
+    last): each key keeps its own cosine, version and text."""
+    engine = pgvector_engine[0]
+    keys = ["b", None, "€", "a", "é"]
+    _notes_by_hand(engine, hash_embedder, keys)
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 3)  # a state
+    host = _worker(engine, hash_embedder).host
+    q = np.asarray(_floats(hash_embedder, "tea"), dtype=np.float64)
+    q /= np.linalg.norm(q)
+    got = host.read_scored("alice", q)  # type: ignore[union-attr]
+    assert got is not None and got.state is not None
+    assert got.keys == ["a", "b", "é", "€", None]
+    versions = dict(engine_sql(engine)([("SELECT id, xmin::text FROM notes", {})]))
+    for i, key in enumerate(got.keys):
+        assert got.stamps[i] == versions[key]
+        if key is None:
+            continue
+        text = f"alice note {keys.index(key)} about {'tea' if keys.index(key) % 2 else 'trains'}"
+        record = got.record(i)
+        assert record is not None and record.text == text
+        vector = np.asarray(_floats(hash_embedder, text), dtype=np.float64)
+        assert got.cosines[i] == pytest.approx(vector @ q / np.linalg.norm(vector), abs=1e-6)
+
+
 def test_a_row_without_a_key_is_read_not_ranked_from_the_state(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
