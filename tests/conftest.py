@@ -88,6 +88,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
+def closes_llamaindex_memories(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every LlamaIndex ``Memory`` the test builds (``Memory.from_defaults``, in the test or in
+    code it runs) has its chat store, an in-memory aiosqlite database, closed afterwards.
+
+    LlamaIndex gives the store no close; left to the garbage collector, aiosqlite stops its
+    worker thread from ``__del__`` on whatever event loop the thread last set, which the test
+    has already closed ("Event loop is closed" in that thread, reported as a warning against
+    an unrelated later test)."""
+    import asyncio
+
+    from llama_index.core.memory import Memory
+
+    made: list[Any] = []
+    build = Memory.from_defaults.__func__  # type: ignore[attr-defined]
+
+    def recorded(cls: type, *args: Any, **kwargs: Any) -> Any:
+        memory = build(cls, *args, **kwargs)
+        made.append(memory)
+        return memory
+
+    monkeypatch.setattr(Memory, "from_defaults", classmethod(recorded))
+    yield
+    for memory in made:
+        store = memory.sql_store
+        assert hasattr(store, "_async_engine"), "LlamaIndex moved the chat store's engine"
+        if store._async_engine is not None:  # None: the store was never opened
+            asyncio.run(store._async_engine.dispose())
+
+
+@pytest.fixture
 def hash_embedder() -> HashEmbedder:
     return HashEmbedder()
 

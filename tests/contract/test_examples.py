@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models import FakeListChatModel
 from llama_index.core.llms import MockLLM
@@ -35,6 +36,7 @@ def test_the_langgraph_agent_recalls_only_each_users_memories() -> None:
         assert recalled[user] and set(recalled[user]) <= set(facts)
 
 
+@pytest.mark.usefixtures("closes_llamaindex_memories")
 def test_the_llamaindex_agent_recalls_only_each_users_memories() -> None:
     example = _load("agent_memory")
     recalled = example.llamaindex_agent(MockLLM(max_tokens=4), HashEmbedding(dim=64))

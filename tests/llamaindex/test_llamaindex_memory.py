@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +24,9 @@ from pydantic import PrivateAttr
 from llamaindex_pbr import PBRMemoryBlock
 from llamaindex_pbr.testing import HashEmbedding
 from pbr_core import HistoryStore, PBRConfig, PersistenceError
+
+# each Memory's chat store closed after its test (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("closes_llamaindex_memories")
 
 FILLER = [
     "I went for a walk in the park this morning",
@@ -84,10 +86,6 @@ def block_for(user_id: str, **kwargs: Any) -> PBRMemoryBlock:
     return PBRMemoryBlock(user_id=user_id, embed_model=HashEmbedding(dim=256), **kwargs)
 
 
-#: The ``Memory`` objects a test made, closed after it (:func:`_close_memories`).
-_MEMORIES: list[Memory] = []
-
-
 def memory_for(block: PBRMemoryBlock, session_id: str) -> Memory:
     # A small short-term budget: a few turns in, the oldest messages flush into the block.
     memory = Memory.from_defaults(
@@ -97,24 +95,7 @@ def memory_for(block: PBRMemoryBlock, session_id: str) -> Memory:
         chat_history_token_ratio=0.5,
         token_flush_size=30,
     )
-    _MEMORIES.append(memory)
     return memory
-
-
-@pytest.fixture(autouse=True)
-def _close_memories() -> Iterator[None]:
-    """Close each ``Memory``'s chat store (an in-memory aiosqlite database) after the test.
-
-    LlamaIndex gives the store no close; left to the garbage collector, aiosqlite stops its
-    worker thread from ``__del__`` on whatever event loop the thread last set, which a later
-    test may already have closed ("Event loop is closed" in that thread, reported as a warning
-    against an unrelated test)."""
-    yield
-    while _MEMORIES:
-        store = _MEMORIES.pop().sql_store
-        assert hasattr(store, "_async_engine"), "LlamaIndex moved the chat store's engine"
-        if store._async_engine is not None:  # None: the store was never opened
-            asyncio.run(store._async_engine.dispose())
 
 
 def chat(memory: Memory, facts: list[str]) -> None:
@@ -403,7 +384,6 @@ def test_a_message_that_is_not_utf8_does_not_stop_memory_from_flushing(
         chat_history_token_ratio=0.5,
         token_flush_size=20,
     )
-    _MEMORIES.append(memory)
     turns = ["My cat is called Pistachio and she is lovely", "bad \ud800 text", *FILLER[:4]]
     with caplog.at_level("WARNING", logger="pbr.memory"):
         for i, turn in enumerate(turns):
