@@ -534,6 +534,15 @@ def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
     return f"DO {tag} {body} {tag}"
 
 
+def _dollar_quoted(body: str) -> str:
+    """``body`` between dollar quotes whose tag it does not hold."""
+    tag, n = "$pbr$", 0
+    while tag in body:
+        n += 1
+        tag = f"$pbr{n}$"
+    return f"{tag} {body} {tag}"
+
+
 def _holds_nul(value: Any) -> bool:
     """Whether a NUL character is in ``value``'s strings (keys included, at any depth): what
     PostgreSQL's text and JSON refuse. (The six characters ``\\u0000`` are no NUL.)"""
@@ -656,6 +665,7 @@ class PgRecords:
         self.states = False  # whether cold reads read and share derived states (pbr_states)
         self._vector_sql: str | None = None  # how a read selects the vector (_vector_select)
         self._vector_schema: str | None = None  # pgvector's schema, where the column is a vector
+        self._scored_call: str | None = None  # how read_scored runs (_scored); None: not looked
         self._bulk: BulkPlan | None = None  # how pbr writes a batch (bulk_plan)
         self._bulk_known = rows is None  # whether bulk_plan has looked (nothing to look for)
         if setup:
@@ -1052,7 +1062,7 @@ class PgRecords:
             f"OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type})) END"
         )
         mine = (
-            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, {quote_ident(t.text)} AS t, "
+            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, {quote_ident(t.text)}::text AS t, "
             f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
             f"{t.scoped()} AND {self._mine()}{order}"
         )
@@ -1071,7 +1081,7 @@ class PgRecords:
             q=QueryVector(query),
             dim=int(np.asarray(query).shape[0]),
         )
-        rows = self._read_all(statement, params)
+        rows = self._scored(statement, params)
         if len(rows) != 1:
             raise RuntimeError(f"a user's scored read returned {len(rows)} rows, not 1")
         rev, armed, state_rev, state, got, cosines, texts, metas, stamps = rows[0]
@@ -1102,6 +1112,80 @@ class PgRecords:
             stamps=[stamps[i] for i in by_key],
             record=record,
         )
+
+    def _scored(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows of :meth:`read_scored`'s ``statement``: through pbr's function of it where
+        it exists or can be made (:meth:`_scored_function`), else the statement itself. A
+        function call that fails (the function dropped, the table altered) is not tried again
+        by this reader: the statement answers from then on."""
+        if self._scored_call is None:
+            self._scored_call = self._scored_function(statement, params) or ""
+        if self._scored_call:
+            try:
+                return self._read_all(self._scored_call, params)
+            except Exception as exc:
+                log.debug("pbr: the scored read's function failed (%s); the statement runs", exc)
+                self._scored_call = ""
+        return self._read_all(statement, params)
+
+    def _scored_function(self, statement: str, params: Mapping[str, Any]) -> str | None:
+        """A call of a PL/pgSQL function running ``statement`` (made here if missing), or None
+        where none can be (a role that may not create it, a parameter of another type).
+
+        Why: the server keeps a function's plans for the session, whatever the client does,
+        while psycopg forgets its prepared statements at every ``ROLLBACK``, which SQLAlchemy's
+        pool sends when an app's ``engine.connect()`` block gives its connection back; the
+        statement is then parsed and planned on every request (~0.4 ms of a 1k-item user's,
+        docs/performance.md). The function is named by a digest of its text, so a table read
+        another way, or another version of the statement, makes another one; it runs with the
+        caller's rights (``SECURITY INVOKER``), as the statement would."""
+        if not isinstance(self.sql, _EngineSql) or self._vector_schema is None:
+            return None  # an app's own Sql callable, or an async engine: the statement
+        if any(":" in m.group() or "$" in m.group() for m in _QUOTED.finditer(statement)):
+            return None  # a quoted name or literal holding a colon or a dollar sign
+        names = list(dict.fromkeys(re.findall(r"(?<![:\w]):(\w+)\b", statement)))
+        if sorted(names) != sorted(params):
+            return None
+        types = []
+        for name in names:
+            value = params[name]
+            if isinstance(value, QueryVector):
+                types.append(f"{quote_ident(self._vector_schema)}.vector")
+            elif isinstance(value, str):
+                types.append("text")
+            elif isinstance(value, int) and not isinstance(value, bool):
+                types.append("bigint")
+            else:
+                return None
+        place = {name: f"${i + 1}" for i, name in enumerate(names)}
+        body = re.sub(r"(?<![:\w]):(\w+)\b", lambda m: place[m.group(1)], statement)
+        signature = ", ".join(types)
+        digest = hashlib.sha256(f"{signature}\x00{body}".encode()).hexdigest()[:16]
+        name = self.table.own(f"pbr_scored_{digest}")
+        columns = (
+            "o1 bigint, o2 text, o3 bigint, o4 bytea, o5 text[], o6 float8[], o7 text[], "
+            "o8 text[], o9 text[]"
+        )
+        # the table's columns win over anything the function names (its arguments are
+        # positional, its result columns named o1..o9)
+        code = f"#variable_conflict use_column\nBEGIN RETURN QUERY {body}; END"
+        create = (
+            f"CREATE FUNCTION {name}({signature}) RETURNS TABLE({columns}) LANGUAGE plpgsql "
+            f"STABLE AS {_dollar_quoted(code)}"
+        )
+        # made once; two workers making it at once: one of them finds it made
+        guarded = _dollar_quoted(
+            f"BEGIN IF to_regprocedure({quote_literal(f'{name}({signature})')}) IS NULL THEN "
+            f"EXECUTE {quote_literal(create)}; END IF; EXCEPTION WHEN duplicate_function OR "
+            "unique_violation THEN NULL; END"
+        )
+        guarded = f"DO {guarded}"
+        try:
+            self.sql([(guarded, {})])
+        except Exception as exc:
+            log.debug("pbr: the scored read runs as a statement (no function: %s)", exc)
+            return None
+        return f"SELECT * FROM {name}({', '.join(f':{n}' for n in names)})"
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at

@@ -1561,6 +1561,82 @@ def test_a_scored_read_gives_each_rows_cosine_text_and_version_in_code_point_key
         assert got.cosines[i] == pytest.approx(vector @ q / np.linalg.norm(vector), abs=1e-6)
 
 
+def _scored_functions(engine: Any) -> list[str]:
+    rows = engine_sql(engine)(
+        [("SELECT proname FROM pg_proc WHERE proname LIKE 'pbr\\_scored\\_%' ORDER BY 1", {})]
+    )
+    return [r[0] for r in rows]
+
+
+def _tea(embedder: Any) -> np.ndarray:
+    q = np.asarray(_floats(embedder, "tea"), dtype=np.float64)
+    return q / np.linalg.norm(q)
+
+
+def _scored_read(engine: Any, embedder: Any, user: str = "alice") -> Any:
+    """A new worker's scored read of ``user``'s rows, and the worker's host."""
+    host = _worker(engine, embedder).host
+    return host.read_scored(user, _tea(embedder)), host  # type: ignore[union-attr]
+
+
+def _six_shared(engine: Any, embedder: Any) -> None:
+    """alice's six notes written by SQL, then read by a worker that shared her state."""
+    _notes_by_hand(engine, embedder, [f"k{i:02d}" for i in range(6)])
+    _personalizer(engine, embedder, fusion="no_prf").search("alice", "tea", 3)
+
+
+def test_the_scored_read_runs_through_one_function_whose_plan_the_server_keeps(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """The statement of a scored read is made a PL/pgSQL function once (whoever comes
+    first), and every worker reading the table that way calls it: the server keeps its plan
+    whatever the app's pool does to psycopg's prepared statements. It reads what the statement
+    reads."""
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    through, host = _scored_read(engine, hash_embedder)
+    assert (host._scored_call or "").startswith("SELECT * FROM")
+    assert len(_scored_functions(engine)) == 1
+    _, other = _scored_read(engine, hash_embedder)
+    assert other._scored_call == host._scored_call and len(_scored_functions(engine)) == 1
+    other._scored_call = ""  # the statement itself
+    direct = other.read_scored("alice", _tea(hash_embedder))
+    assert other._scored_call == ""
+    assert (through.token, through.state, through.keys, through.stamps) == (
+        direct.token,
+        direct.state,
+        direct.keys,
+        direct.stamps,
+    )
+    assert np.array_equal(through.cosines, direct.cosines)
+
+
+def test_a_scored_read_whose_function_is_gone_runs_the_statement(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    first, host = _scored_read(engine, hash_embedder)
+    (name,) = _scored_functions(engine)
+    engine_sql(engine)([(f"DROP FUNCTION {name}", {})])
+    again = host.read_scored("alice", _tea(hash_embedder))  # type: ignore[union-attr]
+    assert host._scored_call == "" and again.state == first.state and again.keys == first.keys
+
+
+def test_a_role_that_may_not_create_functions_reads_by_the_statement(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    sql = engine_sql(engine)
+    sql([(f"DROP FUNCTION {name}", {}) for name in _scored_functions(engine)])
+    sql([("REVOKE CREATE ON SCHEMA public FROM PUBLIC", {})])
+    with _login_as(engine, "pbr_reader", "SELECT ON notes, pbr_revisions, pbr_states") as reader:
+        got, host = _scored_read(reader, hash_embedder)
+        assert host._scored_call == "" and got.state is not None and len(got.keys) == 6
+    assert _scored_functions(engine) == []
+
+
 def test_a_row_without_a_key_is_read_not_ranked_from_the_state(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
