@@ -1180,10 +1180,22 @@ class PgRecords:
             "unique_violation THEN NULL; END"
         )
         guarded = f"DO {guarded}"
+        # the function found is pbr's: this very code, with the caller's rights and settings
+        # (one made beforehand by another role under the same name is not called)
+        check = (
+            "SELECT p.prosrc, p.prosecdef, p.proconfig IS NULL, l.lanname FROM pg_proc p JOIN "
+            "pg_language l ON l.oid = p.prolang WHERE p.oid = to_regprocedure(:sig)"
+        )
         try:
-            self.sql([(guarded, {})])
+            found = self.sql([(guarded, {}), (check, {"sig": f"{name}({signature})"})])
         except Exception as exc:
             log.debug("pbr: the scored read runs as a statement (no function: %s)", exc)
+            return None
+        if [tuple(row) for row in found] != [(f" {code} ", False, True, "plpgsql")]:
+            log.warning(
+                "pbr: %s is not the function pbr makes; the scored read runs as a statement",
+                name,
+            )
             return None
         return f"SELECT * FROM {name}({', '.join(f':{n}' for n in names)})"
 

@@ -1623,6 +1623,44 @@ def test_a_scored_read_whose_function_is_gone_runs_the_statement(
     assert host._scored_call == "" and again.state == first.state and again.keys == first.keys
 
 
+def test_a_function_of_that_name_that_is_not_pbrs_is_never_called(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone else's function under the name pbr would give its own (the name is a digest
+    anyone can compute) is not called: its code must be pbr's, with the caller's rights."""
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    first, _ = _scored_read(engine, hash_embedder)
+    sql = engine_sql(engine)
+    ((name, args, result),) = sql(
+        [
+            (
+                "SELECT oid::regproc::text, pg_get_function_identity_arguments(oid), "
+                "pg_get_function_result(oid) FROM pg_proc WHERE proname LIKE 'pbr\\_scored\\_%'",
+                {},
+            )
+        ]
+    )
+    sql([(f"DROP FUNCTION {name}({args})", {})])
+    impostor = (
+        "BEGIN RETURN QUERY SELECT 1::bigint, ''::text, 1::bigint, ''::bytea, '{}'::text[], "
+        "'{}'::float8[], '{}'::text[], '{}'::text[], '{}'::text[]; END"
+    )
+    sql(
+        [
+            (
+                f"CREATE FUNCTION {name}({args}) RETURNS {result} LANGUAGE plpgsql "
+                f"AS $f$ {impostor} $f$",
+                {},
+            )
+        ]
+    )
+    with caplog.at_level(logging.WARNING, logger="pbr"):
+        got, host = _scored_read(engine, hash_embedder)
+    assert host._scored_call == "" and "is not the function pbr makes" in caplog.text
+    assert got.keys == first.keys and got.state == first.state
+
+
 def test_a_role_that_may_not_create_functions_reads_by_the_statement(
     pgvector_engine: Any, hash_embedder: Any
 ) -> None:
