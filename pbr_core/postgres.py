@@ -1117,12 +1117,15 @@ class PgRecords:
         """The rows of :meth:`read_scored`'s ``statement``: through pbr's function of it where
         it exists or can be made (:meth:`_scored_function`), else the statement itself. A
         function call that fails (the function dropped, the table altered) is not tried again
-        by this reader: the statement answers from then on."""
+        by this reader: the statement answers from then on; a lost connection is raised as
+        the statement's would be (``ConnectionError``), the function kept."""
         if self._scored_call is None:
             self._scored_call = self._scored_function(statement, params) or ""
         if self._scored_call:
             try:
                 return self._read_all(self._scored_call, params)
+            except ConnectionError:
+                raise  # the connection, not the function: as the statement's would
             except Exception as exc:
                 log.debug("pbr: the scored read's function failed (%s); the statement runs", exc)
                 self._scored_call = ""

@@ -1623,6 +1623,24 @@ def test_a_scored_read_whose_function_is_gone_runs_the_statement(
     assert host._scored_call == "" and again.state == first.state and again.keys == first.keys
 
 
+def test_a_connection_lost_during_the_function_call_is_raised_and_the_function_kept(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    _, host = _scored_read(engine, hash_embedder)
+    call = host._scored_call
+    assert call
+
+    def lost(self: Any, statement: str, params: Any) -> Any:
+        raise ConnectionError("the PostgreSQL connection was lost: server closed the connection")
+
+    monkeypatch.setattr(type(host.sql), "binary", lost)
+    with pytest.raises(ConnectionError):
+        host.read_scored("alice", _tea(hash_embedder))
+    assert host._scored_call == call  # the next read calls the function again
+
+
 def test_a_function_of_that_name_that_is_not_pbrs_is_never_called(
     pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
