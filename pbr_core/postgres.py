@@ -534,6 +534,17 @@ def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
     return f"DO {tag} {body} {tag}"
 
 
+def _unusable(exc: BaseException) -> bool:
+    """Whether ``exc`` says a function cannot be used (SQLSTATE class 42, a name, type or
+    right that does not fit; or 0A, not supported), rather than that this call failed (a lost
+    connection, a timeout, a cancel)."""
+    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str):
+            return state[:2] in {"42", "0A"}
+    return False
+
+
 def _dollar_quoted(body: str) -> str:
     """``body`` between dollar quotes whose tag it does not hold."""
     tag, n = "$pbr$", 0
@@ -1117,16 +1128,17 @@ class PgRecords:
         """The rows of :meth:`read_scored`'s ``statement``: through pbr's function of it where
         it exists or can be made (:meth:`_scored_function`), else the statement itself. A
         function call that fails (the function dropped, the table altered) is not tried again
-        by this reader: the statement answers from then on; a lost connection is raised as
-        the statement's would be (``ConnectionError``), the function kept."""
+        by this reader: the statement answers from then on. Any other error (a lost
+        connection, a timeout, a cancel) is raised as the statement's would be, without a
+        second run, and the function is kept."""
         if self._scored_call is None:
             self._scored_call = self._scored_function(statement, params) or ""
         if self._scored_call:
             try:
                 return self._read_all(self._scored_call, params)
-            except ConnectionError:
-                raise  # the connection, not the function: as the statement's would
             except Exception as exc:
+                if not _unusable(exc):
+                    raise  # the connection, a timeout, a cancel: as the statement's would be
                 log.debug("pbr: the scored read's function failed (%s); the statement runs", exc)
                 self._scored_call = ""
         return self._read_all(statement, params)
@@ -1183,24 +1195,31 @@ class PgRecords:
             "unique_violation THEN NULL; END"
         )
         guarded = f"DO {guarded}"
-        # the function found is pbr's: this very code, with the caller's rights and settings
-        # (one made beforehand by another role under the same name is not called)
+        # The function found is pbr's: this very code, with the caller's rights and settings,
+        # owned by a role this one is (or the table's owner), so that no other role made it
+        # beforehand or may replace it later; and it is called with every argument cast to its
+        # type, so that no overload another role adds is chosen instead.
         check = (
-            "SELECT p.prosrc, p.prosecdef, p.proconfig IS NULL, l.lanname FROM pg_proc p JOIN "
-            "pg_language l ON l.oid = p.prolang WHERE p.oid = to_regprocedure(:sig)"
+            "SELECT p.prosrc, p.prosecdef, p.proconfig IS NULL, l.lanname, "
+            "pg_has_role(p.proowner, 'MEMBER') OR p.proowner = (SELECT relowner FROM pg_class "
+            "WHERE oid = to_regclass(:tbl)) FROM pg_proc p JOIN pg_language l ON l.oid = "
+            "p.prolang WHERE p.oid = to_regprocedure(:sig)"
         )
+        sig = {"sig": f"{name}({signature})", "tbl": self.table.regclass}
         try:
-            found = self.sql([(guarded, {}), (check, {"sig": f"{name}({signature})"})])
+            found = self.sql([(guarded, {}), (check, sig)])
         except Exception as exc:
             log.debug("pbr: the scored read runs as a statement (no function: %s)", exc)
             return None
-        if [tuple(row) for row in found] != [(f" {code} ", False, True, "plpgsql")]:
+        if [tuple(row) for row in found] != [(f" {code} ", False, True, "plpgsql", True)]:
             log.warning(
-                "pbr: %s is not the function pbr makes; the scored read runs as a statement",
+                "pbr: %s is not the function pbr makes (or another role owns it); the scored "
+                "read runs as a statement",
                 name,
             )
             return None
-        return f"SELECT * FROM {name}({', '.join(f':{n}' for n in names)})"
+        args = ", ".join(f"CAST(:{n} AS {kind})" for n, kind in zip(names, types))
+        return f"SELECT * FROM {name}({args})"
 
     def write_state(self, user_id: str, token: str, state: bytes) -> bool:
         """Keep ``state`` (:func:`pbr_core.derived.pack`) as ``user_id``'s derived state at

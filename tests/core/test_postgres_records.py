@@ -1515,10 +1515,13 @@ def _floats(embedder: Any, text: str) -> list[float]:
     return [float(x) for x in embedder.embed_query(text)]
 
 
-def _notes_by_hand(engine: Any, embedder: Any, keys: Sequence[str | None]) -> None:
-    """alice's notes written by SQL under ``keys`` (a key column without a constraint)."""
+def _notes_by_hand(
+    engine: Any, embedder: Any, keys: Sequence[str | None], text_type: str = "text"
+) -> None:
+    """alice's notes written by SQL under ``keys`` (a key column without a constraint), their
+    texts in a column of ``text_type``."""
     sql = engine_sql(engine)
-    sql([(f"CREATE TABLE notes (id text, doc text, meta jsonb, emb vector({DIM}))", {})])
+    sql([(f"CREATE TABLE notes (id text, doc {text_type}, meta jsonb, emb vector({DIM}))", {})])
     for i, key in enumerate(keys):
         text = f"alice note {i} about {'tea' if i % 2 else 'trains'}"
         meta = json.dumps({"user_id": "alice", "pbr_id": f"m{i}"})
@@ -1579,22 +1582,24 @@ def _scored_read(engine: Any, embedder: Any, user: str = "alice") -> Any:
     return host.read_scored(user, _tea(embedder)), host  # type: ignore[union-attr]
 
 
-def _six_shared(engine: Any, embedder: Any) -> None:
+def _six_shared(engine: Any, embedder: Any, text_type: str = "text") -> None:
     """alice's six notes written by SQL, then read by a worker that shared her state."""
-    _notes_by_hand(engine, embedder, [f"k{i:02d}" for i in range(6)])
+    _notes_by_hand(engine, embedder, [f"k{i:02d}" for i in range(6)], text_type)
     _personalizer(engine, embedder, fusion="no_prf").search("alice", "tea", 3)
 
 
+@pytest.mark.parametrize("text_type", ["text", "varchar"])  # LangChain's and LlamaIndex's
 def test_the_scored_read_runs_through_one_function_whose_plan_the_server_keeps(
-    pgvector_engine: Any, hash_embedder: Any
+    pgvector_engine: Any, hash_embedder: Any, text_type: str
 ) -> None:
     """The statement of a scored read is made a PL/pgSQL function once (whoever comes
     first), and every worker reading the table that way calls it: the server keeps its plan
     whatever the app's pool does to psycopg's prepared statements. It reads what the statement
     reads."""
     engine = pgvector_engine[0]
-    _six_shared(engine, hash_embedder)
+    _six_shared(engine, hash_embedder, text_type)
     through, host = _scored_read(engine, hash_embedder)
+    assert through.state is not None and len(through.keys) == 6
     assert (host._scored_call or "").startswith("SELECT * FROM")
     assert len(_scored_functions(engine)) == 1
     _, other = _scored_read(engine, hash_embedder)
@@ -1621,6 +1626,22 @@ def test_a_scored_read_whose_function_is_gone_runs_the_statement(
     engine_sql(engine)([(f"DROP FUNCTION {name}", {})])
     again = host.read_scored("alice", _tea(hash_embedder))  # type: ignore[union-attr]
     assert host._scored_call == "" and again.state == first.state and again.keys == first.keys
+
+
+#: pbr's scored-read function: its name, its arguments and its result.
+_FUNCTION_OF_NOTES = (
+    "SELECT oid::regproc::text, pg_get_function_identity_arguments(oid), "
+    "pg_get_function_result(oid) FROM pg_proc WHERE proname LIKE 'pbr\\_scored\\_%'"
+)
+
+
+def _impostor(name: str, args: str, result: str) -> str:
+    """A function named as pbr's that answers one empty row."""
+    body = (
+        "BEGIN RETURN QUERY SELECT 1::bigint, ''::text, 1::bigint, ''::bytea, '{}'::text[], "
+        "'{}'::float8[], '{}'::text[], '{}'::text[], '{}'::text[]; END"
+    )
+    return f"CREATE FUNCTION {name}({args}) RETURNS {result} LANGUAGE plpgsql AS $f$ {body} $f$"
 
 
 def test_a_connection_lost_during_the_function_call_is_raised_and_the_function_kept(
@@ -1650,33 +1671,50 @@ def test_a_function_of_that_name_that_is_not_pbrs_is_never_called(
     _six_shared(engine, hash_embedder)
     first, _ = _scored_read(engine, hash_embedder)
     sql = engine_sql(engine)
-    ((name, args, result),) = sql(
-        [
-            (
-                "SELECT oid::regproc::text, pg_get_function_identity_arguments(oid), "
-                "pg_get_function_result(oid) FROM pg_proc WHERE proname LIKE 'pbr\\_scored\\_%'",
-                {},
-            )
-        ]
-    )
-    sql([(f"DROP FUNCTION {name}({args})", {})])
-    impostor = (
-        "BEGIN RETURN QUERY SELECT 1::bigint, ''::text, 1::bigint, ''::bytea, '{}'::text[], "
-        "'{}'::float8[], '{}'::text[], '{}'::text[], '{}'::text[]; END"
-    )
-    sql(
-        [
-            (
-                f"CREATE FUNCTION {name}({args}) RETURNS {result} LANGUAGE plpgsql "
-                f"AS $f$ {impostor} $f$",
-                {},
-            )
-        ]
-    )
+    ((name, args, result),) = sql([(_FUNCTION_OF_NOTES, {})])
+    sql([(f"DROP FUNCTION {name}({args})", {}), (_impostor(name, args, result), {})])
     with caplog.at_level(logging.WARNING, logger="pbr"):
         got, host = _scored_read(engine, hash_embedder)
     assert host._scored_call == "" and "is not the function pbr makes" in caplog.text
     assert got.keys == first.keys and got.state == first.state
+
+
+def test_an_overload_another_role_adds_is_never_called_instead(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """Each argument of the call is cast to its type: a function of the same name whose
+    arguments would fit the untyped call better is not chosen."""
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    first, _ = _scored_read(engine, hash_embedder)
+    sql = engine_sql(engine)
+    ((name, args, result),) = sql([(_FUNCTION_OF_NOTES, {})])
+    overload = args.replace("bigint", "smallint")
+    assert overload != args
+    sql([(_impostor(name, overload, result), {})])
+    got, host = _scored_read(engine, hash_embedder)
+    assert host._scored_call and got.keys == first.keys and got.state == first.state
+
+
+def test_pbrs_function_made_by_another_role_is_not_called(
+    pgvector_engine: Any, hash_embedder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Even with pbr's very code, a function owned by a role the reader is not (nor the
+    table's owner) is not called: its owner could replace it at any time."""
+    engine = pgvector_engine[0]
+    _six_shared(engine, hash_embedder)
+    sql = engine_sql(engine)
+    ((name, args, _),) = sql([(_FUNCTION_OF_NOTES, {})])
+    ((definition,),) = sql([(f"SELECT pg_get_functiondef('{name}({args})'::regprocedure)", {})])
+    sql([(f"DROP FUNCTION {name}({args})", {}), ("GRANT CREATE ON SCHEMA public TO PUBLIC", {})])
+    grants = "SELECT ON notes, pbr_revisions, pbr_states"
+    with _login_as(engine, "pbr_other", grants) as other:
+        engine_sql(other)([(definition, {})])
+        with _login_as(engine, "pbr_reader", grants) as reader:
+            with caplog.at_level(logging.WARNING, logger="pbr"):
+                got, host = _scored_read(reader, hash_embedder)
+            assert host._scored_call == "" and "another role owns it" in caplog.text
+            assert got.state is not None and len(got.keys) == 6
 
 
 def test_a_role_that_may_not_create_functions_reads_by_the_statement(
