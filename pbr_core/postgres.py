@@ -527,11 +527,7 @@ def _owner_index(table: PgTable, suffix: str, columns: str) -> str:
         f"NULL THEN {quote_literal(name)} ELSE {quote_literal(name + '_')} || {this}::oid END); "
         "END IF; END"
     )
-    tag, n = "$pbr$", 0
-    while tag in body:  # a name holding the dollar quote's tag
-        n += 1
-        tag = f"$pbr{n}$"
-    return f"DO {tag} {body} {tag}"
+    return f"DO {_dollar_quoted(body)}"  # a name may hold the dollar quote's tag
 
 
 def _unusable(exc: BaseException) -> bool:
@@ -543,6 +539,10 @@ def _unusable(exc: BaseException) -> bool:
         if isinstance(state, str):
             return state[:2] in {"42", "0A"}
     return False
+
+
+#: A ``:name`` placeholder (not the second colon of a ``::`` cast).
+_PLACEHOLDER = re.compile(r"(?<![:\w]):(\w+)\b")
 
 
 def _dollar_quoted(body: str) -> str:
@@ -1158,7 +1158,7 @@ class PgRecords:
             return None  # an app's own Sql callable, or an async engine: the statement
         if any(":" in m.group() or "$" in m.group() for m in _QUOTED.finditer(statement)):
             return None  # a quoted name or literal holding a colon or a dollar sign
-        names = list(dict.fromkeys(re.findall(r"(?<![:\w]):(\w+)\b", statement)))
+        names = list(dict.fromkeys(_PLACEHOLDER.findall(statement)))
         if sorted(names) != sorted(params):
             return None
         types = []
@@ -1173,7 +1173,7 @@ class PgRecords:
             else:
                 return None
         place = {name: f"${i + 1}" for i, name in enumerate(names)}
-        body = re.sub(r"(?<![:\w]):(\w+)\b", lambda m: place[m.group(1)], statement)
+        body = _PLACEHOLDER.sub(lambda m: place[m.group(1)], statement)
         signature = ", ".join(types)
         digest = hashlib.sha256(f"{signature}\x00{body}".encode()).hexdigest()[:16]
         name = self.table.own(f"pbr_scored_{digest}")
@@ -1189,12 +1189,11 @@ class PgRecords:
             f"STABLE AS {_dollar_quoted(code)}"
         )
         # made once; two workers making it at once: one of them finds it made
-        guarded = _dollar_quoted(
+        guarded = "DO " + _dollar_quoted(
             f"BEGIN IF to_regprocedure({quote_literal(f'{name}({signature})')}) IS NULL THEN "
             f"EXECUTE {quote_literal(create)}; END IF; EXCEPTION WHEN duplicate_function OR "
             "unique_violation THEN NULL; END"
         )
-        guarded = f"DO {guarded}"
         # The function found is pbr's: this very code, with the caller's rights and settings,
         # owned by a role this one is (or the table's owner), so that no other role made it
         # beforehand or may replace it later; and it is called with every argument cast to its
