@@ -9,21 +9,17 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
-from langchain_core.language_models import BaseLanguageModel
+from langchain_core.language_models import BaseLanguageModel, BaseLLM
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from pbr_core import HistoryItem, PersonalizedQuery, PromptSet
-from pbr_core.adapters_support import (
-    declared_model_id,
-    explanation_payload,
-    model_id,
-    result_metadata,
-)
+from pbr_core import HistoryItem, PromptSet
+from pbr_core.adapters_support import declared_model_id, model_id, result_metadata
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import ScoredRecord, stored_timestamp
+from pbr_core.corpus import stored_timestamp
 from pbr_core.items import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
+from pbr_core.retrieval import Retrieval
 
 #: The variables a PBR prompt template may use (the core fills them in).
 PROMPT_VARIABLES = ("history", "query", "m")
@@ -31,8 +27,12 @@ _REQUIRED_VARIABLES = ("history", "query")
 
 
 def prompt_style_of(llm: object, style: str | None) -> Literal["chat", "completion"]:
-    """The prompt style: the one given, else the LLM's ``prompt_style``, else ``"chat"``."""
-    return resolve_prompt_style(getattr(underlying_model(llm), "prompt_style", None), style)
+    """The prompt style: the one given, else the LLM's ``prompt_style``, else what LangChain
+    knows of it: a text-completion model (``BaseLLM``) the numbered-list prompts, anything
+    else (a chat model, a Runnable) the JSON ones; LlamaIndex reads ``is_chat_model`` alike."""
+    model = underlying_model(llm)
+    fallback: Literal["chat", "completion"] = "completion" if isinstance(model, BaseLLM) else "chat"
+    return resolve_prompt_style(getattr(model, "prompt_style", None), style, fallback)
 
 
 def prompt_set(
@@ -309,15 +309,14 @@ def items_of(
 
 
 def documents_of(
-    scored: list[ScoredRecord],
-    pq: PersonalizedQuery,
-    mode: str = "dense",
-    explain: ExplainMode = "none",
+    got: Retrieval, mode: str = "dense", explain: ExplainMode = "none"
 ) -> list[Document]:
     """The found items as the stored documents with the user's own id, plus what
     :attr:`PBRConfig.explain` adds (:func:`~pbr_core.adapters_support.result_metadata`: by
-    default nothing, else ``score``, ``store_score``, ``pbr_search`` and ``pbr``)."""
-    payload = explanation_payload(pq.explanation) if explain in ("first", "all") else {}
+    default nothing, else ``score``, ``store_score``, ``pbr_search`` and ``pbr``, the request's
+    :meth:`~pbr_core.retrieval.Retrieval.payload` as LlamaIndex's results carry it)."""
+    scored = got.results
+    payload = got.payload() if explain in ("first", "all") else {}
     return [
         Document(
             id=s.hit.id,

@@ -413,8 +413,7 @@ class PBRRetriever(BaseRetriever):
         return [*explanation_events(expl), results_event(expl, got.results, got.mode)]
 
     def _documents(self, got: Retrieval) -> list[Document]:
-        assert got.query is not None
-        return documents_of(got.results, got.query, self.config.search, self.config.explain)
+        return documents_of(got, self.config.search, self.config.explain)
 
     # -- retrieval: the steps are pbr_core.retrieval's, this translates ------------------------
     def invoke(  # the user of config['configurable'], then BaseRetriever's

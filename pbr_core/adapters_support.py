@@ -59,8 +59,10 @@ def owner_of(
     ``default`` (the user the call names). One rule for LangChain's ``from_documents`` and
     LlamaIndex's ``from_defaults``; a per-user add names its user and the corpus refuses an item
     whose metadata names another. ``what`` names the item and ``fix`` says, in the framework's
-    terms, how to give its user."""
-    user = metadata.get(user_key, default)
+    terms, how to give its user. A ``None`` under ``user_key`` names no user, as a missing key."""
+    user = metadata.get(user_key)
+    if user is None:
+        user = default
     if user is None:
         raise ValueError(f"{what} has no {user_key!r} metadata and no user was given; {fix}")
     return check_user_id(user)

@@ -453,7 +453,7 @@ def test_a_huge_query_is_never_copied_into_results_or_events() -> None:
     query = "note " * 200_000  # 1 MB
     docs = r.invoke(query, user_id="ann", k=5, config={"callbacks": [events]})
     metadata = len(json.dumps([d.metadata for d in docs], default=str))
-    assert metadata < 5 * 3_000  # the explanation shows the query's first 1000 characters
+    assert metadata < 5 * 4_000  # the explanation shows the query's first 1000 characters, not 1 MB
     assert all(len(data["query"]) <= 1000 for data in events.got.values())
     plain = filled().invoke(query, user_id="ann", k=5)
     assert len(json.dumps([d.metadata for d in plain])) < 200

@@ -13,8 +13,9 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding, FakeEmbeddings
-from langchain_core.language_models import BaseChatModel, ParrotFakeChatModel
+from langchain_core.language_models import BaseChatModel, FakeListLLM, ParrotFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
@@ -510,6 +511,19 @@ def test_default_prompts_follow_the_llm_prompt_style() -> None:
     assert forced[0].template == completion[0].template
 
 
+def test_a_text_completion_model_gets_the_numbered_list_prompts_as_in_llamaindex() -> None:
+    # LangChain's BaseLLM is what LlamaIndex calls is_chat_model=False: the same default
+    text_model = FakeListLLM(responses=["1. a"])
+    prompts = PBRRetriever(llm=text_model).get_prompts()
+    assert all(p.template.endswith("1.") for p in prompts)
+    assert all(
+        p.template.endswith("1.")
+        for p in PBRRetriever(llm=text_model | StrOutputParser()).get_prompts()
+    )
+    chat = PBRRetriever(llm=text_model, prompt_style="chat").get_prompts()
+    assert "JSON" in chat[0].template
+
+
 # -- history management --------------------------------------------------------------------------
 def test_add_and_delete_keep_history_and_store_in_step() -> None:
     store = InMemoryVectorStore(EMB)
@@ -585,10 +599,14 @@ def test_documents_of_another_user_are_refused() -> None:
 def test_from_documents_user_id_tags_only_the_documents_that_name_no_user() -> None:
     docs = [
         Document(page_content="alice runs marathons"),
+        Document(page_content="alice swims", metadata={"user_id": None}),  # names no user
         Document(page_content="bob plays jazz", metadata={"user_id": "bob"}),
     ]
     r = PBRRetriever.from_documents(docs, user_id="alice", llm=ScriptedChat(), embeddings=EMB)
-    assert [d.page_content for d in r.invoke("q", k=5)] == ["alice runs marathons"]
+    assert sorted(d.page_content for d in r.invoke("q", k=5)) == [
+        "alice runs marathons",
+        "alice swims",
+    ]
     assert [d.page_content for d in r.invoke("q", user_id="bob", k=5)] == ["bob plays jazz"]
 
 

@@ -491,6 +491,22 @@ def test_add_and_delete_nodes_through_a_users_view(base: PBRRetriever) -> None:
     assert len(base.for_user("u2", similarity_top_k=10).retrieve(QUERY)) == len(HISTORY["u2"])
 
 
+def test_from_defaults_user_id_tags_the_nodes_that_name_no_user(embed_model: HashEmbedding) -> None:
+    nodes = [
+        TextNode(text="alice runs marathons"),
+        TextNode(text="alice swims", metadata={"user_id": None}),  # names no user either
+        TextNode(text="bob plays jazz", metadata={"user_id": "bob"}),
+    ]
+    r = PBRRetriever.from_defaults(
+        nodes=nodes, user_id="alice", llm=MockLLM(), embed_model=embed_model, similarity_top_k=5
+    )
+    assert sorted(n.node.get_content() for n in r.retrieve("q")) == [
+        "alice runs marathons",
+        "alice swims",
+    ]
+    assert [n.node.get_content() for n in r.for_user("bob").retrieve("q")] == ["bob plays jazz"]
+
+
 def test_a_view_refuses_another_users_nodes(base: PBRRetriever) -> None:
     stray = TextNode(text="Not mine", metadata={"user_id": "u2"})
     with pytest.raises(ValueError, match="belongs to user 'u2'"):
