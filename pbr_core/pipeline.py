@@ -107,6 +107,15 @@ class _Request:
 
 
 @dataclass(frozen=True)
+class _ReadHistory:
+    """Ask the driver for the user's current snapshot, checked against the host store where it
+    lists (:meth:`Corpus.history`; None: no history): what a cached user has deleted through
+    the store itself never reaches a prompt."""
+
+    user_id: str
+
+
+@dataclass(frozen=True)
 class _EmbedQuery:
     """Ask the driver for the query's unit vector (``given``: the caller's own embedding)."""
 
@@ -129,7 +138,7 @@ class _EmbedFeedback:
     dim: int
 
 
-_Effect = _EmbedQuery | _Generate | _EmbedFeedback
+_Effect = _ReadHistory | _EmbedQuery | _Generate | _EmbedFeedback
 
 
 class _Options(NamedTuple):
@@ -287,11 +296,10 @@ class Personalizer:
         return cls(corpus=corpus, **kwargs)
 
     def _history(self, user_id: str) -> UserHistory:
-        """The user's snapshot in the store; one the store evicted under its budget is read
-        back through the corpus (from the host store that lists it)."""
-        history = self.store._current(user_id)
-        if history is None and self.corpus.verified:
-            history = self.corpus.history(user_id)
+        """The user's current snapshot (:meth:`Corpus.history`: checked against the host store
+        where it lists, so an item deleted through the store is gone; one the cache evicted
+        under its budget read back)."""
+        history = self.corpus.history(user_id)
         if history is None:
             raise UnknownUserError(user_id)
         return history
@@ -391,8 +399,11 @@ class Personalizer:
             if not isinstance(opts.history, UserHistory) and self.fusion_rule is not default_rule:
                 # a rule of the caller's may read what only a snapshot in memory has
                 raise NotServed("a custom fusion rule is given the user's history in memory")
+        history = opts.history
+        if history is None:
+            history = yield _ReadHistory(user_id)
         try:
-            req = self._start(user_id, query, opts.config, opts.prompts, opts.history)
+            req = self._start(user_id, query, opts.config, opts.prompts, history)
         except UnknownUserError as exc:
             if opts.unknown_user == "raise":
                 raise
@@ -423,8 +434,10 @@ class Personalizer:
         try:
             effect = next(steps)
             while True:
-                if isinstance(effect, _EmbedQuery):
-                    result: Any = self.corpus.query_vector(effect.text, effect.given)
+                if isinstance(effect, _ReadHistory):
+                    result: Any = self.corpus.history(effect.user_id)
+                elif isinstance(effect, _EmbedQuery):
+                    result = self.corpus.query_vector(effect.text, effect.given)
                 elif isinstance(effect, _Generate):
                     result = self._generate(effect.req)
                 else:
@@ -438,8 +451,10 @@ class Personalizer:
         try:
             effect = next(steps)
             while True:
-                if isinstance(effect, _EmbedQuery):
-                    result: Any = await self.corpus.aquery_vector(effect.text, effect.given)
+                if isinstance(effect, _ReadHistory):
+                    result: Any = await self.corpus.ahistory(effect.user_id)
+                elif isinstance(effect, _EmbedQuery):
+                    result = await self.corpus.aquery_vector(effect.text, effect.given)
                 elif isinstance(effect, _Generate):
                     result = await self._agenerate(effect.req)
                 else:
@@ -468,8 +483,11 @@ class Personalizer:
         )
         try:  # the request's own steps, up to the LLM call
             effect = next(steps)
-            while isinstance(effect, _EmbedQuery):
-                effect = steps.send(self.corpus.query_vector(effect.text, effect.given))
+            while isinstance(effect, _ReadHistory | _EmbedQuery):
+                if isinstance(effect, _ReadHistory):
+                    effect = steps.send(self.corpus.history(effect.user_id))
+                else:
+                    effect = steps.send(self.corpus.query_vector(effect.text, effect.given))
             return effect.req.sent if isinstance(effect, _Generate) else None
         finally:
             steps.close()
@@ -518,14 +536,18 @@ class Personalizer:
         user_id: str,
         query: str,
         config: PBRConfig | None,
-        prompts: PromptSet | None = None,
-        history: UserHistory | ScoredView | None = None,
+        prompts: PromptSet | None,
+        history: UserHistory | ScoredView | None,
     ) -> _Request:
+        """The request's state over ``history``, the snapshot it read (None: the user has none,
+        :class:`UnknownUserError`)."""
         query = check_query(query)
         cfg = self._config(config)
         # A view ranks in the database (pbr_core.view) and answers what a request reads of a
         # snapshot: it stands in for one here.
-        snapshot = self._history(user_id) if history is None else cast(UserHistory, history)
+        if history is None:
+            raise UnknownUserError(user_id)
+        snapshot = cast(UserHistory, history)
         explanation = Explanation(user_id=user_id, query=query, fusion=cfg.fusion)
         return _Request(
             user_id=user_id,

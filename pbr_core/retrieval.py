@@ -259,10 +259,13 @@ class _Filter:
 class _Personalize:
     """The request's personalized query (embedding and LLM calls); ``q``: the query's vector
     where the request has it already (a view tried first), so it is not embedded again;
-    ``view``: personalize on it (:mod:`pbr_core.view`), giving None where it cannot serve."""
+    ``view``: personalize on it (:mod:`pbr_core.view`), giving None where it cannot serve;
+    ``history``: the snapshot the request read, personalized on as it is ranked (None: the
+    user has none; the personalizer reads again and applies the unknown-user rule)."""
 
     q: np.ndarray | None = None
     view: ScoredView | None = None
+    history: UserHistory | None = None
 
 
 @dataclass(frozen=True)
@@ -348,7 +351,8 @@ def _steps(
         within = yield _Filter()
         if not within:  # nothing of the user's in the view: no LLM call for no result
             return Retrieval(None, [], config.search)
-    pq: PersonalizedQuery = yield _Personalize(q)
+    # personalized on the snapshot it ranks: one read of the user for both
+    pq: PersonalizedQuery = yield _Personalize(q, history=history)
     start = time.perf_counter()
     # the re-rank stage re-orders more candidates than it returns
     n = k if config.rerank == "none" else max(k, config.rerank_candidates)
@@ -580,12 +584,14 @@ async def aretrieve(
 
 def _kwargs(request: Request, effect: _Personalize) -> dict[str, Any]:
     """The personalizer's keyword arguments for ``request``, with the query vector where the
-    request has embedded the query already, and the view it personalizes on."""
+    request has embedded the query already, and the view or snapshot it personalizes on."""
     kwargs = request.personalize_kwargs()
     if effect.q is not None:
         kwargs["query_vector"] = effect.q
     if effect.view is not None:
         kwargs["history"] = effect.view
+    elif effect.history is not None:
+        kwargs["history"] = effect.history
     return kwargs
 
 
