@@ -110,6 +110,7 @@ class GenerationCache:
         key = generation_key(model_id, prompt)
         with self._lock:
             if self._data.get(key) == text:
+                self._data.move_to_end(key)  # the same answer again: used now, not written
                 return
             self._data[key] = text
             self._data.move_to_end(key)

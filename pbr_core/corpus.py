@@ -510,6 +510,13 @@ class Corpus:
     ) -> None:
         if not isinstance(user_key, str) or not user_key:
             raise ValueError("user_key must be a non-empty string")
+        if user_key in (ITEM_ID_KEY, "timestamp"):
+            # a record's metadata holds its item's id and timestamp under these keys too: the
+            # owner would be overwritten by the item's id (another user's items) or its time
+            raise ValueError(
+                f"user_key {user_key!r} is a metadata key pbr keeps for itself in every record; "
+                "name the owner under another key (the default is 'user_id')"
+            )
         if not 0.0 <= max_staleness_s < float("inf"):
             raise ValueError(f"max_staleness_s must be finite and >= 0, got {max_staleness_s!r}")
         self.max_staleness_s = float(max_staleness_s)
@@ -770,8 +777,10 @@ class Corpus:
             if (vectors or {}).get(user) is None and items
         }
         given = dict(vectors or {})
-        for user, items in todo.items():
+        for user, items in todo.items():  # every group checked before any is embedded
             check_user_id(user)
+            self._check_items(user, items)
+        for user, items in todo.items():
             given[user] = await self._aembed(user, items)
         # the plan's host.validate may be I/O too (PostgreSQL reads the keys it would take):
         # off the event loop with the write
@@ -1064,19 +1073,7 @@ class Corpus:
             items = list(items)
             if not items:
                 continue
-            for item in items:
-                owner = item.metadata.get(self.user_key)
-                if owner is not None and owner != user_id:
-                    raise ValueError(
-                        f"item {item.id!r} belongs to user {owner!r} (its "
-                        f"metadata[{self.user_key!r}]), not to user {user_id!r}: add it for "
-                        f"{owner!r}, or drop that metadata key"
-                    )
-                if ITEM_ID_KEY in item.metadata and item.metadata[ITEM_ID_KEY] != item.id:
-                    raise ValueError(
-                        f"item {item.id!r}: metadata key {ITEM_ID_KEY!r} is pbr's (the item's "
-                        "own id in the host store); rename that metadata key"
-                    )
+            self._check_items(user_id, items)
             if self.verified:  # kept as every worker reads it back
                 items = [self._as_stored(user_id, item) for item in items]
             check_serialisable(user_id, items)
@@ -1096,6 +1093,26 @@ class Corpus:
         if self.host is not None and plan:
             self.host.validate(self._records(plan))
         return plan
+
+    def _check_items(self, user_id: str, items: list[HistoryItem]) -> None:
+        """The rules an item meets before it is embedded (an embedder call costs, and may send
+        the text to an API) or written: saveable as given (:func:`check_serialisable`: a
+        ``HistoryItem`` of string id and text, metadata a mapping JSON holds), the user's own,
+        and no value of its own under pbr's id key."""
+        check_serialisable(user_id, items)
+        for item in items:
+            owner = item.metadata.get(self.user_key)
+            if owner is not None and owner != user_id:
+                raise ValueError(
+                    f"item {item.id!r} belongs to user {owner!r} (its "
+                    f"metadata[{self.user_key!r}]), not to user {user_id!r}: add it for "
+                    f"{owner!r}, or drop that metadata key"
+                )
+            if ITEM_ID_KEY in item.metadata and item.metadata[ITEM_ID_KEY] != item.id:
+                raise ValueError(
+                    f"item {item.id!r}: metadata key {ITEM_ID_KEY!r} is pbr's (the item's "
+                    "own id in the host store); rename that metadata key"
+                )
 
     def _as_stored(self, user_id: str, item: HistoryItem) -> HistoryItem:
         """``item`` as a host that lists gives it back (:meth:`Record.stored`): the owner and

@@ -556,3 +556,24 @@ def test_a_document_pbr_rewrote_under_the_users_own_key_is_recorded_again_under_
     assert _texts(second, "note") == ["alice note, edited"]
     second.delete(["d1"], user_id="alice")
     assert list(store.inner.store) == []
+
+
+@pytest.mark.parametrize("key", ["pbr_id", "timestamp"])
+def test_a_user_key_pbr_keeps_for_itself_is_refused(key: str) -> None:
+    """Every record's metadata holds pbr's item id and timestamp: an owner named under either
+    key was overwritten by the item's id (alice's note with id "bob" became bob's)."""
+    from pbr_core.corpus import Corpus
+
+    with pytest.raises(ValueError, match=f"user_key '{key}' is a metadata key pbr keeps"):
+        Corpus(None, embedder=HashEmbedder(), user_key=key)
+    with pytest.raises(ValueError, match="pbr keeps for itself"):
+        langchain_pbr.PBRRetriever(
+            embeddings=EMB, vectorstore=InMemoryVectorStore(EMB), user_key=key
+        )
+    with pytest.raises(ValueError, match="pbr keeps for itself"):
+        llamaindex_pbr.PBRRetriever.from_defaults(
+            nodes=[TextNode(text="x", metadata={key: "alice"})],
+            embed_model=HashEmbedding(dim=8),
+            llm=MockLLM(),
+            user_id_key=key,
+        )

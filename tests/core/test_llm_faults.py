@@ -713,3 +713,6 @@ def test_a_bounded_generation_cache_keeps_the_most_recently_used_answers(tmp_pat
     assert len(GenerationCache(path)) == 3 and len(GenerationCache(path, max_entries=1)) == 1
     with pytest.raises(ValueError, match="max_entries"):
         GenerationCache(max_entries=0)
+    cache.put("m", "p1", "one")  # the same answer put again (two requests generated it) is used
+    cache.put("m", "p4", "four")
+    assert [cache.get("m", p) for p in ("p1", "p3", "p4")] == ["one", None, "four"]

@@ -1,0 +1,53 @@
+"""Bad input to a corpus write is refused with one clear ``ValueError`` on every entry point,
+sync and async, before anything is embedded (an embedder call costs, and may send the text to an
+API) and before anything is stored.
+
+Found by review: the async write embedded first (a ``None`` text reached the embedder, which
+raised ``AttributeError``), and the sync write read an item's metadata before checking it was a
+mapping (``AttributeError`` where ``HistoryStore.upsert`` said "pass a dict").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from doubles import BagOfWords
+
+from pbr_core import HistoryItem, HistoryStore
+from pbr_core.corpus import Corpus
+
+BAD = {
+    "a None text": [HistoryItem(id="a", text=None)],  # type: ignore[arg-type]
+    "a bytes text": [HistoryItem(id="a", text=b"tea")],  # type: ignore[arg-type]
+    "metadata that is a list": [HistoryItem(id="a", text="tea", metadata=["x"])],  # type: ignore[arg-type]
+    "metadata that is None": [HistoryItem(id="a", text="tea", metadata=None)],  # type: ignore[arg-type]
+    "a plain string": ["tea"],
+}
+SAYS = {
+    "a None text": "has a NoneType text",
+    "a bytes text": "has a bytes text",
+    "metadata that is a list": "metadata of type list; pass a dict",
+    "metadata that is None": "metadata of type NoneType; pass a dict",
+    "a plain string": "is a str, not a HistoryItem",
+}
+
+
+def _add(corpus: Corpus, items: list[Any], way: str) -> None:
+    good = HistoryItem(id="ok", text="green tea")
+    if way == "sync":
+        corpus.add("ann", [good, *items])
+    else:
+        asyncio.run(corpus.aadd_many({"ann": [good, *items]}))
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+@pytest.mark.parametrize("bad", list(BAD))
+def test_bad_items_are_refused_before_anything_is_embedded_or_stored(bad: str, way: str) -> None:
+    embedder = BagOfWords()
+    corpus = Corpus(None, embedder=embedder, cache=HistoryStore())
+    with pytest.raises(ValueError, match=SAYS[bad]):
+        _add(corpus, BAD[bad], way)
+    assert embedder.documents == 0
+    assert corpus.history("ann") is None
