@@ -509,7 +509,7 @@ class PBRRetriever(BaseRetriever):
         """
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
-        new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = self._corpus().add_many(
@@ -528,7 +528,7 @@ class PBRRetriever(BaseRetriever):
         """Async :meth:`add_documents` (native async embeddings when they exist)."""
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key)
-        new_ids = 0 if ids is not None else sum(doc.id is None for doc in documents)
+        new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = await self._corpus().aadd_many(
@@ -561,7 +561,7 @@ class PBRRetriever(BaseRetriever):
         the retriever's default user); ``kwargs`` are the retriever's fields.
         """
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        new_ids = sum(doc.id is None for doc in documents)
+        new_ids = sum(not doc.id for doc in documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id)
             retriever._corpus().add_many(groups, write_host=add_to_vectorstore)
@@ -578,7 +578,7 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """Async :meth:`from_documents`."""
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        new_ids = sum(doc.id is None for doc in documents)
+        new_ids = sum(not doc.id for doc in documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id)
             await retriever._corpus().aadd_many(groups, write_host=add_to_vectorstore)

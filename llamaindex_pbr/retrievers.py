@@ -428,13 +428,15 @@ class PBRRetriever(BaseRetriever):
             else:
                 index = {}
         retriever = cls(index, **kwargs)
+        new_ids = 0
         if documents is not None:
             nodes = run_transformations(
                 list(documents), list(transformations or Settings.transformations)
             )
+            new_ids = len(nodes)  # the splitter gives new node ids on every call
         if nodes is not None:
             # Everyone's nodes go in; user_id only tags the nodes that name no user.
-            retriever._add(nodes, insert=True, own_only=False)
+            retriever._add(nodes, insert=True, own_only=False, new_ids=new_ids)
         return retriever
 
     def for_user(

@@ -261,7 +261,7 @@ def host_store_errors(store: object, action: str, *, new_ids: int = 0) -> Iterat
         if cause is None:
             raise
         url = _server_url(cause)
-        where = f"at {url}" if url else f"({type(store).__name__})"
+        where = f" at {url}" if url else "" if store is None else f" ({type(store).__name__})"
         unchanged = ""
         if action in ("add", "delete") and not new_ids:
             unchanged = "; PBR's history is unchanged and retrying the same call is safe"
@@ -272,7 +272,7 @@ def host_store_errors(store: object, action: str, *, new_ids: int = 0) -> Iterat
                 "first try landed: give every item an id (e.g. Document.id) to make a retry exact"
             )
         raise VectorStoreUnavailableError(
-            f"{action} failed: the vector store {where} is not reachable "
+            f"{action} failed: the vector store{where} is not reachable "
             f"({type(cause).__name__}: {cause}){unchanged}. Check that the server is running "
             "and that the client's host and port point to it, then retry",
             url=url,

@@ -789,6 +789,17 @@ def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id()
     with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id") as info:
         retriever.add_documents([Document(ALICE[0], id="a0"), Document(ALICE[1])], user_id="alice")
     assert "is safe" not in str(info.value) and "Document.id" in str(info.value)
+    # an empty Document.id is no id either: the document gets a new one on every try
+    with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id"):
+        retriever.add_documents([Document(ALICE[0], id="")], user_id="alice")
+    with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id"):
+        PBRRetriever.from_documents(
+            [Document(ALICE[0], id="")],
+            user_id="alice",
+            llm=ParrotFakeChatModel(),
+            embeddings=EMB,
+            vectorstore=UnreachableStore(),
+        )
 
 
 class SyncOnlyChat(ScriptedChat):

@@ -1313,3 +1313,36 @@ def test_a_retriever_can_be_copied_and_pickled() -> None:
         assert clone.retrieve("run")[0].node.get_content() == "morning run"
         alice = clone.for_user("alice")
         assert alice.refresh_ref_docs([Document(text="oat porridge", id_="breakfast")]) == [True]
+
+
+class UnreachableSimpleStore(SimpleVectorStore):
+    """A store whose server refuses the connection on every write."""
+
+    def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+        raise ConnectionRefusedError("connection refused")
+
+
+def test_a_failed_from_defaults_of_documents_says_a_retry_would_add_them_again(
+    embed_model: HashEmbedding,
+) -> None:
+    """The splitter gives documents' nodes new ids on every call, so a retry is not exact (the
+    message said it was safe; ``add_documents`` said it right)."""
+    from pbr_core import VectorStoreUnavailableError
+
+    with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id") as info:
+        PBRRetriever.from_defaults(
+            documents=[Document(text="my note", metadata={"user_id": "alice"})],
+            llm=MockLLM(),
+            embed_model=embed_model,
+            vector_store_factory=lambda user: UnreachableSimpleStore(),
+        )
+    assert "is safe" not in str(info.value) and "the vector store is not reachable" in str(
+        info.value
+    )
+    with pytest.raises(VectorStoreUnavailableError, match="retrying the same call is safe"):
+        PBRRetriever.from_defaults(  # nodes with their own ids: a retry is exact
+            nodes=[TextNode(text="my note", id_="n1", metadata={"user_id": "alice"})],
+            llm=MockLLM(),
+            embed_model=embed_model,
+            vector_store_factory=lambda user: UnreachableSimpleStore(),
+        )
