@@ -16,7 +16,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from pbr_core import HistoryItem, PromptSet
 from pbr_core.adapters_support import declared_model_id, model_id, result_metadata
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import stored_timestamp
+from pbr_core.corpus import held_item_id, stored_timestamp
 from pbr_core.items import check_ids
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 from pbr_core.retrieval import Retrieval
@@ -289,8 +289,17 @@ def core_template(prompt: PromptTemplate | None) -> str | None:
 
 
 def items_of(
-    documents: Sequence[Document], user_id: str, ids: Sequence[str] | None, user_key: str
+    documents: Sequence[Document],
+    user_id: str,
+    ids: Sequence[str] | None,
+    user_key: str,
+    *,
+    held: bool = False,
 ) -> list[HistoryItem]:
+    """The documents as items of ``user_id``: their ids are ``ids``, else their own
+    ``Document.id`` (else a new one); ``held``, documents the store holds already, read back
+    from it: one pbr wrote is its user's item of the id its metadata names
+    (:func:`pbr_core.corpus.held_item_id`), not of its key."""
     documents = list(documents)
     ids = None if ids is None else check_ids(ids)
     if ids is not None and len(ids) != len(documents):
@@ -299,13 +308,17 @@ def items_of(
     for i, doc in enumerate(documents):
         items.append(
             HistoryItem(
-                id=str(ids[i]) if ids is not None else (doc.id or uuid.uuid4().hex),
+                id=str(ids[i]) if ids is not None else (_own_id(doc, held) or uuid.uuid4().hex),
                 text=doc.page_content,
                 metadata={**doc.metadata, user_key: doc.metadata.get(user_key, user_id)},
                 timestamp=stored_timestamp(doc.metadata),
             )
         )
     return items
+
+
+def _own_id(doc: Document, held: bool) -> str | None:
+    return held_item_id(doc.id, doc.metadata) if held else doc.id
 
 
 def documents_of(

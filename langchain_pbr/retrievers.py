@@ -497,7 +497,8 @@ class PBRRetriever(BaseRetriever):
             add_to_vectorstore: False only for a store that cannot list its records (see
                 :mod:`langchain_pbr.stores`) and already holds these documents: under their
                 ``Document.id`` where they have one (as read back from the store), else under
-                their ids.
+                their ids. Without ``ids``, a document pbr wrote is the user's item of the id
+                its metadata names, as LlamaIndex's ``add_nodes(..., insert=False)`` reads it.
 
         Returns:
             The ids, which :meth:`delete` takes.
@@ -508,7 +509,7 @@ class PBRRetriever(BaseRetriever):
                 call is safe (writes are upserts by a key derived from user and id).
         """
         uid = self._user(user_id)
-        items = items_of(documents, uid, ids, self.user_key)
+        items = items_of(documents, uid, ids, self.user_key, held=not add_to_vectorstore)
         new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
@@ -527,7 +528,7 @@ class PBRRetriever(BaseRetriever):
     ) -> list[str]:
         """Async :meth:`add_documents` (native async embeddings when they exist)."""
         uid = self._user(user_id)
-        items = items_of(documents, uid, ids, self.user_key)
+        items = items_of(documents, uid, ids, self.user_key, held=not add_to_vectorstore)
         new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
@@ -563,7 +564,7 @@ class PBRRetriever(BaseRetriever):
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
         new_ids = sum(not doc.id for doc in documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
-            groups = retriever._groups(documents, user_id)
+            groups = retriever._groups(documents, user_id, held=not add_to_vectorstore)
             retriever._corpus().add_many(groups, write_host=add_to_vectorstore)
         return retriever
 
@@ -580,19 +581,22 @@ class PBRRetriever(BaseRetriever):
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
         new_ids = sum(not doc.id for doc in documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
-            groups = retriever._groups(documents, user_id)
+            groups = retriever._groups(documents, user_id, held=not add_to_vectorstore)
             await retriever._corpus().aadd_many(groups, write_host=add_to_vectorstore)
         return retriever
 
     def _groups(
-        self, documents: Sequence[Document], user_id: str | None
+        self, documents: Sequence[Document], user_id: str | None, *, held: bool
     ) -> dict[str, list[HistoryItem]]:
         by_user: dict[str, list[Document]] = {}
         for i, doc in enumerate(documents):
             fix = f"pass user_id=... or set metadata[{self.user_key!r}] on every document"
             uid = owner_of(doc.metadata, user_id, self.user_key, f"document {i}", fix)
             by_user.setdefault(uid, []).append(doc)
-        return {uid: items_of(docs, uid, None, self.user_key) for uid, docs in by_user.items()}
+        return {
+            uid: items_of(docs, uid, None, self.user_key, held=held)
+            for uid, docs in by_user.items()
+        }
 
     # -- persistence and introspection ---------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -644,12 +648,12 @@ class PBRRetriever(BaseRetriever):
 def _held_keys(
     user_id: str, documents: Sequence[Document], ids: Sequence[str] | None, written: bool
 ) -> dict[str, list[str | None]] | None:
-    """For documents the store holds already (``add_to_vectorstore=False``) given with ids of
-    their own, the keys the store holds them under: their ``Document.id`` (read back from the
-    store, that is its key, pbr's scoped one for a document pbr wrote)."""
-    if written or ids is None:
+    """For documents the store holds already (``add_to_vectorstore=False``), the keys the store
+    holds them under: their ``Document.id`` (read back from the store, that is its key, pbr's
+    scoped one for a document pbr wrote), whether their item ids are ``ids`` or their own."""
+    if written:
         return None
-    return {user_id: [doc.id for doc in documents]}
+    return {user_id: [doc.id or None for doc in documents]}
 
 
 def _one_user(named: dict[str, Any]) -> str | None:

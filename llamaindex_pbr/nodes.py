@@ -29,7 +29,7 @@ from pbr_core.adapters_support import (
     result_metadata,
 )
 from pbr_core.config import ExplainMode
-from pbr_core.corpus import ITEM_ID_KEY, RAW_SCORE_KEY, ScoredRecord, check_user_id
+from pbr_core.corpus import RAW_SCORE_KEY, ScoredRecord, check_user_id, held_item_id
 
 from ._bridge import with_keys
 from .stores import user_node
@@ -148,8 +148,7 @@ def batch_of(copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = F
     extras: dict[str, list[BaseNode]] = {}
     for node, user in zip(copies, users):
         text = node.get_content(metadata_mode=MetadataMode.NONE)
-        own = node.metadata.get(ITEM_ID_KEY) if held else None
-        item_id = own if isinstance(own, str) and own else node.node_id
+        item_id = (held_item_id(node.node_id, node.metadata) if held else None) or node.node_id
         groups.setdefault(user, []).append(HistoryItem(item_id, text, node.metadata))
         vectors.setdefault(user, []).append(node.get_embedding())
         extras.setdefault(user, []).append(node)

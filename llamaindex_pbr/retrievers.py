@@ -54,7 +54,7 @@ from pbr_core.adapters_support import (
     results_event,
 )
 from pbr_core.config import as_config
-from pbr_core.corpus import Corpus
+from pbr_core.corpus import Corpus, held_item_id
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
 
 from . import persistence
@@ -548,11 +548,16 @@ class PBRRetriever(BaseRetriever):
             found = [] if inner is None else inner.retrieve(bundle_for(request.query, vector))
             return self._candidates(found, fetched)
 
+        def host_filter() -> Candidates:
+            inner, bundle = self._view_listing(request.user_id)
+            return [] if inner is None else self._listed(inner.retrieve(bundle), fetched)
+
         got = retrieve(
             self._shared.corpus,
             request,
             self._personalize,
             host_search=host_search,
+            host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
         with self._store_errors():
@@ -574,15 +579,39 @@ class PBRRetriever(BaseRetriever):
             found = [] if inner is None else await inner.aretrieve(bundle)
             return self._candidates(found, fetched)
 
+        async def host_filter() -> Candidates:
+            inner, bundle = await asyncio.to_thread(self._view_listing, request.user_id)
+            return [] if inner is None else self._listed(await inner.aretrieve(bundle), fetched)
+
         got = await aretrieve(
             self._shared.corpus,
             request,
             self._apersonalize,
             host_search=host_search,
+            host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
         with self._store_errors():
             return await asyncio.to_thread(self._result_nodes, request.user_id, got, fetched)
+
+    def _view_listing(self, user_id: str) -> tuple[BaseRetriever | None, QueryBundle]:
+        """What lists every node of the user within this view's filters: the store's own
+        search, filtered as a request's is, asked for as many nodes as the user has, so pbr
+        ranks all of them (its best candidates for ``q*`` would leave out a node only the
+        lexical leg finds), whatever filter syntax the store speaks. The search vector is one
+        of the user's own: with ``k`` at least the view's size, every node in it comes back."""
+        history = self._shared.corpus.history(user_id)  # verified just now: the cached snapshot
+        if history is None or not len(history):
+            return None, QueryBundle(query_str="")
+        bundle = bundle_for("", np.asarray(history.vectors[0]))
+        return self._inner_retriever(user_id, len(history)), bundle
+
+    @staticmethod
+    def _listed(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
+        """The listed nodes as candidates, without a store score (the listing's vector is not
+        the query's)."""
+        fetched.update((nws.node.node_id, nws.node) for nws in found)
+        return [(nws.node.node_id, nws.node.metadata, None) for nws in found]
 
     @staticmethod
     def _candidates(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
@@ -752,7 +781,10 @@ class PBRRetriever(BaseRetriever):
             self._shared.corpus.add_many(
                 groups, vectors=vectors, extras=extras, write_host=insert, held_keys=held
             )
-        return [n.node_id for n in copies]
+        if insert:
+            return [n.node_id for n in copies]
+        # the ids recorded: a node pbr wrote is its user's item of the id its metadata names
+        return [held_item_id(n.node_id, n.metadata) or n.node_id for n in copies]
 
     def add_documents(
         self,

@@ -93,6 +93,7 @@ __all__ = [
     "Record",
     "ScoredRecord",
     "check_user_id",
+    "held_item_id",
     "revision",
     "scoped_key",
     "stored_timestamp",
@@ -283,6 +284,15 @@ def scoped_key(user_id: str, item_id: str) -> str:
     stores (Qdrant, Weaviate) accept nothing else.
     """
     return str(uuid.uuid5(_NAMESPACE, json.dumps([user_id, item_id], ensure_ascii=False)))
+
+
+def held_item_id(key: str | None, metadata: Mapping[str, Any]) -> str | None:
+    """The user's id of an item a host store holds already, read back with the ``key`` it is
+    held under: the id pbr wrote into its metadata (:data:`ITEM_ID_KEY`; the key is then pbr's
+    scoped one, not the user's id), else the key itself (a record written without pbr). One
+    rule for recording what a store holds, in both frameworks."""
+    own = metadata.get(ITEM_ID_KEY)
+    return own if isinstance(own, str) and own else key
 
 
 def stored_timestamp(metadata: Mapping[str, Any]) -> float | None:

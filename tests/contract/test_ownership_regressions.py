@@ -540,6 +540,36 @@ def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_delete
     assert list(store.inner.store) == []
 
 
+def test_documents_read_back_from_the_store_are_recorded_under_their_users_ids() -> None:
+    """Without ``ids``: a document read back from the store has pbr's scoped key as its
+    ``Document.id`` and its user's id in its metadata; it is recorded as the user's item of
+    that id (LangChain refused pbr's own metadata key; LlamaIndex recorded it, but returned the
+    scoped key, which ``delete_nodes`` refused), in both frameworks by one rule."""
+    store = OpaqueStore(EMB)
+    _filtered_retriever(store).add_documents(
+        [Document("alice likes green tea")], user_id="alice", ids=["n1"]
+    )
+    docs = [Document(r["text"], id=k, metadata=r["metadata"]) for k, r in store.inner.store.items()]
+    again = _filtered_retriever(store)
+    assert again.add_documents(docs, user_id="alice", add_to_vectorstore=False) == ["n1"]
+    assert [d.id for d in again.invoke("tea", user_id="alice")] == ["n1"]
+    again.delete(["n1"], user_id="alice")
+    assert list(store.inner.store) == []
+
+    base = llamaindex_pbr.PBRRetriever.from_defaults(
+        nodes=[TextNode(id_="n1", text="alice likes green tea", metadata={"user_id": "alice"})],
+        llm=MockLLM(),
+        embed_model=HashEmbedding(dim=16),
+        user_id="alice",
+    )
+    held = list(base.index.docstore.docs.values())  # as the index holds them: pbr's keys
+    assert [n.node_id for n in held] != ["n1"]
+    recorded = base.add_nodes(held, insert=False)
+    assert recorded == ["n1"]
+    base.delete_nodes(recorded)
+    assert base.retrieve("tea") == []
+
+
 def test_a_document_pbr_rewrote_under_the_users_own_key_is_recorded_again_under_it() -> None:
     """Recorded under its own key "d1", then edited through pbr (rewritten under "d1", its
     metadata naming "d1"): a new process recording what the store holds takes the store's key,

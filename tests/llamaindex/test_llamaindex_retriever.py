@@ -348,6 +348,51 @@ def test_filters_apply_within_the_user(base: PBRRetriever) -> None:
     assert sorted(n.node.node_id for n in got) == ["u1-1", "u1-3"]
 
 
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_a_filtered_view_ranks_every_node_in_it_as_langchain_does(
+    embed_model: HashEmbedding, way: str
+) -> None:
+    """The one node holding the question's word is long and far from the query in the dense
+    leg: a filtered view searched for pbr's best candidates left it out (the store's top 40),
+    while the same view in LangChain, and the unfiltered retriever, found it."""
+    words = [
+        "alpha",
+        "bravo",
+        "charlie",
+        "delta",
+        "echo",
+        "foxtrot",
+        "golf",
+        "hotel",
+        "india",
+        "juliet",
+        "kilo",
+        "lima",
+    ]
+    notes = [" ".join(words[(3 * i) % 12 : (3 * i) % 12 + 3]) for i in range(100)]
+    nodes = [
+        TextNode(id_=f"n{i}", text=t, metadata={"user_id": "ann", "kind": "note"})
+        for i, t in enumerate(notes)
+    ]
+    far = " ".join(f"w{j}" for j in range(300))
+    nodes.append(
+        TextNode(id_="zebra", text=f"zebra {far}", metadata={"user_id": "ann", "kind": "note"})
+    )
+    base = PBRRetriever.from_defaults(
+        nodes=nodes,
+        llm=MockLLM(),
+        embed_model=embed_model,
+        config=PBRConfig(fusion="plain", search="lexical", explain="scores"),
+        similarity_top_k=3,
+    )
+    notes_only = MetadataFilters(filters=[MetadataFilter(key="kind", value="note")])
+    view = base.for_user("ann", filters=notes_only)
+    got = view.retrieve("zebra") if way == "sync" else asyncio.run(view.aretrieve("zebra"))
+    assert [n.node.node_id for n in got][:1] == ["zebra"]
+    assert got[0].node.metadata["store_score"] is None  # listed, not searched with q*
+    assert [n.node.node_id for n in base.for_user("ann").retrieve("zebra")][:1] == ["zebra"]
+
+
 def test_filters_cannot_reach_another_users_nodes(base: PBRRetriever) -> None:
     other = MetadataFilters(filters=[MetadataFilter(key="user_id", value="u2")])
     assert base.for_user("u1", filters=other, similarity_top_k=10).retrieve(QUERY) == []
