@@ -73,6 +73,7 @@ from ._bridge import (
     settings_llm,
     split_index,
 )
+from .docstore import UserDocstore
 from .events import event_for
 from .nodes import (
     DEFAULT_USER_ID_KEY,
@@ -525,6 +526,13 @@ class PBRRetriever(BaseRetriever):
         return shared.index
 
     @property
+    def docstore(self) -> UserDocstore:
+        """This view's user's nodes as a read-only docstore keyed by their own ids, which a
+        result's relationships name (``index.docstore`` holds pbr's keys): what LlamaIndex's
+        ``PrevNextNodePostprocessor(docstore=...)`` takes. Needs a view for one user."""
+        return UserDocstore(self._shared.corpus, self._require_user("read a docstore"))
+
+    @property
     def llm(self) -> LLM:
         return self._shared.llm
 
@@ -560,6 +568,8 @@ class PBRRetriever(BaseRetriever):
             host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
+        if got.query is None:  # a view that holds none of the user's nodes
+            return []
         with self._store_errors():
             return self._result_nodes(request.user_id, got, fetched)
 
@@ -591,6 +601,8 @@ class PBRRetriever(BaseRetriever):
             host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
+        if got.query is None:  # a view that holds none of the user's nodes
+            return []
         with self._store_errors():
             return await asyncio.to_thread(self._result_nodes, request.user_id, got, fetched)
 

@@ -8,6 +8,7 @@ prompt): the point here is the database.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -356,3 +357,29 @@ def test_a_worker_that_never_wrote_a_user_reads_their_collection_from_the_factor
     ]
     second.for_user("alice").delete_nodes(["n0"])
     assert sorted(n.node.node_id for n in first.retrieve("apples", user_id="alice")) == ["n1", "n2"]
+
+
+def test_a_views_docstore_reads_neighbours_from_the_collection(
+    shared_chroma: ChromaServer,
+) -> None:
+    """Chroma keeps the text itself (the index's docstore is empty): the view's docstore reads
+    the user's nodes from the collection, with the relationships LlamaIndex stored."""
+    from llama_index.core.postprocessor import PrevNextNodePostprocessor
+    from llama_index.core.schema import NodeRelationship
+
+    base = retriever_on(
+        chroma_index(shared_chroma, f"li-docstore-{uuid.uuid4().hex[:8]}", EMB), EMB
+    )
+    for user in ("ann", "bob"):
+        nodes = [TextNode(text=text(user, n), id_=f"{user}-{n}") for n in range(3)]
+        for a, b in itertools.pairwise(nodes):
+            a.relationships[NodeRelationship.NEXT] = b.as_related_node_info()
+        base.for_user(user).add_nodes(nodes)
+    ann = base.for_user("ann", similarity_top_k=1)
+    assert len(base.index.docstore.docs) == 0  # type: ignore[union-attr]
+    first = [n for n in ann.retrieve(text("ann", 0)) if n.node.node_id == "ann-0"]
+    assert first, "the query for ann's first node finds it"
+    got = PrevNextNodePostprocessor(docstore=ann.docstore, num_nodes=2).postprocess_nodes(first)
+    assert [n.node.node_id for n in got] == ["ann-0", "ann-1", "ann-2"]
+    assert {n.node.metadata["user_id"] for n in got} == {"ann"}
+    assert ann.docstore.get_node("bob-1", raise_error=False) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -25,10 +26,17 @@ from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
 from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.mock import MockLLM
+from llama_index.core.postprocessor import PrevNextNodePostprocessor
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.retrievers import QueryFusionRetriever
-from llama_index.core.schema import Document, MetadataMode, NodeWithScore, TextNode
+from llama_index.core.schema import (
+    Document,
+    MetadataMode,
+    NodeRelationship,
+    NodeWithScore,
+    TextNode,
+)
 from llama_index.core.vector_stores import (
     FilterCondition,
     FilterOperator,
@@ -396,6 +404,7 @@ def test_a_filtered_view_ranks_every_node_in_it_as_langchain_does(
 def test_filters_cannot_reach_another_users_nodes(base: PBRRetriever) -> None:
     other = MetadataFilters(filters=[MetadataFilter(key="user_id", value="u2")])
     assert base.for_user("u1", filters=other, similarity_top_k=10).retrieve(QUERY) == []
+    assert asyncio.run(base.for_user("u1", filters=other).aretrieve(QUERY)) == []
     anyone = MetadataFilters(
         filters=[MetadataFilter(key="user_id", value=["u1", "u2"], operator=FilterOperator.IN)]
     )
@@ -1391,3 +1400,45 @@ def test_a_failed_from_defaults_of_documents_says_a_retry_would_add_them_again(
             embed_model=embed_model,
             vector_store_factory=lambda user: UnreachableSimpleStore(),
         )
+
+
+def _chained(user: str) -> list[TextNode]:
+    """Three nodes of one document, linked as a splitter links them (prev / next)."""
+    nodes = [
+        TextNode(id_=f"{user}-{i}", text=t, metadata={"user_id": user})
+        for i, t in enumerate(["cats sleep all day", "pasta cooking tips", "running shoes"])
+    ]
+    for a, b in itertools.pairwise(nodes):
+        a.relationships[NodeRelationship.NEXT] = b.as_related_node_info()
+        b.relationships[NodeRelationship.PREVIOUS] = a.as_related_node_info()
+    return nodes
+
+
+def test_a_views_docstore_resolves_the_relationships_its_results_name(
+    embed_model: HashEmbedding,
+) -> None:
+    """A result's next_node names the user's own id; the index holds pbr's keys, so LlamaIndex's
+    PrevNextNodePostprocessor over ``index.docstore`` failed ("doc_id ... not found"). Over the
+    view's ``docstore`` it finds the neighbour, as it does over a plain index."""
+    base = PBRRetriever.from_defaults(
+        nodes=_chained("ann") + _chained("bob"),
+        llm=MockLLM(),
+        embed_model=embed_model,
+        config=PBRConfig(fusion="plain", search="lexical"),
+        similarity_top_k=1,
+    )
+    ann = base.for_user("ann")
+    got = ann.retrieve("pasta cooking")
+    assert [n.node.node_id for n in got] == ["ann-1"] and got[0].node.next_node.node_id == "ann-2"
+    with pytest.raises(ValueError, match="not found"):
+        PrevNextNodePostprocessor(docstore=base.index.docstore, num_nodes=1).postprocess_nodes(got)
+    after = PrevNextNodePostprocessor(docstore=ann.docstore, num_nodes=1, mode="both")
+    around = after.postprocess_nodes(got)
+    assert sorted(n.node.node_id for n in around) == ["ann-0", "ann-1", "ann-2"]
+    assert all(n.node.metadata == {"user_id": "ann"} for n in around)  # as results show them
+    assert ann.docstore.get_node("bob-2", raise_error=False) is None  # only the user's own
+    assert sorted(base.for_user("bob").docstore.docs) == ["bob-0", "bob-1", "bob-2"]
+    with pytest.raises(TypeError, match="read-only"):
+        ann.docstore.delete_document("ann-0")
+    with pytest.raises(ValueError, match="view for one user"):
+        base.docstore  # noqa: B018
