@@ -586,7 +586,7 @@ class PBRRetriever(BaseRetriever):
         return retriever
 
     def _groups(
-        self, documents: Sequence[Document], user_id: str | None, *, held: bool
+        self, documents: Sequence[Document], user_id: str | None, *, held: bool = False
     ) -> dict[str, list[HistoryItem]]:
         by_user: dict[str, list[Document]] = {}
         for i, doc in enumerate(documents):

@@ -40,7 +40,9 @@ class UserDocstore(BaseDocumentStore):
 
     def _nodes(self, ids: Sequence[str] | None) -> dict[str, BaseNode]:
         """The user's nodes of ``ids`` (all of them: None), as results show them."""
-        history = self._corpus.history(self._user_id)
+        # the snapshot the user's last request read and verified (the cache's), else read now:
+        # a postprocessor asks once per neighbour, and each ask must not list the user again
+        history = self._corpus.cache._current(self._user_id) or self._corpus.history(self._user_id)
         host = self._corpus.host
         if history is None or host is None:
             return {}

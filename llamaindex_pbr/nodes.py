@@ -139,20 +139,29 @@ async def aembed_missing(copies: Sequence[BaseNode], embed_model: BaseEmbedding)
             node.embedding = vector
 
 
-def batch_of(copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = False) -> Batch:
-    """The corpus batch of embedded, tagged copies: one group per user. ``held``: nodes an index
+def item_groups(
+    copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = False
+) -> dict[str, list[HistoryItem]]:
+    """The tagged copies as the corpus's items, one group per user. ``held``: nodes an index
     holds already (read from its docstore); one pbr wrote is its user's item of the id its
-    metadata names (:data:`~pbr_core.corpus.ITEM_ID_KEY`), not of its scoped node id."""
+    metadata names (:func:`~pbr_core.corpus.held_item_id`), not of its scoped node id."""
     groups: dict[str, list[HistoryItem]] = {}
-    vectors: dict[str, list[list[float]]] = {}
-    extras: dict[str, list[BaseNode]] = {}
     for node, user in zip(copies, users):
         text = node.get_content(metadata_mode=MetadataMode.NONE)
         item_id = (held_item_id(node.node_id, node.metadata) if held else None) or node.node_id
         groups.setdefault(user, []).append(HistoryItem(item_id, text, node.metadata))
+    return groups
+
+
+def batch_of(copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = False) -> Batch:
+    """The corpus batch of embedded, tagged copies: :func:`item_groups`, with each group's
+    vectors and nodes."""
+    vectors: dict[str, list[list[float]]] = {}
+    extras: dict[str, list[BaseNode]] = {}
+    for node, user in zip(copies, users):
         vectors.setdefault(user, []).append(node.get_embedding())
         extras.setdefault(user, []).append(node)
-    return groups, vectors, extras
+    return item_groups(copies, users, held=held), vectors, extras
 
 
 class AnnotatedTextNode(TextNode):

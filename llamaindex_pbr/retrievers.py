@@ -56,6 +56,7 @@ from pbr_core.adapters_support import (
 from pbr_core.config import as_config
 from pbr_core.corpus import Corpus, held_item_id
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
+from pbr_core.snapshot import UserHistory
 
 from . import persistence
 from ._bridge import (
@@ -80,6 +81,7 @@ from .nodes import (
     aembed_missing,
     batch_of,
     embed_missing,
+    item_groups,
     kept,
     result_nodes,
     tagged_copies,
@@ -114,6 +116,21 @@ def _retriever_arguments() -> frozenset[str]:
     return frozenset(
         {p.name for p in named if p.kind in keyword} - pbr_own | {"vector_store_kwargs"}
     )
+
+
+#: One search of a view's listing: the user, ``k``, and the bundle searched with.
+_Listing = tuple[str, int, QueryBundle]
+
+
+def _larger(listing: _Listing, got: int, last: int) -> _Listing | None:
+    """The next search of a view's listing, or None where the last one listed it whole: it
+    returned fewer than ``k`` nodes, or no more than the one before (a store that caps ``k``).
+    A search that filled ``k`` may have left some out (the store can hold records pbr does not
+    keep: a node without text, a second record of one id), so ``k`` doubles."""
+    user_id, k, bundle = listing
+    if got < k or got <= last:
+        return None
+    return user_id, 2 * k, bundle
 
 
 class _Keep:
@@ -557,8 +574,12 @@ class PBRRetriever(BaseRetriever):
             return self._candidates(found, fetched)
 
         def host_filter() -> Candidates:
-            inner, bundle = self._view_listing(request.user_id)
-            return [] if inner is None else self._listed(inner.retrieve(bundle), fetched)
+            found: list[NodeWithScore] = []
+            listing = self._view_listing(request.user_id)
+            while listing is not None and (inner := self._inner_retriever(*listing[:2])):
+                last, found = len(found), inner.retrieve(listing[2])
+                listing = _larger(listing, len(found), last)
+            return self._listed(found, fetched)
 
         got = retrieve(
             self._shared.corpus,
@@ -590,8 +611,12 @@ class PBRRetriever(BaseRetriever):
             return self._candidates(found, fetched)
 
         async def host_filter() -> Candidates:
-            inner, bundle = await asyncio.to_thread(self._view_listing, request.user_id)
-            return [] if inner is None else self._listed(await inner.aretrieve(bundle), fetched)
+            found: list[NodeWithScore] = []
+            listing = self._view_listing(request.user_id)
+            while listing is not None and (inner := self._inner_retriever(*listing[:2])):
+                last, found = len(found), await inner.aretrieve(listing[2])
+                listing = _larger(listing, len(found), last)
+            return self._listed(found, fetched)
 
         got = await aretrieve(
             self._shared.corpus,
@@ -606,17 +631,23 @@ class PBRRetriever(BaseRetriever):
         with self._store_errors():
             return await asyncio.to_thread(self._result_nodes, request.user_id, got, fetched)
 
-    def _view_listing(self, user_id: str) -> tuple[BaseRetriever | None, QueryBundle]:
-        """What lists every node of the user within this view's filters: the store's own
-        search, filtered as a request's is, asked for as many nodes as the user has, so pbr
-        ranks all of them (its best candidates for ``q*`` would leave out a node only the
-        lexical leg finds), whatever filter syntax the store speaks. The search vector is one
-        of the user's own: with ``k`` at least the view's size, every node in it comes back."""
-        history = self._shared.corpus.history(user_id)  # verified just now: the cached snapshot
+    def _view_listing(self, user_id: str) -> _Listing | None:
+        """The first search that lists every node of the user within this view's filters, so
+        pbr ranks all of them (its best candidates for ``q*`` would leave out a node only the
+        lexical leg finds), whatever filter syntax the store speaks: the store's own search,
+        filtered as a request's is, for one more node than the user has, from one of the
+        user's own vectors (:func:`_larger` says whether another is needed). None: the user
+        has no nodes."""
+        history = self._snapshot(user_id)
         if history is None or not len(history):
-            return None, QueryBundle(query_str="")
-        bundle = bundle_for("", np.asarray(history.vectors[0]))
-        return self._inner_retriever(user_id, len(history)), bundle
+            return None
+        return user_id, len(history) + 1, bundle_for("", np.asarray(history.vectors[0]))
+
+    def _snapshot(self, user_id: str) -> UserHistory | None:
+        """The user's snapshot as the request just read and verified it (the cache's), else
+        read now: no second listing of the host for one request."""
+        corpus = self._shared.corpus
+        return corpus.cache._current(user_id) or corpus.history(user_id)
 
     @staticmethod
     def _listed(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
@@ -771,13 +802,15 @@ class PBRRetriever(BaseRetriever):
     ) -> list[str]:
         key = self._shared.user_id_key
         copies, users = tagged_copies(nodes, key, self._user_id, own_only=own_only)
-        embed_missing(copies, self._shared.embed_model)
+        self._shared.corpus.check_groups(item_groups(copies, users, held=not insert))
+        embed_missing(copies, self._shared.embed_model)  # only a batch the corpus would take
         return self._write(copies, users, insert, new_ids)
 
     async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
         """Async :meth:`add_nodes`."""
         key = self._shared.user_id_key
         copies, users = tagged_copies(nodes, key, self._user_id, own_only=True)
+        self._shared.corpus.check_groups(item_groups(copies, users, held=not insert))
         await aembed_missing(copies, self._shared.embed_model)
         return await asyncio.to_thread(self._write, copies, users, insert)
 

@@ -787,9 +787,7 @@ class Corpus:
             if (vectors or {}).get(user) is None and items
         }
         given = dict(vectors or {})
-        for user, items in todo.items():  # every group checked before any is embedded
-            check_user_id(user)
-            self._check_items(user, items)
+        self.check_groups(groups)  # every group, before any is embedded
         for user, items in todo.items():
             given[user] = await self._aembed(user, items)
         # the plan's host.validate may be I/O too (PostgreSQL reads the keys it would take):
@@ -1076,14 +1074,13 @@ class Corpus:
         extras: Mapping[str, Sequence[Any]] | None = None,
     ) -> list[_Group]:
         """Validate every group (embedding where needed); nothing is written here."""
+        self.check_groups(groups)  # every group, before any is embedded
         plan: list[_Group] = []
         dim = self.cache.dim
         for user_id, items in groups.items():
-            check_user_id(user_id)
             items = list(items)
             if not items:
                 continue
-            self._check_items(user_id, items)
             if self.verified:  # kept as every worker reads it back
                 items = [self._as_stored(user_id, item) for item in items]
             check_serialisable(user_id, items)
@@ -1104,11 +1101,19 @@ class Corpus:
             self.host.validate(self._records(plan))
         return plan
 
+    def check_groups(self, groups: Mapping[str, Sequence[HistoryItem]]) -> None:
+        """Raise ``ValueError`` unless every group of a write (user id -> items) meets the rules
+        an item meets before anything is embedded (an embedder call costs, and may send the
+        text to an API) or written: a valid user id; items saveable as given
+        (:func:`check_serialisable`: a ``HistoryItem`` of string id and text, metadata a
+        mapping JSON holds), the user's own, and no value of their own under pbr's id key.
+        :meth:`add_many` runs it first; an adapter that embeds before calling it (LlamaIndex's
+        nodes) runs it before embedding."""
+        for user_id, items in groups.items():
+            check_user_id(user_id)
+            self._check_items(user_id, list(items))
+
     def _check_items(self, user_id: str, items: list[HistoryItem]) -> None:
-        """The rules an item meets before it is embedded (an embedder call costs, and may send
-        the text to an API) or written: saveable as given (:func:`check_serialisable`: a
-        ``HistoryItem`` of string id and text, metadata a mapping JSON holds), the user's own,
-        and no value of its own under pbr's id key."""
         check_serialisable(user_id, items)
         for item in items:
             owner = item.metadata.get(self.user_key)

@@ -70,7 +70,8 @@ FinalSearch = Callable[[np.ndarray, int], Sequence[SearchHit]]
 AsyncFinalSearch = Callable[[np.ndarray, int], Awaitable[Sequence[SearchHit]]]
 #: A context manager that translates the host store's errors (e.g. an unreachable server).
 HostErrors = Callable[[], contextlib.AbstractContextManager[object]]
-#: ``(user_id, query, **Request.personalize_kwargs())`` → the personalized query.
+#: ``(user_id, query, **Request.personalize_kwargs(), query_vector=..., history=...)`` → the
+#: personalized query (``Personalizer.personalize``'s keywords: a wrapper passes them on).
 Personalize = Callable[..., PersonalizedQuery]
 AsyncPersonalize = Callable[..., Awaitable[PersonalizedQuery]]
 
@@ -445,7 +446,10 @@ def retrieve(
         corpus: the owner of every user's items (the one the personalizer reads).
         request: the query and its parameters.
         personalize: ``Personalizer.personalize`` (or an entry point's wrapper of it, e.g. a
-            tracing span), called with ``(user_id, query, **request.personalize_kwargs())``.
+            tracing span), called with ``(user_id, query, **request.personalize_kwargs())``
+            plus, where the request has them, ``query_vector`` (the query embedded already) and
+            ``history`` (the snapshot or database view it ranks, personalized on the same): a
+            wrapper takes ``**kwargs`` and passes them on.
         host_search: the host store's search within the request's view; None = no host store
             (pbr's own history is the record).
         host_filter: the user's records within a view the entry point lists itself; ranking is

@@ -51,3 +51,20 @@ def test_bad_items_are_refused_before_anything_is_embedded_or_stored(bad: str, w
         _add(corpus, BAD[bad], way)
     assert embedder.documents == 0
     assert corpus.history("ann") is None
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_a_batch_for_several_users_is_checked_whole_before_any_group_is_embedded(way: str) -> None:
+    embedder = BagOfWords()
+    corpus = Corpus(None, embedder=embedder, cache=HistoryStore())
+    groups: dict[str, list[Any]] = {
+        "ann": [HistoryItem(id="a", text="green tea")],
+        "bob": [HistoryItem(id="b", text=None)],  # type: ignore[arg-type]
+    }
+    with pytest.raises(ValueError, match="of user 'bob' has a NoneType text"):
+        if way == "sync":
+            corpus.add_many(groups)
+        else:
+            asyncio.run(corpus.aadd_many(groups))
+    assert embedder.documents == 0
+    assert corpus.history("ann") is None

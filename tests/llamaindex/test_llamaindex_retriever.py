@@ -492,6 +492,10 @@ class CountingEmbedding(HashEmbedding):
         self._texts.append(text)
         return self.embed(text)
 
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        self._texts.append(text)
+        return self.embed(text)
+
 
 def test_reuses_your_index_and_its_stored_vectors() -> None:
     embed_model = CountingEmbedding(dim=64)
@@ -1442,3 +1446,72 @@ def test_a_views_docstore_resolves_the_relationships_its_results_name(
         ann.docstore.delete_document("ann-0")
     with pytest.raises(ValueError, match="view for one user"):
         base.docstore  # noqa: B018
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_nodes_the_corpus_would_refuse_are_not_embedded(way: str) -> None:
+    """The corpus's rules run before the nodes are embedded (an embedder call costs, and may
+    send the text to an API): they ran after, in the write."""
+    embed_model = CountingEmbedding(dim=16)
+    ann = PBRRetriever.from_defaults(
+        nodes=[], llm=MockLLM(), embed_model=embed_model, user_id="ann"
+    ).for_user("ann")
+    bad = [
+        TextNode(text="not mine", metadata={"user_id": "bob"}),
+        TextNode(text="when", metadata={"at": object()}),
+        TextNode(text="pbr's key", metadata={"pbr_id": "other"}),
+    ]
+    for node in bad:
+        with pytest.raises(ValueError):
+            if way == "sync":
+                ann.add_nodes([node])
+            else:
+                asyncio.run(ann.aadd_nodes([node]))
+    assert embed_model._texts == []
+
+
+def test_a_filtered_view_lists_the_user_once_and_whole(
+    embed_model: HashEmbedding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One listing of the user per filtered query (sync and async: the listing of the view
+    read the user a second time), and a record pbr does not keep (a node without text, which
+    another pipeline wrote for the user) takes no place of one of the user's nodes in it."""
+    from llamaindex_pbr import stores
+
+    texts = ["cats sleep", "cats purr", "cats play", "zebra stripes savanna"]
+    nodes = [
+        TextNode(id_=f"n{i}", text=t, metadata={"user_id": "ann", "kind": "note"})
+        for i, t in enumerate(texts)
+    ]
+    base = PBRRetriever.from_defaults(
+        nodes=nodes,
+        llm=MockLLM(),
+        embed_model=embed_model,
+        config=PBRConfig(fusion="plain", search="lexical"),
+        similarity_top_k=2,
+    )
+    view = base.for_user(
+        "ann", filters=MetadataFilters(filters=[MetadataFilter(key="kind", value="note")])
+    )
+    assert [n.node.node_id for n in view.retrieve("zebra")][:1] == ["n3"]
+    near = base.personalizer.store.get("ann").vectors[0]  # nearest the listing's own vector
+    image = TextNode(id_="img", text="", embedding=[float(x) for x in near])
+    image.metadata = {"user_id": "ann", "kind": "note"}
+    base.index.insert_nodes([image])  # type: ignore[union-attr]
+    listed: list[str] = []
+    list_user = stores.IndexRecords.list_user
+
+    def counted(self: Any, user_id: str) -> Any:
+        listed.append(user_id)
+        return list_user(self, user_id)
+
+    monkeypatch.setattr(stores.IndexRecords, "list_user", counted)
+    assert [n.node.node_id for n in view.retrieve("zebra")][:1] == ["n3"]
+    assert [n.node.node_id for n in asyncio.run(view.aretrieve("zebra"))][:1] == ["n3"]
+    assert listed == ["ann", "ann"]  # one per query
+    listed.clear()
+    got = view.retrieve("cats")
+    PrevNextNodePostprocessor(docstore=view.docstore, num_nodes=2, mode="both").postprocess_nodes(
+        got
+    )
+    assert listed == ["ann"]  # the docstore's lookups read the request's snapshot
