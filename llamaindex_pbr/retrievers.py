@@ -56,7 +56,6 @@ from pbr_core.adapters_support import (
 from pbr_core.config import as_config
 from pbr_core.corpus import Corpus, held_item_id
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
-from pbr_core.snapshot import UserHistory
 
 from . import persistence
 from ._bridge import (
@@ -116,21 +115,6 @@ def _retriever_arguments() -> frozenset[str]:
     return frozenset(
         {p.name for p in named if p.kind in keyword} - pbr_own | {"vector_store_kwargs"}
     )
-
-
-#: One search of a view's listing: the user, ``k``, and the bundle searched with.
-_Listing = tuple[str, int, QueryBundle]
-
-
-def _larger(listing: _Listing, got: int, last: int) -> _Listing | None:
-    """The next search of a view's listing, or None where the last one listed it whole: it
-    returned fewer than ``k`` nodes, or no more than the one before (a store that caps ``k``).
-    A search that filled ``k`` may have left some out (the store can hold records pbr does not
-    keep: a node without text, a second record of one id), so ``k`` doubles."""
-    user_id, k, bundle = listing
-    if got < k or got <= last:
-        return None
-    return user_id, 2 * k, bundle
 
 
 class _Keep:
@@ -573,20 +557,11 @@ class PBRRetriever(BaseRetriever):
             found = [] if inner is None else inner.retrieve(bundle_for(request.query, vector))
             return self._candidates(found, fetched)
 
-        def host_filter() -> Candidates:
-            found: list[NodeWithScore] = []
-            listing = self._view_listing(request.user_id)
-            while listing is not None and (inner := self._inner_retriever(*listing[:2])):
-                last, found = len(found), inner.retrieve(listing[2])
-                listing = _larger(listing, len(found), last)
-            return self._listed(found, fetched)
-
         got = retrieve(
             self._shared.corpus,
             request,
             self._personalize,
             host_search=host_search,
-            host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
         if got.query is None:  # a view that holds none of the user's nodes
@@ -610,51 +585,17 @@ class PBRRetriever(BaseRetriever):
             found = [] if inner is None else await inner.aretrieve(bundle)
             return self._candidates(found, fetched)
 
-        async def host_filter() -> Candidates:
-            found: list[NodeWithScore] = []
-            listing = self._view_listing(request.user_id)
-            while listing is not None and (inner := self._inner_retriever(*listing[:2])):
-                last, found = len(found), await inner.aretrieve(listing[2])
-                listing = _larger(listing, len(found), last)
-            return self._listed(found, fetched)
-
         got = await aretrieve(
             self._shared.corpus,
             request,
             self._apersonalize,
             host_search=host_search,
-            host_filter=host_filter if self._view_filtered() else None,
             host_errors=self._store_errors,
         )
         if got.query is None:  # a view that holds none of the user's nodes
             return []
         with self._store_errors():
             return await asyncio.to_thread(self._result_nodes, request.user_id, got, fetched)
-
-    def _view_listing(self, user_id: str) -> _Listing | None:
-        """The first search that lists every node of the user within this view's filters, so
-        pbr ranks all of them (its best candidates for ``q*`` would leave out a node only the
-        lexical leg finds), whatever filter syntax the store speaks: the store's own search,
-        filtered as a request's is, for one more node than the user has, from one of the
-        user's own vectors (:func:`_larger` says whether another is needed). None: the user
-        has no nodes."""
-        history = self._snapshot(user_id)
-        if history is None or not len(history):
-            return None
-        return user_id, len(history) + 1, bundle_for("", np.asarray(history.vectors[0]))
-
-    def _snapshot(self, user_id: str) -> UserHistory | None:
-        """The user's snapshot as the request just read and verified it (the cache's), else
-        read now: no second listing of the host for one request."""
-        corpus = self._shared.corpus
-        return corpus.cache._current(user_id) or corpus.history(user_id)
-
-    @staticmethod
-    def _listed(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:
-        """The listed nodes as candidates, without a store score (the listing's vector is not
-        the query's)."""
-        fetched.update((nws.node.node_id, nws.node) for nws in found)
-        return [(nws.node.node_id, nws.node.metadata, None) for nws in found]
 
     @staticmethod
     def _candidates(found: list[NodeWithScore], fetched: dict[str, BaseNode]) -> Candidates:

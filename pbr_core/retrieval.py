@@ -92,7 +92,8 @@ class Request:
         skip_unknown: a user without history gets no results and nothing is personalized (no
             LLM call): agent memory, where an empty memory is the normal state of a new user.
         view_filtered: the request's view has a filter only the host can evaluate, so pbr ranks
-            within the host's search results instead of all of the user's items.
+            the user's items within it: the ones the entry point lists (``host_filter``), else
+            the ones the host's search lists (:func:`_listed_view`).
         score_threshold: keep the ranked results down to the first whose score is below this
             (the score's one documented meaning on every store: hybrid, the relevance in [0, 1]
             of :func:`pbr_core.hybrid.relevance`, comparable across queries and users; the cosine
@@ -350,8 +351,10 @@ def _steps(
     within: Candidates | None = None
     if hosts.filter and history is not None:
         within = yield _Filter()
-        if not within:  # nothing of the user's in the view: no LLM call for no result
-            return Retrieval(None, [], config.search)
+    elif request.view_filtered and hosts.search and history is not None and len(history):
+        within = yield from _listed_view(history)
+    if within is not None and not within:  # nothing of the user's in the view: no LLM call
+        return Retrieval(None, [], config.search)
     # personalized on the snapshot it ranks: one read of the user for both
     pq: PersonalizedQuery = yield _Personalize(q, history=history)
     start = time.perf_counter()
@@ -375,6 +378,26 @@ def _steps(
         results = reranked + results[window:]  # the rest scores below the window: no cap
         pq.explanation.timings_ms["rerank"] = (time.perf_counter() - start) * 1000.0
     return Retrieval(pq, _at_least(results[:k], request.score_threshold), config.search)
+
+
+def _listed_view(history: UserHistory) -> Generator[_Effect, Any, Candidates]:
+    """Every record of the user within a filtered view that the entry point cannot list
+    itself, through the host's own search, filtered as the request's is: pbr then ranks all of
+    them, as it ranks a view an entry point lists (its best candidates for ``q*`` would leave
+    out an item only the lexical leg finds), whatever filter syntax the store speaks.
+
+    The search asks for one more record than the user has, from one of the user's own vectors,
+    and for twice as many while the store fills the request (it can hold records pbr does not
+    keep: a node without text, a second record of one id), until it returns fewer, or no more
+    than the time before (a store that caps ``k``). The store's scores are dropped: they are
+    for that vector, not the query."""
+    vector = np.asarray(history.vectors[0], dtype=np.float32)
+    k, last = len(history) + 1, -1
+    while True:
+        found: Candidates = yield _HostSearch(vector, k)
+        if len(found) < k or len(found) <= last:
+            return [(key, metadata, None) for key, metadata, _ in found]
+        k, last = 2 * k, len(found)
 
 
 def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts) -> bool:

@@ -981,7 +981,7 @@ def test_a_filtered_view_the_store_can_list_is_ranked_whole(use_async: bool) -> 
         "paris",
         "rome",
     ]
-    docs = [Document(" ".join(rng.sample(words, 4)), id=f"d{i}") for i in range(120)]
+    docs = [Document(" ".join(rng.sample(words, 4)), id=f"d{i}") for i in range(400)]
     docs.append(Document("my sister lives in lisbon and drinks oolong", id="target"))
     emb = DeterministicFakeEmbedding(size=64)
     store = InMemoryVectorStore(emb)
@@ -1003,3 +1003,31 @@ def test_a_filtered_view_the_store_can_list_is_ranked_whole(use_async: bool) -> 
         embeddings=emb, vectorstore=store, k=5, search_kwargs={"filter": lambda d: False}
     )
     assert nobody.invoke("oolong", user_id="alice") == []
+
+
+def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it() -> None:
+    """Over a store without a lister of pbr's (here one that cannot list at all), a filtered
+    view's documents are listed through the store's own filtered search, so the one document
+    holding the question's word is found however far it is in the dense leg (pbr ranked the
+    store's best 40 for q*, as LlamaIndex did)."""
+    store = NoIdStore()
+
+    def notes_of(user: str) -> dict[str, Any]:
+        return {"filter": {"user_id": user, "kind": "note"}}
+
+    retriever = PBRRetriever(
+        llm=ParrotFakeChatModel(),
+        embeddings=EMB,
+        vectorstore=store,
+        filter_builder=notes_of,
+        config=PBRConfig(fusion="plain", search="lexical"),
+        k=1,
+    )
+    notes = [Document(f"note {i} about the garden", metadata={"kind": "note"}) for i in range(400)]
+    notes.append(Document("a zebra escaped from the zoo", metadata={"kind": "note"}))
+    retriever.add_documents(notes, user_id="alice", ids=[f"n{i}" for i in range(401)])
+    zebra = ["a zebra escaped from the zoo"]
+    assert [d.page_content for d in retriever.invoke("zebra", user_id="alice")] == zebra
+    assert [
+        d.page_content for d in asyncio.run(retriever.ainvoke("zebra", user_id="alice"))
+    ] == zebra
