@@ -86,8 +86,9 @@ def test_the_same_user_and_id_in_a_second_collection_is_refused_and_nothing_is_w
 
 
 def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
-    """A ``filter`` in search_kwargs is evaluated by PostgreSQL (pbr ranks within its results):
-    ANDed with the owner, never replacing it; the results carry PGVector's distance."""
+    """A ``filter`` in search_kwargs is evaluated by PostgreSQL, ANDed with the owner, never
+    replacing it: PGVector's search lists the user's rows within it and pbr ranks all of them
+    (``pbr_core.retrieval._listed_view``), so a result carries no store score."""
     store = _store(pgvector_engine[0])
     plain = _retriever(store)
     for user in ("alice", "bob"):
@@ -103,7 +104,8 @@ def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engin
     )
     docs = viewed.invoke("tea", user_id="alice")
     assert [(d.id, d.page_content) for d in docs] == [("t", "alice drinks tea")]
-    assert docs[0].metadata["store_score"] is not None  # PostgreSQL searched
+    assert docs[0].metadata["store_score"] is None  # listed, not searched with q*
+    assert [d.id for d in viewed.invoke("runs", user_id="alice", k=5)] == ["t"]  # within the view
 
 
 async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
