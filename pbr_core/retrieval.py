@@ -351,7 +351,9 @@ def _steps(
     within: Candidates | None = None
     if hosts.filter and history is not None:
         within = yield _Filter()
-    elif request.view_filtered and hosts.search and history is not None and len(history):
+    elif request.view_filtered and hosts.search and history and config.search != "dense":
+        # the lexical leg finds what the store's best candidates for q* leave out; the dense
+        # leg's best within the view are those candidates
         within = yield from _listed_view(history)
     if within is not None and not within:  # nothing of the user's in the view: no LLM call
         return Retrieval(None, [], config.search)

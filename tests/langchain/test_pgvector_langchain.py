@@ -108,6 +108,29 @@ def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engin
     assert [d.id for d in viewed.invoke("runs", user_id="alice", k=5)] == ["t"]  # within the view
 
 
+def test_a_view_filter_is_listed_in_sql_and_ranked_whole(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PGVector's own filter clause lists the view's rows (keys and metadata, no distance): the
+    one note holding the question's word is found wherever it is in the dense leg, and the
+    store's vector search is not called."""
+    store = _store(pgvector_engine[0])
+    notes = [Document(f"note {i} about the garden", metadata={"kind": "note"}) for i in range(60)]
+    notes.append(Document("a zebra escaped from the zoo", metadata={"kind": "note"}))
+    notes.append(Document("zebra crossing photos", metadata={"kind": "draft"}))
+    _retriever(store).add_documents(notes, user_id="alice", ids=[f"n{i}" for i in range(62)])
+    viewed = _retriever(
+        store, search_kwargs={"filter": {"kind": "note"}}, config=PBRConfig(search="lexical")
+    )
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a listed view is not searched")
+
+    monkeypatch.setattr(type(store), "similarity_search_with_score_by_vector", never)
+    got = [d.page_content for d in viewed.invoke("zebra", user_id="alice", k=5)]
+    assert got[0] == "a zebra escaped from the zoo" and "zebra crossing photos" not in got
+
+
 async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
     pgvector_engine: Any,
 ) -> None:
