@@ -1028,6 +1028,9 @@ def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it()
     retriever.add_documents(notes, user_id="alice", ids=[f"n{i}" for i in range(401)])
     zebra = ["a zebra escaped from the zoo"]
     assert [d.page_content for d in retriever.invoke("zebra", user_id="alice")] == zebra
+    dense = retriever.model_copy(update={"config": PBRConfig(search="dense", explain="scores")})
+    # dense search asks the store for its best candidates (the dense leg's best in the view)
+    assert dense.invoke("zebra", user_id="alice")[0].metadata["store_score"] is not None
     assert [
         d.page_content for d in asyncio.run(retriever.ainvoke("zebra", user_id="alice"))
     ] == zebra
