@@ -85,7 +85,7 @@ from .nodes import (
     result_nodes,
     tagged_copies,
 )
-from .stores import docstore_nodes, records_of
+from .stores import docstore_nodes, records_of, view_lister
 
 __all__ = ["DEFAULT_SIMILARITY_TOP_K", "DEFAULT_USER_ID_KEY", "PBRRetriever"]
 
@@ -562,6 +562,7 @@ class PBRRetriever(BaseRetriever):
             request,
             self._personalize,
             host_search=host_search,
+            host_filter=self._host_filter(request.user_id),
             host_errors=self._store_errors,
         )
         if got.query is None:  # a view that holds none of the user's nodes
@@ -585,11 +586,13 @@ class PBRRetriever(BaseRetriever):
             found = [] if inner is None else await inner.aretrieve(bundle)
             return self._candidates(found, fetched)
 
+        listed = self._host_filter(request.user_id)
         got = await aretrieve(
             self._shared.corpus,
             request,
             self._apersonalize,
             host_search=host_search,
+            host_filter=None if listed is None else functools.partial(asyncio.to_thread, listed),
             host_errors=self._store_errors,
         )
         if got.query is None:  # a view that holds none of the user's nodes
@@ -667,6 +670,16 @@ class PBRRetriever(BaseRetriever):
             print(f"PBR user={expl.user_id!r}: used {', '.join(expl.used)} ({weights})")
             for term, reason in expl.dropped.items():
                 print(f"  dropped {term}: {reason}")
+
+    def _host_filter(self, user_id: str) -> Callable[[], Candidates] | None:
+        """Where the request's view is filtered and the shared index's store lists it exactly
+        (:func:`~llamaindex_pbr.stores.view_lister`: ``PGVectorStore``), what lists it; else
+        None, and the store's own filtered search lists it (``pbr_core.retrieval``)."""
+        shared = self._shared
+        if not self._view_filtered() or shared.retriever_kwargs or shared.index is None:
+            return None
+        filters = and_user(shared.user_id_key, user_id, self._filters)
+        return view_lister(shared.index.vector_store, filters)
 
     def _inner_retriever(self, user_id: str, top_k: int) -> BaseRetriever | None:
         """The host retriever for this request: built per call, so no filter state is shared."""

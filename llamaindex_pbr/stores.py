@@ -28,6 +28,7 @@ import numpy as np
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.simple import SimpleVectorStore
+from llama_index.core.vector_stores.types import MetadataFilters
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
 from pbr_core.chroma import check_flat_metadata, collection_of, upsert_in_batches
@@ -42,6 +43,7 @@ from pbr_core.postgres import (
     engine_sql,
     transaction,
 )
+from pbr_core.retrieval import Candidates
 
 from ._bridge import with_keys
 
@@ -70,6 +72,30 @@ def _is_postgres(store: object) -> bool:
     module = sys.modules.get("llama_index.vector_stores.postgres")
     cls = getattr(module, "PGVectorStore", None) if module is not None else None
     return cls is not None and isinstance(store, cls)
+
+
+def view_lister(store: Any, filters: MetadataFilters) -> Callable[[], Candidates] | None:
+    """Where ``store`` can list exactly the nodes a search with ``filters`` (the user's filter
+    ANDed with the view's) searches, what lists them, keys and metadata only: a
+    ``PGVectorStore``, by the clause its own search builds from the filters, in SQL (no
+    distance, no vector, no text). pbr then ranks every node of the view itself. None for any
+    other store, or one whose queries the app customizes (``customize_query_fn``): the store's
+    own filtered search lists the view (:func:`pbr_core.retrieval._listed_view`).
+    LangChain's ``PGVector`` is listed the same way (:mod:`langchain_pbr.stores`)."""
+    if not _is_postgres(store) or getattr(store, "_customize_query_fn", None) is not None:
+        return None
+
+    def postgres() -> Candidates:
+        from sqlalchemy import select
+
+        store._initialize()
+        rows = store._table_class
+        stmt = select(rows.node_id, rows.metadata_).where(store._recursively_apply_filters(filters))
+        with store._session() as session:
+            found = session.execute(stmt).all()
+        return [(key, dict(meta or {}), None) for key, meta in found]
+
+    return postgres
 
 
 def listable(index: VectorStoreIndex) -> bool:

@@ -68,6 +68,37 @@ async def test_an_async_view_filter_search_keeps_to_the_user(pgvector_engine: An
     assert [(n.node.node_id, n.node.get_content()) for n in got] == [("t", "ben drinks tea")]
 
 
+def test_a_view_filter_is_listed_in_sql_and_ranked_whole(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's own filter clause lists the view's rows (node ids and metadata, no distance),
+    as LangChain's PGVector is listed: the one note holding the question's word is found
+    wherever it is in the dense leg, and the store's vector search is not called."""
+    from llama_index.vector_stores.postgres import PGVectorStore
+
+    base, _ = _base(pgvector_engine, config=PBRConfig(fusion="plain", search="lexical"))
+    nodes = [
+        TextNode(text=f"note {i} about the garden", id_=f"n{i}", metadata={"kind": "note"})
+        for i in range(60)
+    ]
+    nodes.append(TextNode(text="a zebra escaped from the zoo", id_="z", metadata={"kind": "note"}))
+    nodes.append(TextNode(text="zebra crossing photos", id_="d", metadata={"kind": "draft"}))
+    base.for_user("ann").add_nodes(nodes)
+    base.for_user("ben").add_nodes([TextNode(text="a zebra", id_="z", metadata={"kind": "note"})])
+    notes = MetadataFilters(filters=[MetadataFilter(key="kind", value="note")])
+    view = base.for_user("ann", filters=notes, similarity_top_k=5)
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a listed view is not searched")
+
+    monkeypatch.setattr(PGVectorStore, "query", never)
+    monkeypatch.setattr(PGVectorStore, "aquery", never)
+    for got in (view.retrieve("zebra"), asyncio.run(view.aretrieve("zebra"))):
+        texts = [n.node.get_content() for n in got]
+        assert texts[0] == "a zebra escaped from the zoo"
+        assert "zebra crossing photos" not in texts and "a zebra" not in texts
+
+
 def test_replacing_a_node_leaves_one_row_with_the_new_text(pgvector_engine: Any) -> None:
     """``PGVectorStore.add`` only inserts (its ``node_id`` is no key): pbr deletes the old row in
     the same transaction, so a replacement is not a duplicate."""
