@@ -445,6 +445,12 @@ def revision(record: Record) -> str:
     return hashlib.blake2b(payload.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
 
+def _as_lists(groups: Mapping[str, Iterable[HistoryItem]]) -> dict[str, list[HistoryItem]]:
+    """Each group of a write as a list, read once: a group given as a generator is checked,
+    embedded and written whole (checking it first consumed it, and nothing was written)."""
+    return {user: list(items) for user, items in groups.items()}
+
+
 def _held(
     groups: Mapping[str, Sequence[HistoryItem]],
     held_keys: Mapping[str, Sequence[str | None]] | None,
@@ -766,6 +772,7 @@ class Corpus:
                 next read reconciles whatever part of the batch landed.
         """
         self.check_model()
+        groups = _as_lists(groups)
         keys = _held(groups, held_keys)
         return self._commit(self._plan(groups, vectors, extras), write_host=write_host, keys=keys)
 
@@ -781,13 +788,14 @@ class Corpus:
         """Async :meth:`add_many`: native async embedding, the host's checks and write in a
         worker thread."""
         self.check_model()
+        groups = _as_lists(groups)
+        self.check_groups(groups)  # every group, before any is embedded
         todo = {
-            user: list(items)
+            user: items
             for user, items in groups.items()
             if (vectors or {}).get(user) is None and items
         }
         given = dict(vectors or {})
-        self.check_groups(groups)  # every group, before any is embedded
         for user, items in todo.items():
             given[user] = await self._aembed(user, items)
         # the plan's host.validate may be I/O too (PostgreSQL reads the keys it would take):

@@ -351,12 +351,8 @@ def _steps(
     within: Candidates | None = None
     if hosts.filter and history is not None:
         within = yield _Filter()
-    elif request.view_filtered and hosts.search and history and config.search != "dense":
-        # the lexical leg finds what the store's best candidates for q* leave out; the dense
-        # leg's best within the view are those candidates
-        within = yield from _listed_view(history)
-    if within is not None and not within:  # nothing of the user's in the view: no LLM call
-        return Retrieval(None, [], config.search)
+        if not within:  # nothing of the user's in the view: no LLM call for no result
+            return Retrieval(None, [], config.search)
     # personalized on the snapshot it ranks: one read of the user for both
     pq: PersonalizedQuery = yield _Personalize(q, history=history)
     start = time.perf_counter()
@@ -369,7 +365,12 @@ def _steps(
     else:
         found = within
         if found is None and hosts.search and _needs_host(corpus, history, request.view_filtered):
-            found = yield _HostSearch(pq.vector, host_candidates(n))
+            if request.view_filtered and config.search != "dense" and history:
+                # the lexical leg finds what the store's best candidates for q* leave out; the
+                # dense leg's best within the view are those candidates
+                found = yield from _listed_view(pq.vector, len(history), host_candidates(n))
+            else:
+                found = yield _HostSearch(pq.vector, host_candidates(n))
         results = rank_personalized(corpus, user_id, history, pq, n, config, found, since=start)
     if config.rerank != "none" and results:
         # A fixed window, whatever k: the order of the first results does not depend on how
@@ -382,24 +383,32 @@ def _steps(
     return Retrieval(pq, _at_least(results[:k], request.score_threshold), config.search)
 
 
-def _listed_view(history: UserHistory) -> Generator[_Effect, Any, Candidates]:
-    """Every record of the user within a filtered view that the entry point cannot list
-    itself, through the host's own search, filtered as the request's is: pbr then ranks all of
-    them, as it ranks a view an entry point lists (its best candidates for ``q*`` would leave
-    out an item only the lexical leg finds), whatever filter syntax the store speaks.
+#: The most records a filtered view's listing asks a store's search for (some refuse more:
+#: Milvus takes at most 16,384): a larger view gets its best this many for ``q*``.
+LISTING_MAX = 10_000
 
-    The search asks for one more record than the user has, from one of the user's own vectors,
+
+def _listed_view(
+    vector: np.ndarray, items: int, candidates: int
+) -> Generator[_Effect, Any, Candidates]:
+    """The user's records within a filtered view that the entry point cannot list itself,
+    through the host's own search for ``q*`` (``vector``), filtered as the request's is: as
+    many as the user has ``items``, so that pbr ranks all of them, as it ranks a view an entry
+    point lists (the store's best ``candidates`` for ``q*`` would leave out an item only the
+    lexical leg finds), whatever filter syntax the store speaks.
+
+    The search asks for one more record than the user has (never fewer than ``candidates``),
     and for twice as many while the store fills the request (it can hold records pbr does not
-    keep: a node without text, a second record of one id), until it returns fewer, or no more
-    than the time before (a store that caps ``k``). The store's scores are dropped: they are
-    for that vector, not the query."""
-    vector = np.asarray(history.vectors[0], dtype=np.float32)
-    k, last = len(history) + 1, -1
+    keep: a node without text, a second record of one id), up to :data:`LISTING_MAX`, until it
+    returns fewer, or no more than the time before. A store that caps what its search returns
+    (LangChain's FAISS with a filter: its ``fetch_k`` nearest) still gives its best for ``q*``:
+    never less than the candidates it would have given."""
+    k, last = min(max(items + 1, candidates), LISTING_MAX), -1
     while True:
         found: Candidates = yield _HostSearch(vector, k)
-        if len(found) < k or len(found) <= last:
-            return [(key, metadata, None) for key, metadata, _ in found]
-        k, last = 2 * k, len(found)
+        if len(found) < k or len(found) <= last or k >= LISTING_MAX:
+            return found
+        k, last = min(2 * k, LISTING_MAX), len(found)
 
 
 def _viewable(corpus: Corpus, request: Request, config: PBRConfig, hosts: _Hosts) -> bool:

@@ -68,3 +68,18 @@ def test_a_batch_for_several_users_is_checked_whole_before_any_group_is_embedded
             asyncio.run(corpus.aadd_many(groups))
     assert embedder.documents == 0
     assert corpus.history("ann") is None
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_a_group_given_as_a_generator_is_written_whole(way: str) -> None:
+    """Checking a batch before embedding it read a generator once, and the write found it empty:
+    nothing written, no error (the async write lost it before the check too)."""
+    corpus = Corpus(None, embedder=BagOfWords(), cache=HistoryStore())
+    items = (HistoryItem(id=f"a{i}", text=f"note {i}") for i in range(3))
+    if way == "sync":
+        added = corpus.add_many({"ann": items})  # type: ignore[dict-item]
+    else:
+        added = asyncio.run(corpus.aadd_many({"ann": items}))  # type: ignore[dict-item]
+    assert added == {"ann": ["a0", "a1", "a2"]}
+    history = corpus.history("ann")
+    assert history is not None and [it.id for it in history.items] == ["a0", "a1", "a2"]

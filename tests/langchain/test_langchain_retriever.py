@@ -1005,12 +1005,9 @@ def test_a_filtered_view_the_store_can_list_is_ranked_whole(use_async: bool) -> 
     assert nobody.invoke("oolong", user_id="alice") == []
 
 
-def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it() -> None:
-    """Over a store without a lister of pbr's (here one that cannot list at all), a filtered
-    view's documents are listed through the store's own filtered search, so the one document
-    holding the question's word is found however far it is in the dense leg (pbr ranked the
-    store's best 40 for q*, as LlamaIndex did)."""
-    store = NoIdStore()
+def _garden_notes_view(store: VectorStore, odd_one: str, search: str, n: int) -> PBRRetriever:
+    """Alice's ``n`` garden notes and ``odd_one`` in ``store``, in a view of her notes that only
+    the store can evaluate (a filter_builder's filter), returning the best one."""
 
     def notes_of(user: str) -> dict[str, Any]:
         return {"filter": {"user_id": user, "kind": "note"}}
@@ -1020,12 +1017,21 @@ def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it()
         embeddings=EMB,
         vectorstore=store,
         filter_builder=notes_of,
-        config=PBRConfig(fusion="plain", search="lexical"),
+        config=PBRConfig(fusion="plain", search=search),  # type: ignore[arg-type]
         k=1,
     )
-    notes = [Document(f"note {i} about the garden", metadata={"kind": "note"}) for i in range(400)]
-    notes.append(Document("a zebra escaped from the zoo", metadata={"kind": "note"}))
-    retriever.add_documents(notes, user_id="alice", ids=[f"n{i}" for i in range(401)])
+    notes = [Document(f"note {i} about the garden", metadata={"kind": "note"}) for i in range(n)]
+    notes.append(Document(odd_one, metadata={"kind": "note"}))
+    retriever.add_documents(notes, user_id="alice", ids=[f"n{i}" for i in range(n + 1)])
+    return retriever
+
+
+def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it() -> None:
+    """Over a store without a lister of pbr's (here one that cannot list at all), a filtered
+    view's documents are listed through the store's own filtered search, so the one document
+    holding the question's word is found however far it is in the dense leg (pbr ranked the
+    store's best 40 for q*, as LlamaIndex did)."""
+    retriever = _garden_notes_view(NoIdStore(), "a zebra escaped from the zoo", "lexical", 400)
     zebra = ["a zebra escaped from the zoo"]
     assert [d.page_content for d in retriever.invoke("zebra", user_id="alice")] == zebra
     dense = retriever.model_copy(update={"config": PBRConfig(search="dense", explain="scores")})
@@ -1034,3 +1040,22 @@ def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it()
     assert [
         d.page_content for d in asyncio.run(retriever.ainvoke("zebra", user_id="alice"))
     ] == zebra
+
+
+class CappedStore(NoIdStore):
+    """LangChain FAISS's search semantics: with a filter, its ``fetch_k`` nearest rows are
+    filtered, then ``k`` of them returned; so it never returns more than ``fetch_k``."""
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: list[float], k: int = 4, filter: Any = None, fetch_k: int = 20
+    ) -> list[tuple[Document, float]]:
+        return super().similarity_search_with_score_by_vector(embedding, min(k, fetch_k), filter)
+
+
+def test_a_filtered_view_of_a_store_that_caps_its_search_gets_its_best_for_the_query() -> None:
+    """A store whose filtered search returns at most its ``fetch_k`` nearest: the listing asks
+    for all of the user's records and gets those nearest the vector it searches with. That is
+    ``q*``: a listing from one of the user's own vectors ranked the same fixed subset for
+    every question, and the note holding the question's words was never in it."""
+    retriever = _garden_notes_view(CappedStore(), "zebra zoo", "hybrid", 200)
+    assert [d.page_content for d in retriever.invoke("zebra zoo", user_id="alice")] == ["zebra zoo"]
