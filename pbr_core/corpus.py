@@ -68,7 +68,14 @@ from .errors import UnknownUserError
 from .fusion import MODE_TERMS
 from .history import HistoryStore
 from .hybrid import Ranked, hits, rank
-from .items import HistoryItem, check_batch, check_ids, check_serialisable, copy_metadata
+from .items import (
+    HistoryItem,
+    check_batch,
+    check_ids,
+    check_one_history,
+    check_serialisable,
+    copy_metadata,
+)
 from .lexical import DEFAULT_STEMMER, StemmerName
 from .protocols import Embedder, SearchHit, model_id_of
 from .snapshot import UserHistory
@@ -1123,6 +1130,7 @@ class Corpus:
 
     def _check_items(self, user_id: str, items: list[HistoryItem]) -> None:
         check_serialisable(user_id, items)
+        check_one_history(items)
         for item in items:
             owner = item.metadata.get(self.user_key)
             if owner is not None and owner != user_id:

@@ -43,7 +43,14 @@ from .history_format import (
     read_user,
     write_user,
 )
-from .items import HistoryItem, check_batch, check_ids, check_serialisable, checked_windows
+from .items import (
+    HistoryItem,
+    check_batch,
+    check_ids,
+    check_one_history,
+    check_serialisable,
+    checked_windows,
+)
 from .persist import read_current, write_atomically
 from .snapshot import UserHistory, top_k
 from .vectors import as_unit_rows
@@ -344,13 +351,8 @@ class HistoryStore:
         items = list(items)
         if not checked:
             check_serialisable(user_id, items)
+        check_one_history(items)
         ids = [item.id for item in items]
-        if len(set(ids)) != len(ids):
-            dupes = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"duplicate item ids in one batch: {dupes}")
-        for item in items:
-            if not item.text or not item.text.strip():
-                raise ValueError(f"item {item.id!r} has empty text")
         for what, given in (("windows", windows), ("host_keys", host_keys)):
             stray = sorted(set(given or {}) - set(ids))
             if stray:

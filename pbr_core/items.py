@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -118,6 +119,22 @@ def _where(item: HistoryItem, user_id: str) -> str:
 def _plain_dict(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """``metadata`` as the dict :meth:`HistoryItem.to_dict` writes, without copying a dict."""
     return metadata if type(metadata) is dict else dict(metadata)
+
+
+def check_one_history(items: Sequence[HistoryItem]) -> None:
+    """Raise ``ValueError`` unless a batch of saveable items (:func:`check_serialisable`) can be
+    one user's: each id once, each text holding something to embed. The history's rules, run
+    by :meth:`~pbr_core.history.HistoryStore.upsert` and, before anything is embedded, by a
+    corpus write."""
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        counts = Counter(ids)
+        raise ValueError(
+            f"duplicate item ids in one batch: {sorted(i for i in counts if counts[i] > 1)}"
+        )
+    for item in items:
+        if not item.text or not item.text.strip():
+            raise ValueError(f"item {item.id!r} has empty text")
 
 
 def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:

@@ -24,6 +24,8 @@ BAD = {
     "metadata that is a list": [HistoryItem(id="a", text="tea", metadata=["x"])],  # type: ignore[arg-type]
     "metadata that is None": [HistoryItem(id="a", text="tea", metadata=None)],  # type: ignore[arg-type]
     "a plain string": ["tea"],
+    "an id twice": [HistoryItem(id="ok", text="again")],  # the good item's id
+    "a blank text": [HistoryItem(id="a", text="  ")],
 }
 SAYS = {
     "a None text": "has a NoneType text",
@@ -31,6 +33,8 @@ SAYS = {
     "metadata that is a list": "metadata of type list; pass a dict",
     "metadata that is None": "metadata of type NoneType; pass a dict",
     "a plain string": "is a str, not a HistoryItem",
+    "an id twice": r"duplicate item ids in one batch: \['ok'\]",
+    "a blank text": "item 'a' has empty text",
 }
 
 
