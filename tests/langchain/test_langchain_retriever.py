@@ -734,6 +734,7 @@ class NoIdStore(VectorStore):
 
     def __init__(self) -> None:
         self.rows: dict[str, tuple[str, dict[str, Any], list[float]]] = {}
+        self.asked: list[int] = []  # the k of each search
 
     def add_texts(self, texts: Any, metadatas: Any = None, **kwargs: Any) -> list[str]:
         ids = list(kwargs["ids"])
@@ -744,6 +745,7 @@ class NoIdStore(VectorStore):
     def similarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, filter: Any = None
     ) -> list[tuple[Document, float]]:
+        self.asked.append(k)
         mine = [r for r in self.rows.values() if all(r[1].get(a) == b for a, b in filter.items())]
         scored = [
             (Document(page_content=t, metadata=m), float(sum(x * y for x, y in zip(v, embedding))))
@@ -1032,11 +1034,14 @@ def test_a_filtered_view_of_a_store_pbr_cannot_list_ranks_every_document_in_it()
     holding the question's word is found however far it is in the dense leg (pbr ranked the
     store's best 40 for q*, as LlamaIndex did)."""
     retriever = _garden_notes_view(NoIdStore(), "a zebra escaped from the zoo", "lexical", 400)
+    store: NoIdStore = retriever.vectorstore  # type: ignore[assignment]
     zebra = ["a zebra escaped from the zoo"]
     assert [d.page_content for d in retriever.invoke("zebra", user_id="alice")] == zebra
-    dense = retriever.model_copy(update={"config": PBRConfig(search="dense", explain="scores")})
-    # dense search asks the store for its best candidates (the dense leg's best in the view)
-    assert dense.invoke("zebra", user_id="alice")[0].metadata["store_score"] is not None
+    assert store.asked == [402]  # all of her 401 notes, and one more
+    store.asked.clear()
+    dense = retriever.model_copy(update={"config": PBRConfig(search="dense")})
+    dense.invoke("zebra", user_id="alice")
+    assert store.asked == [40]  # dense search: the best candidates, the dense leg's best
     assert [
         d.page_content for d in asyncio.run(retriever.ainvoke("zebra", user_id="alice"))
     ] == zebra

@@ -85,10 +85,11 @@ def test_the_same_user_and_id_in_a_second_collection_is_refused_and_nothing_is_w
     assert mail.invoke("pin", user_id="alice") == []
 
 
-def test_a_view_filter_searches_in_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
+def test_a_view_filter_is_evaluated_by_postgres_within_the_users_rows(pgvector_engine: Any) -> None:
     """A ``filter`` in search_kwargs is evaluated by PostgreSQL, ANDed with the owner, never
-    replacing it: PGVector's search lists the user's rows within it and pbr ranks all of them
-    (``pbr_core.retrieval._listed_view``), so a result carries no store score."""
+    replacing it: PGVector's own filter clause lists the user's rows within it, in SQL
+    (``langchain_pbr.stores``), and pbr ranks all of them, so a result carries no store
+    score."""
     store = _store(pgvector_engine[0])
     plain = _retriever(store)
     for user in ("alice", "bob"):
@@ -132,10 +133,15 @@ def test_a_view_filter_is_listed_in_sql_and_ranked_whole(
 
 
 async def test_an_async_request_with_a_view_filter_searches_a_sync_pgvector(
-    pgvector_engine: Any,
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sync-mode PGVector has ``asimilarity_search_with_score_by_vector`` but refuses it
-    ("must be called with async_mode"): pbr runs the sync search in a worker thread."""
+    ("must be called with async_mode"): where its view is searched (here: pbr's SQL lister of
+    it switched off, as for a PGVector without JSONB metadata), pbr runs the sync search in a
+    worker thread."""
+    import langchain_pbr.retrievers
+
+    monkeypatch.setattr(langchain_pbr.retrievers, "view_lister", lambda store, kwargs: None)
     store = _store(pgvector_engine[0])
     plain = _retriever(store)
     docs = [
