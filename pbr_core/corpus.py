@@ -780,6 +780,7 @@ class Corpus:
         """
         self.check_model()
         groups = _as_lists(groups)
+        self.check_groups(groups)  # every group, before any is embedded
         keys = _held(groups, held_keys)
         return self._commit(self._plan(groups, vectors, extras), write_host=write_host, keys=keys)
 
@@ -1088,24 +1089,24 @@ class Corpus:
         vectors: Mapping[str, Any] | None,
         extras: Mapping[str, Sequence[Any]] | None = None,
     ) -> list[_Group]:
-        """Validate every group (embedding where needed); nothing is written here."""
-        self.check_groups(groups)  # every group, before any is embedded
+        """Validate every group (embedding where needed), its items checked already
+        (:meth:`check_groups`); nothing is written here."""
         plan: list[_Group] = []
         dim = self.cache.dim
         for user_id, items in groups.items():
             items = list(items)
             if not items:
                 continue
-            if self.verified:  # kept as every worker reads it back
+            if self.verified:  # kept as every worker reads it back: the metadata checked anew
                 items = [self._as_stored(user_id, item) for item in items]
-            check_serialisable(user_id, items)
+                check_serialisable(user_id, items)
             # pbr's own copy: a caller's later change of a nested value is not pbr's
             items = [replace(item, metadata=copy_metadata(item.metadata)) for item in items]
             given = (vectors or {}).get(user_id)
             rows = self._embed(user_id, items) if given is None else given
             # The history's own rules (duplicate ids, blank text, shape, NaN/zero vectors), run
             # on a scratch store of the same dimension: one set of rules, nothing touched.
-            checked = HistoryStore(dim=dim).upsert(user_id, items, rows)
+            checked = HistoryStore(dim=dim).upsert(user_id, items, rows, checked=True)
             unit = np.array(checked.vectors, dtype=np.float32)
             dim = unit.shape[1]
             extra = list((extras or {}).get(user_id) or [None] * len(items))
@@ -1246,7 +1247,9 @@ class Corpus:
                 with self._user_lock(user_id):
                     if user_id in self._evicted and self.verified:
                         self._refresh(user_id)  # the rest of the user first: no partial view
-                    self.cache.upsert(user_id, items, unit, windows[user_id], own_keys.get(user_id))
+                    self.cache.upsert(  # the plan's items, checked
+                        user_id, items, unit, windows[user_id], own_keys.get(user_id), checked=True
+                    )
                     if self.host is not None:
                         known = self._known.setdefault(user_id, _Known())
                         for record in by_user[user_id]:
