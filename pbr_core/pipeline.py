@@ -434,17 +434,19 @@ class Personalizer:
         try:
             effect = next(steps)
             while True:
-                if isinstance(effect, _ReadHistory):
-                    result: Any = self.corpus.history(effect.user_id)
-                elif isinstance(effect, _EmbedQuery):
-                    result = self.corpus.query_vector(effect.text, effect.given)
-                elif isinstance(effect, _Generate):
-                    result = self._generate(effect.req)
-                else:
-                    result = embed_documents(self.embedder, effect.texts, dim=effect.dim)
-                effect = steps.send(result)
+                effect = steps.send(self._blocking(effect))
         except StopIteration as done:
             return done.value
+
+    def _blocking(self, effect: _Effect) -> Any:
+        """What one step asks for, by a blocking call (:meth:`_drive`, :meth:`feedback_prompts`)."""
+        if isinstance(effect, _ReadHistory):
+            return self.corpus.history(effect.user_id)
+        if isinstance(effect, _EmbedQuery):
+            return self.corpus.query_vector(effect.text, effect.given)
+        if isinstance(effect, _Generate):
+            return self._generate(effect.req)
+        return embed_documents(self.embedder, effect.texts, dim=effect.dim)
 
     async def _adrive(self, steps: Generator[_Effect, Any, PersonalizedQuery]) -> PersonalizedQuery:
         """Run :meth:`_steps` with awaited calls (native async embedder / LLM where they exist)."""
@@ -484,10 +486,7 @@ class Personalizer:
         try:  # the request's own steps, up to the LLM call
             effect = next(steps)
             while isinstance(effect, _ReadHistory | _EmbedQuery):
-                if isinstance(effect, _ReadHistory):
-                    effect = steps.send(self.corpus.history(effect.user_id))
-                else:
-                    effect = steps.send(self.corpus.query_vector(effect.text, effect.given))
+                effect = steps.send(self._blocking(effect))
             return effect.req.sent if isinstance(effect, _Generate) else None
         finally:
             steps.close()
