@@ -41,6 +41,7 @@ __all__ = [
     "aembed_missing",
     "batch_of",
     "embed_missing",
+    "item_groups",
     "kept",
     "result_nodes",
     "tag_nodes",
@@ -153,15 +154,17 @@ def item_groups(
     return groups
 
 
-def batch_of(copies: Sequence[BaseNode], users: Sequence[str], *, held: bool = False) -> Batch:
-    """The corpus batch of embedded, tagged copies: :func:`item_groups`, with each group's
-    vectors and nodes."""
+def batch_of(
+    copies: Sequence[BaseNode], users: Sequence[str], groups: dict[str, list[HistoryItem]]
+) -> Batch:
+    """The corpus batch of embedded, tagged copies: their :func:`item_groups` ``groups``, with
+    each group's vectors and nodes."""
     vectors: dict[str, list[list[float]]] = {}
     extras: dict[str, list[BaseNode]] = {}
     for node, user in zip(copies, users):
         vectors.setdefault(user, []).append(node.get_embedding())
         extras.setdefault(user, []).append(node)
-    return item_groups(copies, users, held=held), vectors, extras
+    return groups, vectors, extras
 
 
 class AnnotatedTextNode(TextNode):

@@ -40,6 +40,7 @@ from llama_index.core.vector_stores.types import BasePydanticVectorStore
 
 from pbr_core import (
     GenerationCache,
+    HistoryItem,
     HistoryStore,
     PBRConfig,
     PersonalizedQuery,
@@ -380,7 +381,7 @@ class PBRRetriever(BaseRetriever):
             sources = list((per_user or {}).items()) if single is None else [(None, single)]
             found, owners = docstore_nodes(sources, user_id_key)
             embed_missing(found, embed_model)
-            self._write(found, owners, insert=False)
+            self._write(found, owners, item_groups(found, owners, held=True), insert=False)
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -756,24 +757,32 @@ class PBRRetriever(BaseRetriever):
     ) -> list[str]:
         key = self._shared.user_id_key
         copies, users = tagged_copies(nodes, key, self._user_id, own_only=own_only)
-        self._shared.corpus.check_groups(item_groups(copies, users, held=not insert))
+        groups = item_groups(copies, users, held=not insert)
+        self._shared.corpus.check_groups(groups)
         embed_missing(copies, self._shared.embed_model)  # only a batch the corpus would take
-        return self._write(copies, users, insert, new_ids)
+        return self._write(copies, users, groups, insert, new_ids)
 
     async def aadd_nodes(self, nodes: Sequence[BaseNode], *, insert: bool = True) -> list[str]:
         """Async :meth:`add_nodes`."""
         key = self._shared.user_id_key
         copies, users = tagged_copies(nodes, key, self._user_id, own_only=True)
-        self._shared.corpus.check_groups(item_groups(copies, users, held=not insert))
+        groups = item_groups(copies, users, held=not insert)
+        self._shared.corpus.check_groups(groups)
         await aembed_missing(copies, self._shared.embed_model)
-        return await asyncio.to_thread(self._write, copies, users, insert)
+        return await asyncio.to_thread(self._write, copies, users, groups, insert)
 
     def _write(
-        self, copies: list[BaseNode], users: list[str], insert: bool, new_ids: int = 0
+        self,
+        copies: list[BaseNode],
+        users: list[str],
+        groups: dict[str, list[HistoryItem]],
+        insert: bool,
+        new_ids: int = 0,
     ) -> list[str]:
-        """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules);
-        ``new_ids``: how many nodes were made by this call, with ids a retry would not repeat."""
-        groups, vectors, extras = batch_of(copies, users, held=not insert)
+        """One validated batch for every user of ``copies`` (pbr_core.corpus owns the rules), whose
+        items are ``groups`` (:func:`~llamaindex_pbr.nodes.item_groups`); ``new_ids``: how many
+        nodes were made by this call, with ids a retry would not repeat."""
+        groups, vectors, extras = batch_of(copies, users, groups)
         # nodes the index holds already: under their node ids (pbr's key for those it wrote)
         held = None if insert else {u: [n.node_id for n in nodes] for u, nodes in extras.items()}
         with host_store_errors(self._any_store(), "add", new_ids=new_ids):
