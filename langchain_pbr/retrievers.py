@@ -510,7 +510,7 @@ class PBRRetriever(BaseRetriever):
         """
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key, held=not add_to_vectorstore)
-        new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
+        new_ids = _new_ids(documents, ids)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = self._corpus().add_many(
@@ -529,7 +529,7 @@ class PBRRetriever(BaseRetriever):
         """Async :meth:`add_documents` (native async embeddings when they exist)."""
         uid = self._user(user_id)
         items = items_of(documents, uid, ids, self.user_key, held=not add_to_vectorstore)
-        new_ids = 0 if ids is not None else sum(not doc.id for doc in documents)
+        new_ids = _new_ids(documents, ids)
         held = _held_keys(uid, documents, ids, add_to_vectorstore)
         with host_store_errors(self.vectorstore, "add", new_ids=new_ids):
             added = await self._corpus().aadd_many(
@@ -562,7 +562,7 @@ class PBRRetriever(BaseRetriever):
         the retriever's default user); ``kwargs`` are the retriever's fields.
         """
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        new_ids = sum(not doc.id for doc in documents)
+        new_ids = _new_ids(documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id, held=not add_to_vectorstore)
             retriever._corpus().add_many(groups, write_host=add_to_vectorstore)
@@ -579,7 +579,7 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """Async :meth:`from_documents`."""
         retriever = cls(**kwargs) if user_id is None else cls(user_id=user_id, **kwargs)
-        new_ids = sum(not doc.id for doc in documents)
+        new_ids = _new_ids(documents)
         with host_store_errors(retriever.vectorstore, "add", new_ids=new_ids):
             groups = retriever._groups(documents, user_id, held=not add_to_vectorstore)
             await retriever._corpus().aadd_many(groups, write_host=add_to_vectorstore)
@@ -643,6 +643,12 @@ class PBRRetriever(BaseRetriever):
             params["ls_embedding_provider"] = type(embedder).__name__
             params["ls_embedding_model"] = model_id(embedder)
         return params
+
+
+def _new_ids(documents: Sequence[Document], ids: Sequence[str] | None = None) -> int:
+    """How many documents this call gives a new id (no ``ids``, no ``Document.id`` of their own,
+    an empty one included): a retry would add those again (the failed add's message says so)."""
+    return 0 if ids is not None else sum(not doc.id for doc in documents)
 
 
 def _held_keys(
