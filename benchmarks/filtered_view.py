@@ -30,6 +30,7 @@ import argparse
 import functools
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -90,7 +91,8 @@ def main() -> None:
     from langchain_pbr import PBRRetriever
     from pbr_core import PBRConfig
 
-    server = PostgresServer(Path(tempfile.mkdtemp(prefix="pbr-filtered-view-")), binaries).start()
+    folder = Path(tempfile.mkdtemp(prefix="pbr-filtered-view-"))
+    server = PostgresServer(folder, binaries).start()
     lister, listing = langchain_retrievers.view_lister, core_retrieval._listed_view
     rows: list[dict[str, Any]] = []
     try:
@@ -146,6 +148,7 @@ def main() -> None:
     finally:
         langchain_retrievers.view_lister, core_retrieval._listed_view = lister, listing
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
     meta = {
         "users": args.users,
