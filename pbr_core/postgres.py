@@ -176,7 +176,8 @@ class UserRows:
 @dataclass(frozen=True)
 class ScoredRows:
     """What :meth:`PgRecords.read_scored` read in one statement: every row of a user, by its
-    key, cosine with the query, text, metadata and row version, without its vector.
+    key, cosine with the query and row version, without its vector, text or metadata (read
+    afterwards for the rows a request shows, :attr:`records`).
 
     Attributes:
         token: the change token of these rows, None where it cannot be told.
@@ -185,8 +186,9 @@ class ScoredRows:
         cosines: each row's cosine with the query, in the order of ``keys`` (NaN for a row
             whose vector is of another dimension than the query).
         stamps: each row's version (``xmin``), in the order of ``keys``.
-        record: the row at an index of ``keys`` as its owner's record (no vector), None for a
-            row that is not the user's; built on demand, for the rows a request shows.
+        records: the rows at some indexes of ``keys`` as their owner's records (no vector),
+            read in one statement: None for a row that is not the user's, or that is no longer
+            the version of ``stamps`` (changed or deleted since).
     """
 
     token: str | None
@@ -194,7 +196,11 @@ class ScoredRows:
     keys: list[str]
     cosines: np.ndarray
     stamps: list[str]
-    record: Callable[[int], Record | None]
+    records: Callable[[Sequence[int]], list[Record | None]]
+
+    def record(self, i: int) -> Record | None:
+        """The row at index ``i`` of ``keys`` (:attr:`records` of one)."""
+        return self.records([i])[0]
 
 
 @dataclass(frozen=True)
@@ -1052,10 +1058,12 @@ class PgRecords:
         """What ranks a user this worker has not read, without bringing their vectors here
         (:mod:`pbr_core.view`), in **one statement** and one snapshot: the change token, the
         user's shared derived state, and every row's key, cosine with the unit ``query``
-        (pgvector computes them: one number per row instead of 1.5 kB at 384-d), text,
-        metadata and row version, as one array each. None where this table cannot (no revision
-        trigger or shared states, a per-user table, a vector column that is not pgvector's
-        ``vector``)."""
+        (pgvector computes them: one number per row instead of 1.5 kB at 384-d) and row
+        version, as one array each. Texts and metadata are read afterwards, for the rows a
+        request shows only (:meth:`_shown`): they made most of the statement's time (1k rows:
+        1.9 ms with them, 0.7 without at 80-character texts; 8.2 against 1.0 at 1.7 kB).
+        None where this table cannot (no revision trigger or shared states, a per-user table,
+        a vector column that is not pgvector's ``vector``)."""
         if not self.can_score:
             return None
         self._vector_select()  # looks the column's type up, once: pgvector's schema
@@ -1073,9 +1081,8 @@ class PgRecords:
             f"OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type})) END"
         )
         mine = (
-            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, {quote_ident(t.text)}::text AS t, "
-            f"{quote_ident(t.metadata)}::text AS m, xmin::text AS x FROM {t.qualified} WHERE "
-            f"{t.scoped()} AND {self._mine()}{order}"
+            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, xmin::text AS x FROM "
+            f"{t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}"
         )
         # The rows in any order (put in key order below); none where no state is shared (the
         # caller reads the user's rows anyway).
@@ -1083,7 +1090,7 @@ class PgRecords:
             f"SELECT {token_columns(t)}, s.rev, s.state, a.* FROM (SELECT 1) one LEFT JOIN "
             f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
             "AND s.owner = :user CROSS JOIN LATERAL (SELECT array_agg(k), array_agg(c), "
-            f"array_agg(t), array_agg(m), array_agg(x) FROM ({mine}) r "
+            f"array_agg(x) FROM ({mine}) r "
             "WHERE s.state IS NOT NULL) a"
         )
         params = self._user_params(
@@ -1095,7 +1102,7 @@ class PgRecords:
         rows = self._scored(statement, params)
         if len(rows) != 1:
             raise RuntimeError(f"a user's scored read returned {len(rows)} rows, not 1")
-        rev, armed, state_rev, state, got, cosines, texts, metas, stamps = rows[0]
+        rev, armed, state_rev, state, got, cosines, stamps = rows[0]
         token = _token(rev, armed)
         got = got or []
         # In key order (code points, whatever the server's encoding; a NULL key last): the
@@ -1107,22 +1114,48 @@ class PgRecords:
         else:
             by_key = sorted(range(len(got)), key=got.__getitem__)
         keys = [got[i] for i in by_key]
-        loads = getattr(self.sql, "loads", json.loads)
-
-        def record(i: int) -> Record | None:
-            row = by_key[i]
-            meta = loads(metas[row] or "null")
-            return self._record(user_id, *_row(keys[i], texts[row], meta), None, stamps[row])
-
+        in_order = [(stamps or [])[i] for i in by_key]
         at_rows = token is not None and state is not None and state_rev == rev
         return ScoredRows(
             token=token,
             state=bytes(state) if at_rows else None,
             keys=keys,
             cosines=np.array(cosines or [], dtype=np.float64)[by_key],
-            stamps=[stamps[i] for i in by_key],
-            record=record,
+            stamps=in_order,
+            records=lambda positions: self._shown(user_id, keys, in_order, positions),
         )
+
+    def _shown(
+        self, user_id: str, keys: Sequence[str], stamps: Sequence[str], positions: Sequence[int]
+    ) -> list[Record | None]:
+        """The rows at ``positions`` of a scored read's ``keys`` as ``user_id``'s records, in
+        one statement: each the very row version the scored read saw (its ``xmin`` among
+        ``stamps``), else None (changed, deleted or not the user's since: the request then reads
+        the user's rows, as for any row the view cannot serve)."""
+        wanted = [keys[i] for i in positions if keys[i] is not None]
+        found: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+        if wanted:
+            t = self.table
+            k = quote_ident(t.key)
+            statement = (
+                f"SELECT {k}::text, {quote_ident(t.text)}::text, {quote_ident(t.metadata)}::text, "
+                f"xmin::text FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()} AND "
+                f"{k} = ANY(:keys)"
+            )
+            params = t.params(user=user_id, keys=list(dict.fromkeys(wanted)))
+            for key, text, meta, stamp in self._read_all(statement, params):
+                found.setdefault((key, stamp), []).append((text, meta))
+        loads = getattr(self.sql, "loads", json.loads)
+        out: list[Record | None] = []
+        for i in positions:
+            same = found.get((keys[i], stamps[i]), []) if keys[i] is not None else []
+            if len(same) != 1:  # gone, rewritten, or two rows of one version: not this row
+                out.append(None)
+                continue
+            text, meta = same[0]
+            meta = loads(meta) if isinstance(meta, str) else meta
+            out.append(self._record(user_id, *_row(keys[i], text, meta), None, stamps[i]))
+        return out
 
     def _scored(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """The rows of :meth:`read_scored`'s ``statement``: through pbr's function of it where
@@ -1177,12 +1210,9 @@ class PgRecords:
         signature = ", ".join(types)
         digest = hashlib.sha256(f"{signature}\x00{body}".encode()).hexdigest()[:16]
         name = self.table.own(f"pbr_scored_{digest}")
-        columns = (
-            "o1 bigint, o2 text, o3 bigint, o4 bytea, o5 text[], o6 float8[], o7 text[], "
-            "o8 text[], o9 text[]"
-        )
+        columns = "o1 bigint, o2 text, o3 bigint, o4 bytea, o5 text[], o6 float8[], o7 text[]"
         # the table's columns win over anything the function names (its arguments are
-        # positional, its result columns named o1..o9)
+        # positional, its result columns named o1..o7)
         code = f"#variable_conflict use_column\nBEGIN RETURN QUERY {body}; END"
         create = (
             f"CREATE FUNCTION {name}({signature}) RETURNS TABLE({columns}) LANGUAGE plpgsql "

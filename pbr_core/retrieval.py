@@ -301,10 +301,24 @@ class _EmbedQuery:
 
 @dataclass(frozen=True)
 class _ReadView:
-    """The user scored against ``q`` in the database (:meth:`Corpus.read_view`), or None."""
+    """The user scored against ``q`` in the database (:meth:`Corpus.read_view`), or None;
+    ``terms`` and ``k``: the request's words and number of results, whose likely results'
+    texts are read with it."""
 
     q: np.ndarray
     anchor_key: Any
+    terms: Mapping[str, float]
+    k: int
+
+
+@dataclass(frozen=True)
+class _ShowItems:
+    """The texts and metadata of the view's items at ``positions`` (the results), read from
+    their rows in one statement: True, or False where a row is no longer the version the view
+    ranked (the request then reads the user's rows)."""
+
+    view: ScoredView
+    positions: list[int]
 
 
 _Effect = (
@@ -316,7 +330,16 @@ _Effect = (
     | _Rerank
     | _EmbedQuery
     | _ReadView
+    | _ShowItems
 )
+
+
+def _show(effect: _ShowItems) -> bool:
+    try:
+        effect.view.items.many(effect.positions)
+    except NotServed:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -434,7 +457,9 @@ def _view_steps(
     says, a ``q*`` outside its span): the request then runs on the user's rows, as for any
     other store."""
     anchor_key = config.anchor_key if MODE_TERMS[config.fusion][0] else None
-    view: ScoredView | None = yield _ReadView(q, anchor_key)
+    view: ScoredView | None = yield _ReadView(
+        q, anchor_key, lexical_query(request.query), request.k
+    )
     if view is None:
         return None
     pq: PersonalizedQuery | None = yield _Personalize(q, view)
@@ -452,9 +477,13 @@ def _view_steps(
             own_terms=own,
             stemmer=config.lexical_stemmer,
         )
-        results = corpus.view_results(view, ranked)
     except NotServed:
         return None
+    # the results' texts: a read of the host, so a step of its own (off the event loop)
+    shown: bool = yield _ShowItems(view, [r.position for r in ranked])
+    if not shown:
+        return None
+    results = corpus.view_results(view, ranked)
     pq.explanation.timings_ms["search"] = (time.perf_counter() - start) * 1000.0
     return Retrieval(pq, _at_least(results, request.score_threshold), config.search)
 
@@ -515,9 +544,13 @@ def retrieve(
                 return exc
         with host_errors():
             if isinstance(effect, _ReadView):
-                view = corpus.read_view(request.user_id, effect.q, config, effect.anchor_key)
+                view = corpus.read_view(
+                    request.user_id, effect.q, config, effect.anchor_key, effect.terms, effect.k
+                )
                 viewed = view is not None
                 return view
+            if isinstance(effect, _ShowItems):
+                return _show(effect)
             if isinstance(effect, _ReadHistory):
                 return corpus.history(request.user_id)
             if isinstance(effect, _Filter):
@@ -583,10 +616,18 @@ async def aretrieve(
         with host_errors():
             if isinstance(effect, _ReadView):
                 view = await asyncio.to_thread(
-                    corpus.read_view, request.user_id, effect.q, config, effect.anchor_key
+                    corpus.read_view,
+                    request.user_id,
+                    effect.q,
+                    config,
+                    effect.anchor_key,
+                    effect.terms,
+                    effect.k,
                 )
                 viewed = view is not None
                 return view
+            if isinstance(effect, _ShowItems):
+                return await asyncio.to_thread(_show, effect)
             if isinstance(effect, _ReadHistory):
                 history = await corpus.ahistory(request.user_id)
                 ranks = final_search is None  # else the caller's search ranks: no BM25 index

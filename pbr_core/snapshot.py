@@ -28,7 +28,7 @@ from .lexical import (
     check_stemmer,
 )
 
-__all__ = ["AnchorKey", "UserHistory", "item_nbytes", "top_k"]
+__all__ = ["AnchorKey", "UserHistory", "item_nbytes", "items_at", "top_k"]
 
 #: Which anchor a snapshot caches: :attr:`PBRConfig.anchor_key` (the graph parameters).
 AnchorKey = tuple[Any, ...]
@@ -52,6 +52,15 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     else:
         top = np.arange(n)
     return top[np.lexsort((top, -scores[top]))]
+
+
+def items_at(history: UserHistory, positions: Sequence[int]) -> list[HistoryItem]:
+    """The items at ``positions`` of ``history``, or of a view standing in for one
+    (:class:`pbr_core.view.ScoredView`), whose items are read from their rows on demand: the
+    items one step shows (its results, its related items) are then read in one statement,
+    not one each."""
+    many = getattr(history.items, "many", None)
+    return list(many(positions)) if many is not None else [history.items[p] for p in positions]
 
 
 #: Bytes of one dict entry (hash, key and value pointers, the table's slack), and the fixed

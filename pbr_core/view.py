@@ -5,15 +5,16 @@ Why: a worker that has never read a user must otherwise read every row with its 
 items (docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
 :meth:`pbr_core.postgres.PgRecords.read_scored`) and another worker shared the user's derived
 state for exactly these rows (:mod:`pbr_core.derived`), one statement returns the state and
-every row's cosine with the query ``q``, key, text, metadata and version; the state holds each
+every row's cosine with the query ``q``, key and version; the state holds each
 item's inner product with the anchor, the BM25 index and the anchor's most central items. For
 ``q* = α·q + β·anchor``, every item's cosine with ``q*`` is then ``α·cos + β·affinity``, and
 the hybrid ranking runs as on a history in memory (scores equal to float32 rounding).
 
 :class:`ScoredView` stands in for the user's :class:`~pbr_core.snapshot.UserHistory` for one
 request. It knows every item's id, host key and cosine with ``q``; an item's text and metadata
-are built from its row (read in the same statement) only for the items a request shows: the
-related items and the results (the anchor's central items come with the state). It ranks only
+are read from its row only for the items a request shows, each step's in one statement (the
+related items, then the results; the anchor's central items come with the state), and only
+from the very row version the cosines were computed on. It ranks only
 vectors in the span of ``q`` and the anchors it holds; any other raises :class:`NotServed`
 (as does a custom fusion rule, which may read what only a history in memory has), and the
 request is then run on the user's rows as usual.
@@ -45,14 +46,17 @@ class NotServed(LookupError):
     the request on the user's rows instead."""
 
 
+#: Reads the items at some positions from their rows, in one go (None: a row that is not the
+#: item the state says, or no longer the version the cosines were computed on).
+Load = Callable[[Sequence[int]], Sequence[HistoryItem | None]]
+
+
 class _Items(Sequence[HistoryItem]):
     """The user's items by position: the state's central items, and any other read on demand
-    from the row that holds it (``load``); an item the rows do not give raises
-    :class:`NotServed`."""
+    from the row that holds it (``load``), the items of one step at once (:meth:`many`); an
+    item the rows do not give raises :class:`NotServed`."""
 
-    def __init__(
-        self, n: int, known: Mapping[int, HistoryItem], load: Callable[[int], HistoryItem | None]
-    ) -> None:
+    def __init__(self, n: int, known: Mapping[int, HistoryItem], load: Load) -> None:
         self._n = n
         self._known = dict(known)
         self._load = load
@@ -61,15 +65,21 @@ class _Items(Sequence[HistoryItem]):
         return self._n
 
     def __getitem__(self, pos: int) -> HistoryItem:  # type: ignore[override]
-        item = self._known.get(pos)
-        if item is None:
+        return self.many([pos])[0]
+
+    def many(self, positions: Sequence[int]) -> list[HistoryItem]:
+        """The items at ``positions``, those not yet read in one read of their rows."""
+        missing = list(dict.fromkeys(p for p in positions if p not in self._known))
+        for pos in missing:
             if not 0 <= pos < self._n:
                 raise IndexError(pos)
-            item = self._load(pos)
-            if item is None:
-                raise NotServed(f"the row of the item at position {pos} is not its")
-            self._known[pos] = item
-        return item
+        if missing:
+            got = list(self._load(missing))
+            for pos, item in zip(missing, got, strict=True):
+                if item is None:
+                    raise NotServed(f"the row of the item at position {pos} is not its")
+                self._known[pos] = item
+        return [self._known[pos] for pos in positions]
 
 
 class ScoredView:
@@ -89,7 +99,7 @@ class ScoredView:
         q: np.ndarray,
         keys: Sequence[str],
         cosines: np.ndarray,
-        load: Callable[[int], HistoryItem | None],
+        load: Load,
     ) -> None:
         self.user_id = state.user_id
         self.q = np.asarray(q, dtype=np.float64)
@@ -119,6 +129,21 @@ class ScoredView:
             return []
         scores = self.dense_scores(vector)
         return [(int(i), float(scores[i])) for i in top_k(scores, k)]
+
+    def likely_shown(
+        self, related: int, terms: Mapping[str, float], k: int, stemmer: StemmerName | None
+    ) -> list[int]:
+        """Positions a request of ``k`` results will most likely show: its ``related`` items
+        (the nearest to ``q``, always shown) and the ``k`` best of each leg for ``q`` and the
+        query's words ``terms``, among which a hybrid result nearly always is. Read with the
+        related items in one statement, they leave the results' step nothing to read, most
+        of the time (one round trip fewer); a result outside them is read then."""
+        positions = [pos for pos, _ in self.search(self.q, related)]
+        positions += top_k(self.cosines, k).tolist()
+        if terms and k > 0 and self.has_lexical(stemmer):
+            lexical = self.lexical(stemmer).scores(terms)
+            positions += [p for p in top_k(lexical, k).tolist() if lexical[p] > 0]
+        return list(dict.fromkeys(positions))
 
     def dense_scores(self, vector: np.ndarray) -> np.ndarray:
         """Every item's cosine with the unit ``vector``, where ``vector`` is a combination of

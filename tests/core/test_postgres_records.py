@@ -31,6 +31,7 @@ from pbr_core.fusion import FusionInputs, FusionResult, default_rule
 from pbr_core.lexical import LexicalIndex
 from pbr_core.postgres import PgRecords, PgTable, engine_sql, record_rows
 from pbr_core.retrieval import Request, retrieve
+from pbr_core.view import ScoredView
 from pbr_core.windows import Window
 
 DIM = 16  # the hash_embedder fixture's
@@ -1475,7 +1476,10 @@ def test_a_row_that_is_not_the_item_the_state_says_is_not_shown_from_it(
     def other_item(self: PgRecords, user_id: str, q: Any) -> Any:
         rows = real(self, user_id, q)
         return dataclasses.replace(
-            rows, record=lambda i: dataclasses.replace(rows.record(i), item_id="someone-else")
+            rows,
+            records=lambda at: [
+                dataclasses.replace(r, item_id="someone-else") for r in rows.records(at)
+            ],
         )
 
     monkeypatch.setattr(PgRecords, "read_scored", other_item)
@@ -1483,6 +1487,99 @@ def test_a_row_that_is_not_the_item_the_state_says_is_not_shown_from_it(
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
     assert views == ["alice"] and reads == ["MainThread"]  # the view gave up: rows read
     assert len(got.hits) == 5 and "someone-else" not in {h.id for h in got.hits}
+
+
+def test_a_cold_request_reads_the_text_of_only_the_rows_it_may_show(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scored read brings no text or metadata: the request reads them afterwards, in one
+    statement, for the rows it may show (its related items and the best of each leg); a
+    result outside them would be read by one more (here none is)."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    shown = _counting_shown(monkeypatch)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    worker = _personalizer(engine, hash_embedder, fusion="no_prf")
+    got = worker.search("alice", "tea", 5)
+    assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
+    assert len(shown) == 1  # the results were among the rows read with the related items
+    read = shown[0][1]
+    related = got.personalized.explanation.related
+    assert len(read) == len(set(read)) <= len(related) + 2 * 5 < len(_MANY)
+    assert all(h.text == _MANY[h.id] for h in [*got.hits, *related])
+
+
+def _only_related(view: ScoredView, related: int, *_: Any) -> list[int]:
+    """A guess of the rows a request shows that holds only its related items."""
+    return [pos for pos, _ in view.search(view.q, related)]
+
+
+def test_a_result_outside_the_likely_rows_is_read_by_the_results_step(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    expected = _answer(
+        _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 8)
+    )
+    monkeypatch.setattr(ScoredView, "likely_shown", _only_related)
+    shown = _counting_shown(monkeypatch)
+    views = _counting_views(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 8)
+    assert views == ["alice"] and _answer(got) == expected
+    assert len(shown) == 2  # the related items, then the results not among them
+    assert not set(shown[0][1]) & set(shown[1][1])  # no row read twice
+
+
+def _counting_shown(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[int]]]:
+    """Each read of shown rows' texts: the calling thread's name and the positions read."""
+    calls: list[tuple[str, list[int]]] = []
+    real = PgRecords._shown
+
+    def counted(self: PgRecords, user_id: str, keys: Any, stamps: Any, at: Any) -> Any:
+        calls.append((threading.current_thread().name, list(at)))
+        return real(self, user_id, keys, stamps, at)
+
+    monkeypatch.setattr(PgRecords, "_shown", counted)
+    return calls
+
+
+def test_an_async_cold_request_reads_the_shown_texts_off_the_event_loop(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    monkeypatch.setattr(ScoredView, "likely_shown", _only_related)  # the results' step reads
+    shown = _counting_shown(monkeypatch)
+    views = _counting_views(monkeypatch)
+    got = asyncio.run(
+        _personalizer(engine, hash_embedder, fusion="no_prf").asearch("alice", "tea", 8)
+    )
+    assert views == ["alice"] and len(got.hits) == 8
+    assert len(shown) == 2 and all(thread != "MainThread" for thread, _ in shown)  # off the loop
+
+
+def test_a_row_rewritten_between_the_scored_read_and_its_text_is_not_shown_from_it(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row whose version changed after the cosines were computed (a write committed between
+    the two statements) is not shown with the new text under the old ranking: the request
+    reads the user's rows and ranks them as they are now."""
+    engine = pgvector_engine[0]
+    _many_shared(engine, hash_embedder)
+    sql = engine_sql(engine)
+    real = PgRecords.read_scored
+
+    def then_rewritten(self: PgRecords, user_id: str, q: Any) -> Any:
+        rows = real(self, user_id, q)
+        sql([("UPDATE notes SET doc = doc || ' (edited)' WHERE meta ->> 'user_id' = 'alice'", {})])
+        return rows
+
+    monkeypatch.setattr(PgRecords, "read_scored", then_rewritten)
+    reads = _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)
+    assert reads == ["MainThread"]  # the view gave up: rows read
+    assert len(got.hits) == 5 and all(h.text == _MANY[h.id] + " (edited)" for h in got.hits)
 
 
 def test_rows_the_state_does_not_describe_are_read_not_ranked_from_the_state(
