@@ -1466,9 +1466,10 @@ class Corpus:
         view = ScoredView(state, q, rows.keys, rows.cosines, load)
         # read here, in the step that reads the host: a result not among them is read by a
         # step of its own
-        likely = view.likely_shown(config.k1, terms or {}, k, config.lexical_stemmer)
+        words = terms if terms and config.search != "dense" else {}
+        likely = view.likely_shown(config.k1, words, k, config.lexical_stemmer)
         try:
-            view.items.many(likely)
+            view.items.many(likely, read=True)
         except NotServed:
             return None
         return view

@@ -36,6 +36,7 @@ from .protocols import SearchHit, TextGenerator
 from .rerank import rerank_by_salience
 from .results import PersonalizedQuery, PseudoFeedback, explanation_payload
 from .snapshot import UserHistory
+from .vectors import as_unit_vector
 from .view import NotServed, ScoredView, ranks_in_database
 
 if TYPE_CHECKING:
@@ -336,7 +337,7 @@ _Effect = (
 
 def _show(effect: _ShowItems) -> bool:
     try:
-        effect.view.items.many(effect.positions)
+        effect.view.items.many(effect.positions, read=True)
     except NotServed:
         return False
     return True
@@ -457,8 +458,11 @@ def _view_steps(
     says, a ``q*`` outside its span): the request then runs on the user's rows, as for any
     other store."""
     anchor_key = config.anchor_key if MODE_TERMS[config.fusion][0] else None
+    # the personalizer normalises the vector it is given once more (float32: not always to the
+    # same bits); scored and read ahead for that very vector, its related items are the ones
+    # the view read
     view: ScoredView | None = yield _ReadView(
-        q, anchor_key, lexical_query(request.query), request.k
+        as_unit_vector(q), anchor_key, lexical_query(request.query), request.k
     )
     if view is None:
         return None

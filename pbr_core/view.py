@@ -52,9 +52,11 @@ Load = Callable[[Sequence[int]], Sequence[HistoryItem | None]]
 
 
 class _Items(Sequence[HistoryItem]):
-    """The user's items by position: the state's central items, and any other read on demand
-    from the row that holds it (``load``), the items of one step at once (:meth:`many`); an
-    item the rows do not give raises :class:`NotServed`."""
+    """The user's items by position: the state's central items, and the others read from their
+    rows (``load``) by the request's steps that read the host (:meth:`many` with ``read``), so
+    that no other step (an async request's personalization, on the event loop) waits on the
+    database; an item not read there, or that its row does not give, raises
+    :class:`NotServed`."""
 
     def __init__(self, n: int, known: Mapping[int, HistoryItem], load: Load) -> None:
         self._n = n
@@ -67,12 +69,15 @@ class _Items(Sequence[HistoryItem]):
     def __getitem__(self, pos: int) -> HistoryItem:  # type: ignore[override]
         return self.many([pos])[0]
 
-    def many(self, positions: Sequence[int]) -> list[HistoryItem]:
-        """The items at ``positions``, those not yet read in one read of their rows."""
+    def many(self, positions: Sequence[int], *, read: bool = False) -> list[HistoryItem]:
+        """The items at ``positions``; ``read``: those not yet read are read from their rows,
+        in one read (else they are not served)."""
         missing = list(dict.fromkeys(p for p in positions if p not in self._known))
         for pos in missing:
             if not 0 <= pos < self._n:
                 raise IndexError(pos)
+        if missing and not read:
+            raise NotServed(f"the item at position {missing[0]} was not read with the view")
         if missing:
             got = list(self._load(missing))
             for pos, item in zip(missing, got, strict=True):
