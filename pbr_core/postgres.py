@@ -173,11 +173,19 @@ class UserRows:
     shares: bool = True
 
 
+#: A row whose text and metadata take at most this many bytes (a chat message, a memory) comes
+#: with them in the scored read: fetching them for the rows a request shows costs a round trip
+#: (0.3-0.7 ms), more than such rows' texts cost in the statement (a 100-item user's first
+#: request: 3.3 ms against 2.3). Longer ones (notes, documents) are read for the rows shown.
+INLINE_BYTES = 256
+
+
 @dataclass(frozen=True)
 class ScoredRows:
     """What :meth:`PgRecords.read_scored` read in one statement: every row of a user, by its
-    key, cosine with the query and row version, without its vector, text or metadata (read
-    afterwards for the rows a request shows, :attr:`records`).
+    key, cosine with the query and row version, without its vector; with its text and metadata
+    where they are short (:data:`INLINE_BYTES`), the others read afterwards for the rows a
+    request shows (:attr:`records`).
 
     Attributes:
         token: the change token of these rows, None where it cannot be told.
@@ -187,8 +195,9 @@ class ScoredRows:
             whose vector is of another dimension than the query).
         stamps: each row's version (``xmin``), in the order of ``keys``.
         records: the rows at some indexes of ``keys`` as their owner's records (no vector),
-            read in one statement: None for a row that is not the user's, or that is no longer
-            the version of ``stamps`` (changed or deleted since).
+            the long ones read in one statement: None for a row that is not the user's, or
+            (read afterwards) that is no longer the version of ``stamps`` (changed or deleted
+            since).
     """
 
     token: str | None
@@ -1059,9 +1068,10 @@ class PgRecords:
         (:mod:`pbr_core.view`), in **one statement** and one snapshot: the change token, the
         user's shared derived state, and every row's key, cosine with the unit ``query``
         (pgvector computes them: one number per row instead of 1.5 kB at 384-d) and row
-        version, as one array each. Texts and metadata are read afterwards, for the rows a
-        request shows only (:meth:`_shown`): they made most of the statement's time (1k rows:
-        1.9 ms with them, 0.7 without at 80-character texts; 8.2 against 1.0 at 1.7 kB).
+        version, as one array each, and the text and metadata of each row of at most
+        :data:`INLINE_BYTES`. Longer ones are read afterwards, for the rows a request shows
+        only (:meth:`_shown`): they made most of the statement's time (1k rows of 1.7 kB
+        texts: 8.2 ms with them, 1.0 without).
         None where this table cannot (no revision trigger or shared states, a per-user table,
         a vector column that is not pgvector's ``vector``)."""
         if not self.can_score:
@@ -1080,9 +1090,19 @@ class PgRecords:
             f"CASE WHEN {quote_ident(schema)}.vector_dims({v}) = :dim THEN 1 - ({v} "
             f"OPERATOR({quote_ident(schema)}.<=>) CAST(:q AS {vector_type})) END"
         )
+        text, meta = quote_ident(t.text), quote_ident(t.metadata)
+        small = (
+            f"coalesce(octet_length({text}::text), 0) + coalesce(pg_column_size({meta}), 0) "
+            "<= :inline"
+        )
+        # a short row's text and metadata; a long row's place (ctid), to read them if shown
+        # (the size reckoned once per row: OFFSET 0 keeps the inner query whole)
         mine = (
-            f"SELECT {distinct}{k}::text AS k, {cosine} AS c, xmin::text AS x FROM "
-            f"{t.qualified} WHERE {t.scoped()} AND {self._mine()}{order}"
+            "SELECT k, c, x, CASE WHEN s THEN NULL ELSE ctid::text END AS i, CASE WHEN s THEN "
+            "t0::text END AS t, CASE WHEN s THEN m0::text END AS m FROM (SELECT "
+            f"{distinct}{k}::text AS k, {cosine} AS c, xmin::text AS x, ctid, {text} AS t0, "
+            f"{meta} AS m0, {small} AS s FROM {t.qualified} WHERE {t.scoped()} AND "
+            f"{self._mine()}{order} OFFSET 0) z"
         )
         # The rows in any order (put in key order below); none where no state is shared (the
         # caller reads the user's rows anyway).
@@ -1090,7 +1110,7 @@ class PgRecords:
             f"SELECT {token_columns(t)}, s.rev, s.state, a.* FROM (SELECT 1) one LEFT JOIN "
             f"{t.own('pbr_states')} s ON s.tbl = to_regclass(:tbl) AND s.reader = :reader "
             "AND s.owner = :user CROSS JOIN LATERAL (SELECT array_agg(k), array_agg(c), "
-            f"array_agg(x) FROM ({mine}) r "
+            f"array_agg(x), array_agg(i), array_agg(t), array_agg(m) FROM ({mine}) r "
             "WHERE s.state IS NOT NULL) a"
         )
         params = self._user_params(
@@ -1098,11 +1118,12 @@ class PgRecords:
             reader=self._reader(),
             q=QueryVector(query),
             dim=int(np.asarray(query).shape[0]),
+            inline=INLINE_BYTES,
         )
         rows = self._scored(statement, params)
         if len(rows) != 1:
             raise RuntimeError(f"a user's scored read returned {len(rows)} rows, not 1")
-        rev, armed, state_rev, state, got, cosines, stamps = rows[0]
+        rev, armed, state_rev, state, got, cosines, stamps, tids, texts, metas = rows[0]
         token = _token(rev, armed)
         got = got or []
         # In key order (code points, whatever the server's encoding; a NULL key last): the
@@ -1115,6 +1136,28 @@ class PgRecords:
             by_key = sorted(range(len(got)), key=got.__getitem__)
         keys = [got[i] for i in by_key]
         in_order = [(stamps or [])[i] for i in by_key]
+        at = [(tids or [])[i] for i in by_key]  # where each row version is (ctid)
+        loads = getattr(self.sql, "loads", json.loads)
+
+        def records(positions: Sequence[int]) -> list[Record | None]:
+            # a short row's text and metadata came with the scores (no place given); the
+            # others are read now
+            later = [p for p in positions if at[p] is not None]
+            read = (
+                dict(zip(later, self._shown(user_id, keys, in_order, at, later))) if later else {}
+            )
+            out: list[Record | None] = []
+            for p in positions:
+                if p in read:
+                    out.append(read[p])
+                    continue
+                row = by_key[p]
+                meta = loads(metas[row] or "null")
+                out.append(
+                    self._record(user_id, *_row(keys[p], texts[row], meta), None, stamps[row])
+                )
+            return out
+
         at_rows = token is not None and state is not None and state_rev == rev
         return ScoredRows(
             token=token,
@@ -1122,27 +1165,36 @@ class PgRecords:
             keys=keys,
             cosines=np.array(cosines or [], dtype=np.float64)[by_key],
             stamps=in_order,
-            records=lambda positions: self._shown(user_id, keys, in_order, positions),
+            records=records,
         )
 
     def _shown(
-        self, user_id: str, keys: Sequence[str], stamps: Sequence[str], positions: Sequence[int]
+        self,
+        user_id: str,
+        keys: Sequence[str],
+        stamps: Sequence[str],
+        tids: Sequence[str],
+        positions: Sequence[int],
     ) -> list[Record | None]:
         """The rows at ``positions`` of a scored read's ``keys`` as ``user_id``'s records, in
-        one statement: each the very row version the scored read saw (its ``xmin`` among
-        ``stamps``), else None (changed, deleted or not the user's since: the request then reads
-        the user's rows, as for any row the view cannot serve)."""
-        wanted = [keys[i] for i in positions if keys[i] is not None]
+        one statement: each the very row version the scored read saw (its key and ``xmin``
+        among ``stamps``), else None (changed, deleted or not the user's since: the request
+        then reads the user's rows, as for any row the view cannot serve).
+
+        Found where the scored read saw them (``tids``: each version's ``ctid``), in pages the
+        server has just read: by key, each row cost an index probe, often a page from disk
+        (0.7 ms for a request's rows, against 0.3 in a loop where they were cached)."""
+        wanted = [tids[i] for i in positions if keys[i] is not None and tids[i] is not None]
         found: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
         if wanted:
             t = self.table
             k = quote_ident(t.key)
             statement = (
                 f"SELECT {k}::text, {quote_ident(t.text)}::text, {quote_ident(t.metadata)}::text, "
-                f"xmin::text FROM {t.qualified} WHERE {t.scoped()} AND {self._mine()} AND "
-                f"{k} = ANY(:keys)"
+                f"xmin::text FROM {t.qualified} WHERE ctid = ANY(CAST(:tids AS tid[])) AND "
+                f"{t.scoped()} AND {self._mine()}"
             )
-            params = t.params(user=user_id, keys=list(dict.fromkeys(wanted)))
+            params = t.params(user=user_id, tids=list(dict.fromkeys(wanted)))
             for key, text, meta, stamp in self._read_all(statement, params):
                 found.setdefault((key, stamp), []).append((text, meta))
         loads = getattr(self.sql, "loads", json.loads)
@@ -1210,9 +1262,12 @@ class PgRecords:
         signature = ", ".join(types)
         digest = hashlib.sha256(f"{signature}\x00{body}".encode()).hexdigest()[:16]
         name = self.table.own(f"pbr_scored_{digest}")
-        columns = "o1 bigint, o2 text, o3 bigint, o4 bytea, o5 text[], o6 float8[], o7 text[]"
+        columns = (
+            "o1 bigint, o2 text, o3 bigint, o4 bytea, o5 text[], o6 float8[], o7 text[], "
+            "o8 text[], o9 text[], o10 text[]"
+        )
         # the table's columns win over anything the function names (its arguments are
-        # positional, its result columns named o1..o7)
+        # positional, its result columns named o1..o10)
         code = f"#variable_conflict use_column\nBEGIN RETURN QUERY {body}; END"
         create = (
             f"CREATE FUNCTION {name}({signature}) RETURNS TABLE({columns}) LANGUAGE plpgsql "

@@ -5,19 +5,20 @@ Why: a worker that has never read a user must otherwise read every row with its 
 items (docs/performance.md). Where the host store computes cosines (PostgreSQL with pgvector,
 :meth:`pbr_core.postgres.PgRecords.read_scored`) and another worker shared the user's derived
 state for exactly these rows (:mod:`pbr_core.derived`), one statement returns the state and
-every row's cosine with the query ``q``, key and version; the state holds each
+every row's cosine with the query ``q``, key and version (and the text and metadata of the
+short rows); the state holds each
 item's inner product with the anchor, the BM25 index and the anchor's most central items. For
 ``q* = α·q + β·anchor``, every item's cosine with ``q*`` is then ``α·cos + β·affinity``, and
 the hybrid ranking runs as on a history in memory (scores equal to float32 rounding).
 
 :class:`ScoredView` stands in for the user's :class:`~pbr_core.snapshot.UserHistory` for one
-request. It knows every item's id, host key and cosine with ``q``; an item's text and metadata
-are read from its row only for the items a request shows, each step's in one statement (the
-related items, then the results; the anchor's central items come with the state), and only
-from the very row version the cosines were computed on. It ranks only
-vectors in the span of ``q`` and the anchors it holds; any other raises :class:`NotServed`
-(as does a custom fusion rule, which may read what only a history in memory has), and the
-request is then run on the user's rows as usual.
+request. It knows every item's id, host key and cosine with ``q``; a long item's text and
+metadata are read from its row only for the items a request shows, each step's in one
+statement (the related items and likely results, then any other result; the anchor's central
+items come with the state), and only from the very row version the cosines were computed on.
+It ranks only vectors in the span of ``q`` and the anchors it holds; any other raises
+:class:`NotServed` (as does a custom fusion rule, which may read what only a history in memory
+has), and the request is then run on the user's rows as usual.
 """
 
 from __future__ import annotations

@@ -1489,12 +1489,39 @@ def test_a_row_that_is_not_the_item_the_state_says_is_not_shown_from_it(
     assert len(got.hits) == 5 and "someone-else" not in {h.id for h in got.hits}
 
 
+def _texts_read_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No row's text comes with the scored read (as for texts longer than
+    :data:`~pbr_core.postgres.INLINE_BYTES`): they are read for the rows shown."""
+    monkeypatch.setattr(postgres, "INLINE_BYTES", 0)
+
+
+def test_short_rows_come_with_the_scored_read_and_long_ones_are_read_for_the_rows_shown(
+    pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat-length row's text and metadata come with the scores (no second statement); a
+    row longer than INLINE_BYTES is read afterwards, only if shown."""
+    engine = pgvector_engine[0]
+    writer = _many_written(engine, hash_embedder)
+    long_note = "alice long tea note " + "about the green tea she brews " * 20
+    assert len(long_note) > postgres.INLINE_BYTES
+    _add(writer, "alice", {"long": long_note})
+    _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 5)  # shares
+    shown = _counting_shown(monkeypatch)
+    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 41)
+    assert views == ["alice"] and "MainThread" not in reads  # ranked in the database
+    texts = {h.id: h.text for h in got.hits}  # every item, each with its own text
+    assert texts == {**_MANY, "long": long_note}
+    assert len(shown) == 1 and len(shown[0][1]) == 1  # one read, of the long note only
+
+
 def test_a_cold_request_reads_the_text_of_only_the_rows_it_may_show(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The scored read brings no text or metadata: the request reads them afterwards, in one
     statement, for the rows it may show (its related items and the best of each leg); a
     result outside them would be read by one more (here none is)."""
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     shown = _counting_shown(monkeypatch)
@@ -1524,6 +1551,7 @@ def _read_first(engine: Any, embedder: Any, k: int) -> Any:
 def test_a_result_outside_the_likely_rows_is_read_by_the_results_step(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     expected = _read_first(engine, hash_embedder, 8)
@@ -1540,6 +1568,7 @@ def test_a_row_rewritten_before_the_results_step_is_not_shown_from_it(
 ) -> None:
     """A write committed after the related items were read and before the results' rows are:
     the results are not shown from rows of another version; the request reads the rows."""
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     monkeypatch.setattr(ScoredView, "likely_shown", _only_related)
@@ -1568,6 +1597,7 @@ def test_a_view_reads_the_host_only_in_the_steps_that_read_it(
 ) -> None:
     """An item the view's own steps did not read (here: none read ahead) is not read by the
     personalization step (on an async request's event loop): the request reads the rows."""
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     expected = _read_first(engine, hash_embedder, 5)
@@ -1584,9 +1614,9 @@ def _counting_shown(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[int
     calls: list[tuple[str, list[int]]] = []
     real = PgRecords._shown
 
-    def counted(self: PgRecords, user_id: str, keys: Any, stamps: Any, at: Any) -> Any:
-        calls.append((threading.current_thread().name, list(at)))
-        return real(self, user_id, keys, stamps, at)
+    def counted(self: PgRecords, user_id: str, *where: Any) -> Any:
+        calls.append((threading.current_thread().name, list(where[-1])))  # the positions
+        return real(self, user_id, *where)
 
     monkeypatch.setattr(PgRecords, "_shown", counted)
     return calls
@@ -1595,6 +1625,7 @@ def _counting_shown(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[int
 def test_an_async_cold_request_reads_the_shown_texts_off_the_event_loop(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     monkeypatch.setattr(ScoredView, "likely_shown", _only_related)  # the results' step reads
@@ -1613,6 +1644,7 @@ def test_a_row_rewritten_between_the_scored_read_and_its_text_is_not_shown_from_
     """A row whose version changed after the cosines were computed (a write committed between
     the two statements) is not shown with the new text under the old ranking: the request
     reads the user's rows and ranks them as they are now."""
+    _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     sql = engine_sql(engine)
