@@ -1183,7 +1183,8 @@ class PgRecords:
 
         Found where the scored read saw them (``tids``: each version's ``ctid``), in pages the
         server has just read: by key, each row cost an index probe, often a page from disk
-        (0.7 ms for a request's rows, against 0.3 in a loop where they were cached)."""
+        (0.7 ms for a request's rows, against 0.3 in a loop where they were cached). The places
+        are bound as ``text[]``: asyncpg binds a ``tid`` only from a tuple."""
         wanted = [tids[i] for i in positions if keys[i] is not None and tids[i] is not None]
         found: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
         if wanted:
@@ -1191,7 +1192,8 @@ class PgRecords:
             k = quote_ident(t.key)
             statement = (
                 f"SELECT {k}::text, {quote_ident(t.text)}::text, {quote_ident(t.metadata)}::text, "
-                f"xmin::text FROM {t.qualified} WHERE ctid = ANY(CAST(:tids AS tid[])) AND "
+                f"xmin::text FROM {t.qualified} WHERE ctid = ANY(CAST(CAST(:tids AS text[]) AS "
+                f"tid[])) AND "
                 f"{t.scoped()} AND {self._mine()}"
             )
             params = t.params(user=user_id, tids=list(dict.fromkeys(wanted)))

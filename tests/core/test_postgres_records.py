@@ -1254,16 +1254,10 @@ def test_an_owner_key_holding_a_colon_sets_up_and_reads_its_users_rows(
     assert host.change_token("alice") is not None
 
 
-@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
-def test_statements_without_parameters_run_in_the_calls_transaction_on_every_driver(
-    pgvector_engine: Any, driver: str
-) -> None:
-    """The setup's advisory lock and DDL are statements without parameters, sent to the driver
-    as they are: under asyncpg they ran before SQLAlchemy had opened the transaction, so the
-    lock was released at once and a failed setup's DDL stayed (before; psycopg was fine)."""
-    import asyncio
-    import threading
-
+@contextlib.contextmanager
+def _async_sql(pgvector_engine: Any, driver: str) -> Iterator[Any]:
+    """:func:`pbr_core.postgres.async_engine_sql` over an async engine of ``driver``, on an
+    event loop of its own (as LangChain's ``PGEngine`` runs one)."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     url = pgvector_engine[0].url.set(drivername=f"postgresql+{driver}")
@@ -1274,9 +1268,23 @@ def test_statements_without_parameters_run_in_the_calls_transaction_on_every_dri
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        sql = postgres.async_engine_sql(
+        yield postgres.async_engine_sql(
             engine, lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result()
         )
+    finally:
+        asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_statements_without_parameters_run_in_the_calls_transaction_on_every_driver(
+    pgvector_engine: Any, driver: str
+) -> None:
+    """The setup's advisory lock and DDL are statements without parameters, sent to the driver
+    as they are: under asyncpg they ran before SQLAlchemy had opened the transaction, so the
+    lock was released at once and a failed setup's DDL stayed (before; psycopg was fine)."""
+    with _async_sql(pgvector_engine, driver) as sql:
         held = sql(
             [
                 ("SELECT pg_advisory_xact_lock(42)", {}),
@@ -1297,10 +1305,33 @@ def test_statements_without_parameters_run_in_the_calls_transaction_on_every_dri
             )
         left = sql([("SELECT to_regclass(:t) IS NOT NULL", {"t": f"probe_{driver}"})])
         assert left[0][0] is False
-    finally:
-        asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+
+
+@pytest.mark.parametrize("driver", ["psycopg (sync)", "psycopg", "asyncpg"])
+def test_a_long_row_is_read_afterwards_only_as_the_very_version_ranked_on_every_driver(
+    pgvector_engine: Any, hash_embedder: Any, driver: str
+) -> None:
+    """What a view reads of a long row after ranking it (``PgRecords._shown``, found by its
+    place): the row only if its key and version are those ranked and it is the user's; over
+    every driver (asyncpg binds a place only from a tuple: the places go as text)."""
+    engine = pgvector_engine[0]
+    _many_written(engine, hash_embedder)
+    table = PgTable("public", "notes", "id", "doc", "meta", "emb")
+    key, tid, xmin = engine_sql(engine)(
+        [("SELECT id, ctid::text, xmin::text FROM notes WHERE meta->>'pbr_id' = 'm07'", {})]
+    )[0]
+    context = (
+        contextlib.nullcontext(engine_sql(engine))
+        if driver == "psycopg (sync)"
+        else _async_sql(pgvector_engine, driver)
+    )
+    with context as sql:
+        host = PgRecords(table, sql, "user_id", _writer(table, sql))
+        got = host._shown("alice", [key], [xmin], [tid], [0])
+        assert [(r.item_id, r.text) for r in got] == [("m07", _MANY["m07"])]  # type: ignore[union-attr]
+        assert host._shown("alice", [key], [str(int(xmin) + 1)], [tid], [0]) == [None]  # version
+        assert host._shown("alice", ["another key"], [xmin], [tid], [0]) == [None]  # not this row
+        assert host._shown("bob", [key], [xmin], [tid], [0]) == [None]  # not bob's
 
 
 # -- a cold user ranked in the database (pbr_core.view) ---------------------------------------
