@@ -26,11 +26,11 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-from lexical_bigrams import legs
 
 from pbr_bench.datasets import Query
 from pbr_bench.lead import run
 from pbr_bench.one_set import CUT
+from pbr_bench.word_pairs import legs
 from pbr_core.hybrid import LEXICAL_SCALE, fuse
 from pbr_core.snapshot import UserHistory, top_k
 
