@@ -207,10 +207,6 @@ class ScoredRows:
     stamps: list[str]
     records: Callable[[Sequence[int]], list[Record | None]]
 
-    def record(self, i: int) -> Record | None:
-        """The row at index ``i`` of ``keys`` (:attr:`records` of one)."""
-        return self.records([i])[0]
-
 
 @dataclass(frozen=True)
 class PgTable:
@@ -1137,7 +1133,6 @@ class PgRecords:
         keys = [got[i] for i in by_key]
         in_order = [(stamps or [])[i] for i in by_key]
         at = [(tids or [])[i] for i in by_key]  # where each row version is (ctid)
-        loads = getattr(self.sql, "loads", json.loads)
 
         def records(positions: Sequence[int]) -> list[Record | None]:
             # a short row's text and metadata came with the scores (no place given); the
@@ -1152,10 +1147,7 @@ class PgRecords:
                     out.append(read[p])
                     continue
                 row = by_key[p]
-                meta = loads(metas[row] or "null")
-                out.append(
-                    self._record(user_id, *_row(keys[p], texts[row], meta), None, stamps[row])
-                )
+                out.append(self._text_record(user_id, keys[p], texts[row], metas[row], stamps[row]))
             return out
 
         at_rows = token is not None and state is not None and state_rev == rev
@@ -1199,7 +1191,6 @@ class PgRecords:
             params = t.params(user=user_id, tids=list(dict.fromkeys(wanted)))
             for key, text, meta, stamp in self._read_all(statement, params):
                 found.setdefault((key, stamp), []).append((text, meta))
-        loads = getattr(self.sql, "loads", json.loads)
         out: list[Record | None] = []
         for i in positions:
             same = found.get((keys[i], stamps[i]), []) if keys[i] is not None else []
@@ -1207,9 +1198,16 @@ class PgRecords:
                 out.append(None)
                 continue
             text, meta = same[0]
-            meta = loads(meta) if isinstance(meta, str) else meta
-            out.append(self._record(user_id, *_row(keys[i], text, meta), None, stamps[i]))
+            out.append(self._text_record(user_id, keys[i], text, meta, stamps[i]))
         return out
+
+    def _text_record(
+        self, user_id: str, key: str, text: str | None, meta: str | None, stamp: str
+    ) -> Record | None:
+        """A row read without its vector, its metadata as JSON text (the engine's decoder,
+        ``create_engine(json_deserializer=...)``), as ``user_id``'s record (:meth:`_record`)."""
+        parsed = getattr(self.sql, "loads", json.loads)(meta or "null")
+        return self._record(user_id, *_row(key, text, parsed), None, stamp)
 
     def _scored(self, statement: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """The rows of :meth:`read_scored`'s ``statement``: through pbr's function of it where

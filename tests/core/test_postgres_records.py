@@ -1766,7 +1766,7 @@ def test_a_scored_read_gives_each_rows_cosine_text_and_version_in_code_point_key
         if key is None:
             continue
         text = f"alice note {keys.index(key)} about {'tea' if keys.index(key) % 2 else 'trains'}"
-        record = got.record(i)
+        (record,) = got.records([i])
         assert record is not None and record.text == text
         vector = np.asarray(_floats(hash_embedder, text), dtype=np.float64)
         assert got.cosines[i] == pytest.approx(vector @ q / np.linalg.norm(vector), abs=1e-6)
