@@ -1036,3 +1036,43 @@ def salience_rerank(results: Path) -> list[str]:
         + ".",
     ]
     return lines
+
+
+@table("hybrid-frontier")
+def hybrid_frontier(results: Path) -> list[str]:
+    """benchmarks/hybrid_frontier.py: every #42 no-LLM candidate against the goals."""
+    data = json.loads((results / "hybrid" / "frontier.json").read_text())
+    pe = "prefeval-explicit-n300 N@5"
+    line, shipped = data["targets' mean"], data["shipped"]
+    lines = [
+        "Tuning split; goals' mean: the mean of the four LoCoMo goal numbers (the targets':"
+        f" {dec(line)}; the shipped rule: {dec(shipped['goal mean'])}); PrefEval: N = 300,"
+        f" N@5 (dense: {dec(data['dense ' + pe])}, the shipped rule: {dec(shipped[pe])}):",
+        "",
+        "| script | candidates | admissible | best goals' mean, admissible | best goals' mean"
+        " (significant losses; PrefEval) | reach the targets' mean (admissible) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, v in [*data["per source"].items(), ("all", data["all"])]:
+        ok, best = v["best admissible"], v["best"]
+        reach, reach_ok = v["reach the targets' mean"], v["of them admissible"]
+        shown = "**all**" if name == "all" else f"`{name}.py`"
+        lines.append(
+            f"| {shown} | {v['candidates']} | {v['admissible']} | "
+            f"{dec(ok['goal mean']) if ok else '–'} | {dec(best['goal mean'])} ({best['losses']};"
+            f" {dec(best[pe])}) | {reach} ({reach_ok}) |"
+        )
+    lines += [
+        "",
+        "| goal (every question) | target | shipped (tuning split) | best admissible | best of"
+        " any (its significant losses) |",
+        "|---|---|---|---|---|",
+    ]
+    for key, g in data["per goal"].items():
+        losses = g["best candidate's losses"]
+        lines.append(
+            f"| {key} | {g['target']:.2f} | {dec(g['shipped'])} | {dec(g['best admissible'])}"
+            f" ({g['best admissible candidate']}) | {dec(g['best'])} ({g['best candidate']};"
+            f" {losses}) |"
+        )
+    return lines
