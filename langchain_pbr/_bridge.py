@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ from pbr_core import HistoryItem, PromptSet
 from pbr_core.adapters_support import declared_model_id, model_id, result_metadata
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import held_item_id, stored_timestamp
-from pbr_core.items import check_ids
+from pbr_core.items import check_batch, id_or_new
 from pbr_core.prf import prompts_for_style, resolve_prompt_style
 from pbr_core.retrieval import Retrieval
 
@@ -297,18 +296,18 @@ def items_of(
     held: bool = False,
 ) -> list[HistoryItem]:
     """The documents as items of ``user_id``: their ids are ``ids``, else their own
-    ``Document.id`` (else a new one); ``held``, documents the store holds already, read back
-    from it: one pbr wrote is its user's item of the id its metadata names
-    (:func:`pbr_core.corpus.held_item_id`), not of its key."""
+    ``Document.id`` (a new one where neither gives one: :func:`~pbr_core.items.id_or_new`);
+    ``held``, documents the store holds already, read back from it: one pbr wrote is its user's
+    item of the id its metadata names (:func:`pbr_core.corpus.held_item_id`), not of its key."""
     documents = list(documents)
-    ids = None if ids is None else check_ids(ids)
+    ids = None if ids is None else check_batch(ids, "ids")
     if ids is not None and len(ids) != len(documents):
         raise ValueError(f"{len(ids)} ids for {len(documents)} documents")
     items = []
     for i, doc in enumerate(documents):
         items.append(
             HistoryItem(
-                id=str(ids[i]) if ids is not None else (_own_id(doc, held) or uuid.uuid4().hex),
+                id=id_or_new(ids[i] if ids is not None else _own_id(doc, held)),
                 text=doc.page_content,
                 metadata={**doc.metadata, user_key: doc.metadata.get(user_key, user_id)},
                 timestamp=stored_timestamp(doc.metadata),

@@ -491,7 +491,8 @@ class PBRRetriever(BaseRetriever):
         Args:
             documents: the user's items; ``metadata["timestamp"]`` (POSIX seconds) orders them.
             user_id: whose corpus they join.
-            ids: one per document; default ``Document.id``, else a new uuid4 hex. Ids are the
+            ids: one per document; default ``Document.id``, else a new uuid4 hex (an empty or
+                None id is none, as in LangChain's stores). Ids are the
                 user's own: another user's item with the same id is another item. An id the
                 user already has replaces that item.
             add_to_vectorstore: False only for a store that cannot list its records (see
@@ -647,8 +648,10 @@ class PBRRetriever(BaseRetriever):
 
 def _new_ids(documents: Sequence[Document], ids: Sequence[str] | None = None) -> int:
     """How many documents this call gives a new id (no ``ids``, no ``Document.id`` of their own,
-    an empty one included): a retry would add those again (the failed add's message says so)."""
-    return 0 if ids is not None else sum(not doc.id for doc in documents)
+    an empty one included; an empty or None entry of ``ids`` too): a retry would add those
+    again (the failed add's message says so)."""
+    given = list(ids) if ids is not None else [doc.id for doc in documents]
+    return sum(g is None or g == "" for g in given)
 
 
 def _held_keys(

@@ -75,6 +75,7 @@ from .items import (
     check_one_history,
     check_serialisable,
     copy_metadata,
+    id_or_new,
 )
 from .lexical import DEFAULT_STEMMER, StemmerName
 from .protocols import Embedder, SearchHit, model_id_of
@@ -712,7 +713,8 @@ class Corpus:
         metadatas: Sequence[Mapping[str, Any]] | None = None,
         timestamps: Sequence[float | None] | None = None,
     ) -> list[str]:
-        """Embed and store texts for a user; returns their ids (new uuid4 hex when not given)."""
+        """Embed and store texts for a user; returns their ids (a new uuid4 hex where none is
+        given, an empty or None entry of ``ids`` included)."""
         return self.add(user_id, items_of_texts(texts, ids, metadatas, timestamps))
 
     async def aadd_texts(
@@ -1133,6 +1135,12 @@ class Corpus:
         check_serialisable(user_id, items)
         check_one_history(items)
         for item in items:
+            if item.id == "":
+                raise ValueError(
+                    f"an item of user {user_id!r} has an empty id: give it one (a LlamaIndex "
+                    "node its id_), or leave the id out where pbr makes one (add_texts' ids, a "
+                    "LangChain Document's id)"
+                )
             owner = item.metadata.get(self.user_key)
             if owner is not None and owner != user_id:
                 raise ValueError(
@@ -1903,16 +1911,17 @@ def items_of_texts(
     metadatas: Sequence[Mapping[str, Any]] | None,
     timestamps: Sequence[float | None] | None,
 ) -> list[HistoryItem]:
-    """Texts and their optional parallel lists as items (a new uuid4 hex id where none given)."""
+    """Texts and their optional parallel lists as items (a new id where none is given, None
+    and ``""`` included: :func:`~pbr_core.items.id_or_new`)."""
     texts = check_batch(texts, "texts")  # elements as given: a non-str text is refused later
-    ids = None if ids is None else check_ids(ids)
+    ids = None if ids is None else check_batch(ids, "ids")
     n = len(texts)
     for name, seq in (("ids", ids), ("metadatas", metadatas), ("timestamps", timestamps)):
         if seq is not None and len(seq) != n:
             raise ValueError(f"{name} has {len(seq)} entries for {n} texts")
     return [
         HistoryItem(
-            id=str(ids[i]) if ids is not None else uuid.uuid4().hex,
+            id=id_or_new(ids[i] if ids is not None else None),
             text=texts[i],
             metadata=dict(metadatas[i]) if metadatas is not None else {},
             timestamp=timestamps[i] if timestamps is not None else None,

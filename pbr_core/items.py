@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "check_serialisable",
     "checked_windows",
     "copy_metadata",
+    "id_or_new",
 ]
 
 
@@ -52,6 +54,16 @@ def check_batch(values: Iterable[Any], what: str) -> list[Any]:
             f"{what} must be a list of strings, got the single string {values!r}; pass [{values!r}]"
         )
     return list(values)
+
+
+def id_or_new(given: object) -> str:
+    """The id of an item being written: ``given`` as a string, or a new one (a uuid4 hex) where
+    none was given. None and ``""`` are no id, as LangChain's stores read an empty
+    ``Document.id`` or ``ids`` entry: no item is stored under an empty id, or under the string
+    ``"None"``."""
+    if given is None or given == "":
+        return uuid.uuid4().hex
+    return str(given)
 
 
 def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:

@@ -26,6 +26,7 @@ BAD = {
     "a plain string": ["tea"],
     "an id twice": [HistoryItem(id="ok", text="again")],  # the good item's id
     "a blank text": [HistoryItem(id="a", text="  ")],
+    "an empty id": [HistoryItem(id="", text="tea")],
 }
 SAYS = {
     "a None text": "has a NoneType text",
@@ -35,6 +36,7 @@ SAYS = {
     "a plain string": "is a str, not a HistoryItem",
     "an id twice": r"duplicate item ids in one batch: \['ok'\]",
     "a blank text": "item 'a' has empty text",
+    "an empty id": "an item of user 'ann' has an empty id: give it one",
 }
 
 
@@ -87,3 +89,20 @@ def test_a_group_given_as_a_generator_is_written_whole(way: str) -> None:
     assert added == {"ann": ["a0", "a1", "a2"]}
     history = corpus.history("ann")
     assert history is not None and [it.id for it in history.items] == ["a0", "a1", "a2"]
+
+
+@pytest.mark.parametrize("way", ["sync", "async"])
+def test_an_empty_or_none_id_in_add_texts_is_no_id_and_gets_a_new_one(way: str) -> None:
+    """As LangChain's stores read an empty id: no item is stored under "" or the string "None"
+    (``str(None)``, which the ids once became)."""
+    corpus = Corpus(None, embedder=BagOfWords(), cache=HistoryStore())
+    texts, ids = ["green tea", "black tea", "oolong"], ["", None, "own"]
+    if way == "sync":
+        added = corpus.add_texts("ann", texts, ids=ids)  # type: ignore[arg-type]
+    else:
+        added = asyncio.run(corpus.aadd_texts("ann", texts, ids=ids))  # type: ignore[arg-type]
+    assert added[2] == "own"
+    assert all(len(new) == 32 and new not in ("", "None") for new in added[:2])
+    assert len(set(added)) == 3
+    history = corpus.history("ann")
+    assert history is not None and [it.id for it in history.items] == added

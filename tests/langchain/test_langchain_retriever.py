@@ -778,6 +778,23 @@ def test_results_without_a_document_id_are_found_by_the_users_id() -> None:
     assert asyncio.run(retriever.ainvoke(ALICE[0], user_id="alice"))[0].id == "a0"
 
 
+@pytest.mark.parametrize("store", ["pbr", "in-memory"])
+def test_an_empty_or_none_id_is_no_id_and_gets_a_new_one_as_in_langchains_stores(
+    store: str,
+) -> None:
+    """``InMemoryVectorStore`` reads an empty id as none; pbr stored the item under "" (and
+    ``None`` as the string "None"), where ``Document(id="")`` already got a new one."""
+    host = InMemoryVectorStore(EMB) if store == "in-memory" else None
+    retriever = PBRRetriever(llm=ParrotFakeChatModel(), embeddings=EMB, vectorstore=host, k=4)
+    docs = [Document(ALICE[0]), Document(ALICE[1]), Document(ALICE[2], id="")]
+    added = retriever.add_documents(docs, user_id="alice", ids=["", None, "a2"])  # type: ignore[list-item]
+    assert added[2] == "a2" and len(set(added)) == 3
+    assert all(new not in ("", "None") for new in added)
+    found = retriever.invoke(ALICE[0], config={"metadata": {"user_id": "alice"}})
+    assert {doc.id for doc in found} == set(added)
+    assert retriever.add_documents([Document(ALICE[0], id="")], user_id="alice")[0] != ""
+
+
 def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id() -> None:
     from pbr_core import VectorStoreUnavailableError
 
@@ -794,6 +811,13 @@ def test_a_failed_add_says_a_retry_is_exact_only_when_every_document_has_an_id()
     # an empty Document.id is no id either: the document gets a new one on every try
     with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id"):
         retriever.add_documents([Document(ALICE[0], id="")], user_id="alice")
+    # nor is an empty or None entry of ids
+    with pytest.raises(VectorStoreUnavailableError, match="2 of the items had no id"):
+        retriever.add_documents(
+            [Document(ALICE[0]), Document(ALICE[1]), Document(ALICE[2])],
+            user_id="alice",
+            ids=["", None, "a2"],  # type: ignore[list-item]
+        )
     with pytest.raises(VectorStoreUnavailableError, match="1 of the items had no id"):
         PBRRetriever.from_documents(
             [Document(ALICE[0], id="")],

@@ -573,6 +573,15 @@ def test_a_view_refuses_another_users_nodes(base: PBRRetriever) -> None:
         base.add_nodes([TextNode(text="Whose?")])
 
 
+def test_a_node_with_an_empty_id_is_refused_before_anything_is_written(base: PBRRetriever) -> None:
+    """A node's id is what the caller retrieves and deletes it by: pbr makes none up for it."""
+    u2 = base.for_user("u2", similarity_top_k=10)
+    before = {n.node.node_id for n in u2.retrieve(QUERY)}
+    with pytest.raises(ValueError, match="of user 'u2' has an empty id"):
+        u2.add_nodes([TextNode(text="Oat milk in my coffee", id_="")])
+    assert {n.node.node_id for n in u2.retrieve(QUERY)} == before
+
+
 async def test_aadd_nodes(base: PBRRetriever) -> None:
     u2 = base.for_user("u2", similarity_top_k=10)
     await u2.aadd_nodes([TextNode(text="Croissant before my run", id_="u2-new")])
