@@ -103,7 +103,11 @@ def persist(
 
     # A new snapshot folder made current in one atomic step: a crash leaves the old state.
     write_atomically(
-        root, write, legacy_names=(_MANIFEST, "history", "index", "indexes"), legacy_format=_FORMAT
+        root,
+        write,
+        legacy_names=(_MANIFEST, "history", "index", "indexes"),
+        legacy_format=_FORMAT,
+        manifest=_MANIFEST,
     )
     for commit in commits:
         commit()

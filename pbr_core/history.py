@@ -511,13 +511,27 @@ class HistoryStore:
             (folder / MANIFEST_NAME).write_text(text, encoding="utf-8")
 
         snapshot = write_atomically(
-            target, write, legacy_names=(MANIFEST_NAME, USERS_DIR), legacy_format=FORMAT_NAME
+            target,
+            write,
+            legacy_names=(MANIFEST_NAME, USERS_DIR),
+            legacy_format=FORMAT_NAME,
+            manifest=MANIFEST_NAME,
         )
+
+        def here(saved: Saved) -> bool:
+            """Whether ``saved`` lies in the folder just saved to (a snapshot of it, or the
+            folder itself in the older layout, which the save converts): only that folder's
+            saves remove it. A save elsewhere (an export, a backup the app may delete) moves no
+            read there."""
+            folder = snapshot.parent.resolve()
+            return folder in (saved.folder.resolve(), saved.folder.resolve().parent)
 
         def commit() -> Path:
             with self._lock:
                 # The copies are in the new snapshot: read them from there from now on.
                 for user_id, saved, entry in copied:
+                    if not here(saved):
+                        continue
                     copy = Saved(snapshot, entry)
                     if self._users.get(user_id) is saved:
                         self._users[user_id] = copy
@@ -527,6 +541,9 @@ class HistoryStore:
                         self._origin[user_id] = (copy, origin[1])
                 if self.lazy:  # users unchanged since this save may go back to it
                     for user_id, snap, entry in written:
+                        origin = self._origin.get(user_id)
+                        if origin is not None and not here(origin[0]):
+                            continue  # it goes back to the folder it came from
                         if self._users.get(user_id) is snap:
                             self._origin[user_id] = (Saved(snapshot, entry), snap)
                             if user_id in self._held:
@@ -553,8 +570,10 @@ class HistoryStore:
         size and sha256 of every file and a checksum of itself, so that a load finds any damage
         (:mod:`pbr_core.history_format`). Users of a lazily loaded folder that were never read
         are copied file by file, with the checksums recorded when they were saved (their files
-        are not read), and are read from the new snapshot afterwards (the one they were loaded
-        from may be pruned by a later save).
+        are not read), and are read from the new snapshot afterwards where ``path`` is the
+        folder they were loaded from (a later save there may prune the old snapshot); a save to
+        another folder (an export, a backup) leaves them reading, and evicted back to, the
+        folder they came from. A user with no saved files yet goes back to this save's files.
 
         Returns:
             ``path`` as a :class:`~pathlib.Path`: what :meth:`load` takes.

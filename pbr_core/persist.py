@@ -175,6 +175,7 @@ def write_atomically(
     *,
     legacy_names: Sequence[str] = (),
     legacy_format: str | None = None,
+    manifest: str | None = None,
 ) -> Path:
     """Write a new state into the save folder ``path`` and make it current atomically.
 
@@ -209,12 +210,17 @@ def write_atomically(
             caller's own files under the same names, and are left alone.
         legacy_format: the older layout's manifest ``"format"``; required with
             ``legacy_names``.
+        manifest: the file every save of this kind puts at the top of its snapshot. Where the
+            snapshot ``CURRENT`` names lacks it but holds another top-level ``.json`` file, the
+            folder holds another kind of save (a retriever's, a history store's), which this
+            write would replace and its pruning then remove: refused.
 
     Returns:
         The new snapshot folder (now named by ``CURRENT``).
 
     Raises:
-        PersistenceError: ``path`` exists and is not a folder, or cannot be written to.
+        PersistenceError: ``path`` exists and is not a folder, cannot be written to, or holds
+            another kind of save (``manifest``).
         Whatever ``write`` raised, unchanged.
     """
     for legacy_name in legacy_names:
@@ -243,6 +249,8 @@ def write_atomically(
     pointer = folder / POINTER_NAME
     with _writer_lock(folder):
         previous, pointer_ok = _previous_snapshot(folder)
+        if manifest is not None and previous is not None:
+            _check_same_kind(folder, folder / previous, manifest)
         legacy = (
             [folder / legacy_name for legacy_name in legacy_names]
             if legacy_names and _holds_format(folder / legacy_names[0], legacy_format)
@@ -344,6 +352,21 @@ def _previous_snapshot(folder: Path) -> tuple[str | None, bool]:
     if name is None or not (folder / name).is_dir():
         return None, False
     return name, True
+
+
+def _check_same_kind(folder: Path, snapshot: Path, manifest: str) -> None:
+    """PersistenceError where ``snapshot`` (the current one) is a save of another kind: it
+    lacks ``manifest`` and holds another manifest (a top-level ``.json`` file). A snapshot with
+    neither is damaged, and a new save may replace it."""
+    if (snapshot / manifest).exists():
+        return
+    others = sorted(p.name for p in snapshot.glob("*.json") if p.is_file())
+    if others:
+        raise PersistenceError(
+            f"cannot save to {folder}: it holds another kind of save ({snapshot.name} has "
+            f"{others[0]}, not {manifest}), which this save would replace and then remove; "
+            "save to another folder, or delete that save first"
+        )
 
 
 def _is_legacy(folder: Path, marker: str | None) -> bool:

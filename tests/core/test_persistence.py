@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -373,6 +374,14 @@ def test_a_legacy_layout_folder_still_loads_and_is_converted_by_a_save(tmp_path,
 
 
 # -- input that could not be saved is refused when it is added -------------------------------
+def _nested(levels: int) -> list[Any]:
+    """``levels`` lists, one inside the other."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("user", "item", "error"),
     [
@@ -405,6 +414,9 @@ def test_a_legacy_layout_folder_still_loads_and_is_converted_by_a_save(tmp_path,
         # keys JSON would turn into strings, merging {1: .., "1": ..} into one (a value lost)
         ("alice", HistoryItem(id="x", text="t", metadata={1: "a", "1": "b"}), "int key 1"),  # type: ignore[dict-item]
         ("alice", HistoryItem(id="x", text="t", metadata={"n": [{None: 0}]}), "NoneType key"),
+        # nested so deep that whether a save or a load of it succeeded depended on the stack
+        ("alice", HistoryItem(id="x", text="t", metadata={"d": _nested(100)}), "deeper than 100"),
+        ("alice", HistoryItem(id="x", text="t", metadata={"d": _nested(986)}), "deeper than 100"),
     ],
 )
 def test_unsaveable_input_is_rejected_at_upsert_and_the_store_is_unchanged(
@@ -488,6 +500,25 @@ def test_a_lazy_store_survives_two_consecutive_saves_to_the_same_path(tmp_path) 
         lazy.get("alice").anchor(CFG).vector, original.get("alice").anchor(CFG).vector
     )
     assert contents(HistoryStore.load(folder)) == contents(lazy)
+
+
+def test_a_lazy_store_saved_elsewhere_keeps_reading_its_own_folder(tmp_path) -> None:
+    """A save to another folder (an export the app then deletes) moved the reads of the users
+    never read, and the evictions of those unchanged, to that folder: with it gone they could
+    not be read and every later save failed, though their own folder held them intact."""
+    import shutil
+
+    main, backup = tmp_path / "main", tmp_path / "backup"
+    original = make_store({"alice": 3, "bob": 2})
+    original.save(main)
+    lazy = HistoryStore.load(main, lazy=True, max_cache_bytes=0)  # every user goes back
+    lazy.get("alice")  # read and unchanged: evicted back to its files; bob never read
+    lazy.save(backup)
+    shutil.rmtree(backup)
+    assert contents(lazy) == contents(original)
+    add(lazy, "carol", items("carol", 1))
+    lazy.save(main)
+    assert contents(HistoryStore.load(main)) == contents(lazy)
 
 
 def test_a_lazy_user_whose_snapshot_was_pruned_by_another_store_says_to_load_again(

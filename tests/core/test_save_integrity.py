@@ -335,3 +335,30 @@ def test_a_current_that_is_a_folder_is_a_persistence_error_saying_so(tmp_path) -
         HistoryStore.load(folder)
     with pytest.raises(PersistenceError, match="cannot be replaced"):
         make_store().save(folder)
+
+
+def test_a_save_over_another_kind_of_save_is_refused_and_leaves_it(tmp_path) -> None:
+    """A folder whose current snapshot holds another kind of save (a LlamaIndex retriever's
+    ``pbr_retriever.json``, say): a history save took it over silently, and its next save
+    pruned the other save away."""
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    other = current_snapshot(folder)
+    (other / "manifest.json").rename(other / "pbr_retriever.json")  # stands for that kind
+    with pytest.raises(PersistenceError, match=r"another kind of save .*pbr_retriever\.json"):
+        make_store().save(folder)
+    assert current_snapshot(folder) == other and (other / "pbr_retriever.json").is_file()
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("snapshot-")) == [
+        other.name
+    ]
+
+
+def test_a_current_snapshot_without_any_manifest_is_replaced_by_the_next_save(tmp_path) -> None:
+    """A snapshot that lost its manifest is damage, not another kind of save: a save heals it."""
+    folder = tmp_path / "h"
+    make_store().save(folder)
+    (current_snapshot(folder) / "manifest.json").unlink()
+    with pytest.raises(PersistenceError):
+        HistoryStore.load(folder)
+    make_store().save(folder)
+    assert sorted(HistoryStore.load(folder).users()) == ["alice", "bob"]

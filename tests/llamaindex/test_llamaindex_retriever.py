@@ -867,6 +867,27 @@ def test_persist_and_load_round_trip(
     assert {_owner(n) for n in loaded.for_user("u2").retrieve(QUERY)} == {"u2"}
 
 
+def test_a_retriever_save_and_a_history_save_never_share_a_folder(
+    base: PBRRetriever, embed_model: HashEmbedding, tmp_path: Path
+) -> None:
+    """``PBRMemoryBlock.persist`` (a history save) into a retriever's folder took it over without
+    a word, and its next save pruned the retriever's save away; the other way round too."""
+    from pbr_core import HistoryStore, PersistenceError
+
+    u1 = base.for_user("u1")
+    u1.persist(tmp_path / "store")
+    with pytest.raises(PersistenceError, match="another kind of save"):
+        HistoryStore().save(tmp_path / "store")
+    loaded = PBRRetriever.from_persist_dir(
+        tmp_path / "store", llm=MockLLM(), embed_model=embed_model
+    )
+    assert loaded.user_id == "u1"
+    HistoryStore().save(tmp_path / "memory")
+    with pytest.raises(PersistenceError, match="another kind of save"):
+        u1.persist(tmp_path / "memory")
+    assert HistoryStore.load(tmp_path / "memory").users() == []
+
+
 def test_a_load_that_two_saves_overtake_reads_the_new_save(
     base: PBRRetriever, embed_model: HashEmbedding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
