@@ -91,7 +91,8 @@ def tag_nodes(
     for node in nodes:
         if not isinstance(node, BaseNode):
             raise TypeError(f"tag_nodes takes LlamaIndex nodes, got {type(node).__name__}")
-        owner = node.metadata.get(user_id_key, user)
+        # a None under the key names no user, as a missing key (the one owner rule)
+        owner = owner_of(node.metadata, user, user_id_key, f"node {node.node_id!r}", "")
         if owner != user:
             raise ValueError(
                 f"node {node.node_id!r} is tagged {user_id_key}={owner!r}, not {user!r}: "

@@ -453,9 +453,10 @@ class PBRRetriever(BaseRetriever):
     ) -> PBRRetriever:
         """A view of this retriever for ``user_id``: cheap, and sharing every cache.
 
-        Unset arguments keep this view's values, except that a view for *another* user starts
-        without this view's filters (they were chosen for this view's user); ``filters=None``
-        removes them.
+        Unset arguments keep this view's values, except that a view of one user made for
+        *another* user starts without that view's filters (they were chosen for its user);
+        a retriever without a user passes its filters to every user's view, as a LangChain
+        ``search_kwargs`` filter applies to every user. ``filters=None`` removes them.
         """
         view = copy.copy(self)
         view._user_id = check_user_id(user_id)
@@ -463,7 +464,7 @@ class PBRRetriever(BaseRetriever):
             view._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         if not isinstance(filters, _Keep):
             view._filters = filters
-        elif user_id != self._user_id:
+        elif self._user_id is not None and user_id != self._user_id:
             view._filters = None
         if config is not None:
             view._config = as_config(config)  # a dict of its fields too, checked

@@ -317,6 +317,17 @@ def test_tag_nodes_refuses_a_node_of_another_user_and_leaves_yours_alone() -> No
         tag_nodes([mine], "")
 
 
+def test_tag_nodes_reads_a_none_user_as_no_user_as_from_defaults_does() -> None:
+    """The one owner rule (``from_defaults(nodes=...)``, ``from_documents``): a None under the
+    key names no user. tag_nodes refused the node as "tagged user_id=None"."""
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_pbr import tag_nodes
+
+    (copy,) = tag_nodes([TextNode(text="x", metadata={"user_id": None})], "ann")
+    assert copy.metadata == {"user_id": "ann"}
+
+
 def test_retriever_kwargs_doc_ids_is_refused_at_construction_not_ignored() -> None:
     """#39 point 10: ``doc_ids`` reached SimpleVectorStore, which ignores it, so every document
     came back; it is refused up front with what to do instead."""

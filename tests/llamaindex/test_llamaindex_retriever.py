@@ -565,6 +565,35 @@ def test_from_defaults_user_id_tags_the_nodes_that_name_no_user(embed_model: Has
     assert [n.node.get_content() for n in r.for_user("bob").retrieve("q")] == ["bob plays jazz"]
 
 
+async def test_filters_given_without_a_user_apply_to_every_users_requests(
+    embed_model: HashEmbedding, tmp_path: Path
+) -> None:
+    """A retriever without a user is queried through ``for_user`` or ``retrieve(user_id=...)``,
+    and both dropped its filters as another user's: they never applied (saved and loaded
+    too), where a LangChain ``search_kwargs`` filter applies to every user."""
+    nodes = [
+        TextNode(text="tea in the morning", id_="n1", metadata={"user_id": "a", "topic": "food"}),
+        TextNode(text="tea and a run", id_="n2", metadata={"user_id": "a", "topic": "sport"}),
+        TextNode(text="tea with cake", id_="n3", metadata={"user_id": "b", "topic": "food"}),
+    ]
+    food = MetadataFilters(filters=[MetadataFilter(key="topic", value="food")])
+    shared = PBRRetriever.from_defaults(
+        nodes=nodes, llm=MockLLM(), embed_model=embed_model, filters=food, similarity_top_k=10
+    )
+    shared.persist(tmp_path / "p")
+    loaded = PBRRetriever.from_persist_dir(tmp_path / "p", llm=MockLLM(), embed_model=embed_model)
+    for r in (shared, loaded):
+        assert [n.node.node_id for n in r.retrieve("tea", user_id="a")] == ["n1"]
+        assert [n.node.node_id for n in await r.aretrieve("tea", user_id="a")] == ["n1"]
+        assert [n.node.node_id for n in r.for_user("b").retrieve("tea")] == ["n3"]
+    # a view of one user still starts another user's view without its filters
+    alice_sport = shared.for_user(
+        "a", filters=MetadataFilters(filters=[MetadataFilter(key="topic", value="sport")])
+    )
+    assert [n.node.node_id for n in alice_sport.retrieve("tea")] == ["n2"]
+    assert alice_sport.for_user("b").filters is None
+
+
 def test_a_view_refuses_another_users_nodes(base: PBRRetriever) -> None:
     stray = TextNode(text="Not mine", metadata={"user_id": "u2"})
     with pytest.raises(ValueError, match="belongs to user 'u2'"):
