@@ -503,6 +503,17 @@ class _Known:
     stamps: dict[str, str] = field(default_factory=dict)
 
 
+def _items_by_key(history: UserHistory, known: _Known | None) -> dict[str, str]:
+    """Host key -> the user's item id, for the items whose key is not pbr's scoped one: keys
+    recorded with the history (an item recorded under its own id, held under the store's key)
+    and keys listed or written by this process. A host hit without pbr's id metadata is that
+    item; a key in neither is the item of that id (a record written without pbr)."""
+    out = {key: item_id for item_id, key in history.host_keys.items()}
+    if known is not None:
+        out.update((key, item_id) for item_id, key in known.key_of.items())
+    return out
+
+
 class Corpus:
     """Every user's corpus: the one write path, and the verified read path.
 
@@ -947,12 +958,19 @@ class Corpus:
         known = self._known.get(user_id)
         raw: dict[int, tuple[str, float | None]] = {}
         if found is not None:
+            by_key: dict[str, str] | None = None
             for key, metadata, score in found:
                 if metadata.get(self.user_key) not in (None, user_id):
                     continue
                 if key is None and ITEM_ID_KEY not in metadata:
                     continue  # neither the store's key nor the user's id: not an item pbr knows
-                item_id = str(metadata.get(ITEM_ID_KEY, key))
+                if ITEM_ID_KEY in metadata:
+                    item_id = str(metadata[ITEM_ID_KEY])
+                else:  # a record pbr did not write: its item id is its key, unless recorded
+                    # under another id (add_documents(ids=..., add_to_vectorstore=False))
+                    if by_key is None:
+                        by_key = _items_by_key(history, known)
+                    item_id = by_key.get(str(key), str(key))
                 pos = history.position(item_id)
                 if pos is None or pos in raw:
                     continue

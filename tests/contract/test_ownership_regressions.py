@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -537,6 +538,33 @@ def test_documents_pbr_wrote_recorded_again_without_writing_are_found_and_delete
         second = _recorded_again(store, docs, "n1")
         assert _texts(second, "tea") == ["alice likes green tea"]
     second.delete(["n1"], user_id="alice")
+    assert list(store.inner.store) == []
+
+
+def test_a_document_recorded_under_an_id_of_its_own_is_found_by_its_store_key() -> None:
+    """A document the store holds under its own key, recorded as the user's item of another id
+    (``ids=``): the store's hit has no pbr id, and was looked up by its key, so the item was
+    shown to the LLM as history and deletable but never returned; after a save and load too."""
+    store = OpaqueStore(EMB)
+    doc = Document("alice likes green tea", id="K1", metadata={"user_id": "alice"})
+    store.inner.add_documents([doc])
+    first = _filtered_retriever(store)
+    assert first.add_documents([doc], user_id="alice", ids=["mine"], add_to_vectorstore=False) == [
+        "mine"
+    ]
+    assert [d.id for d in first.invoke("tea", user_id="alice")] == ["mine"]
+    with tempfile.TemporaryDirectory() as folder:
+        first.save(folder)
+        loaded = langchain_pbr.PBRRetriever.load(
+            folder,
+            llm=prompt_log(),
+            embeddings=EMB,
+            vectorstore=store,
+            k=10,
+            filter_builder=first.filter_builder,
+        )
+        assert [d.id for d in loaded.invoke("tea", user_id="alice")] == ["mine"]
+    loaded.delete(["mine"], user_id="alice")
     assert list(store.inner.store) == []
 
 
