@@ -153,7 +153,12 @@ class LLMExecutor:
             with self._count_lock:
                 self._count += 1
                 name = f"pbr-llm-{self._count}"
-            threading.Thread(target=run, name=name, daemon=True).start()
+            try:
+                threading.Thread(target=run, name=name, daemon=True).start()
+            except BaseException as exc:  # e.g. "can't start new thread": the caller hears it,
+                # and the slot is free again (a done-callback's error is only logged)
+                result.set_exception(exc)
+                self._slots.release()
 
         slot.add_done_callback(start)
         return _Call(slot, result)
@@ -196,6 +201,7 @@ class LLMExecutor:
         try:
             done, _ = await asyncio.wait({waiting}, timeout=timeout)
         except asyncio.CancelledError:
+            waiting.cancel()  # else its later exception is logged as never retrieved
             call.abandon()
             raise
         if not done:

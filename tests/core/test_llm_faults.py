@@ -607,6 +607,58 @@ def test_every_slot_comes_back_after_calls_that_time_out_race_and_finish() -> No
     assert executor.call(work, 7, timeout=5) == 7
 
 
+def test_a_worker_thread_that_cannot_start_fails_its_call_and_frees_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ "can't start new thread" (a process at its thread limit): the error was only logged by
+    the slot's callback, the call never completed and the slot was lost for good, so an
+    in-process model's request (no timeout) waited forever."""
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.startswith("pbr-llm") and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    executor = LLMExecutor(1)
+    start_time = time.monotonic()
+    (failed,) = executor.call_all([(lambda: "ok", ())], timeout=5)  # None waited forever
+    assert isinstance(failed, RuntimeError) and refused
+    assert time.monotonic() - start_time < 4
+    assert executor.in_flight == 0
+    assert executor.call(lambda: "ok", timeout=5) == "ok"
+
+
+async def test_a_cancelled_request_whose_sync_llm_fails_later_logs_nothing(
+    gate: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The call's future was left uncancelled: its later exception was logged by asyncio as
+    "Future exception was never retrieved", once per abandoned call."""
+    import gc
+
+    class FailsLate(ScriptedGenerator):
+        def generate(self, prompt: str) -> str:
+            gate.wait(5)
+            raise RuntimeError("the API went away")
+
+    p = make(FailsLate(UTTER, REASON), config=FAST.with_(llm_timeout_s=None))
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(p.asearch(USER, "dinner?"), timeout=0.2)
+        gate.set()
+        for _ in range(100):
+            if p.llm_executor.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.05)  # the loop runs the futures' done-callbacks
+        gc.collect()  # a never-retrieved exception is logged when its future is collected
+    assert p.llm_executor.in_flight == 0
+    assert "never retrieved" not in caplog.text
+
+
 # -- through an adapter --------------------------------------------------------------------------
 def test_a_langchain_retriever_with_a_hung_model_answers_degraded(gate: threading.Event) -> None:
     from langchain_core.documents import Document
