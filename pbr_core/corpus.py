@@ -47,6 +47,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -578,6 +579,7 @@ class Corpus:
             "_locks_guard",
             "_window_of",
             "_in_use",
+            "_async_reads",
             "_reading_later",
             "_deriving_later",
             "_background",
@@ -605,6 +607,9 @@ class Corpus:
         self._locks_guard = threading.Lock()
         # requests under way per user (in_use): the cache does not evict them meanwhile
         self._in_use: dict[str, int] = {}
+        # per user, the async read in a worker thread now (done when it ends): the next async
+        # read of the user waits for it on the event loop, not in a thread (ahistory)
+        self._async_reads: dict[str, Future[None]] = {}
 
     def _no_background(self) -> None:
         """No background thread, nothing queued or under way (a new corpus, an unpickled one,
@@ -906,10 +911,40 @@ class Corpus:
                 self._verified_at.pop(user_id, None)
 
     async def ahistory(self, user_id: str) -> UserHistory | None:
-        """Async :meth:`history` (a host listing is I/O: it runs in a worker thread)."""
-        if not self.verified or (self._fresh(user_id) and user_id in self.cache):
-            return self.history(user_id)
-        return await asyncio.to_thread(self.history, user_id)
+        """Async :meth:`history`. A host listing, or a read of the user's saved files, is I/O:
+        it runs in a worker thread, one per user at a time. A second request for the user waits
+        for the first's read on the event loop, not in a thread of asyncio's shared pool: a
+        burst of requests for one user whose host is slow parked every thread of that pool
+        behind the user's lock, and every other user's requests (their reads, their query
+        embeddings) queued behind them."""
+        while True:
+            if not self._needs_io(user_id):
+                return self.history(user_id)
+            with self._locks_guard:
+                running = self._async_reads.get(user_id)
+                if running is None:
+                    done: Future[None] = Future()
+                    done.set_running_or_notify_cancel()  # a waiter's cancel cannot cancel it
+                    self._async_reads[user_id] = done
+                    break
+            await asyncio.wrap_future(running)  # then look again: it may be fresh now
+
+        def read() -> UserHistory | None:
+            try:
+                return self.history(user_id)
+            finally:
+                with self._locks_guard:
+                    if self._async_reads.get(user_id) is done:
+                        del self._async_reads[user_id]
+                done.set_result(None)
+
+        return await asyncio.to_thread(read)
+
+    def _needs_io(self, user_id: str) -> bool:
+        """Whether :meth:`history` would list the host or read the user's saved files."""
+        if self.verified and not (self._fresh(user_id) and user_id in self.cache):
+            return True
+        return self.cache.needs_read(user_id)
 
     def users(self) -> list[str]:
         """Users pbr has seen (cached or written); a host may hold more, found on first read."""

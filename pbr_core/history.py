@@ -227,16 +227,30 @@ class HistoryStore:
         makes the user the most recently used one."""
         if user_id not in self._users:
             return None
-        with self._lock:
-            history = self._users.get(user_id)
-            if isinstance(history, Saved):
+        while True:
+            with self._lock:
+                history = self._users.get(user_id)
+                if not isinstance(history, Saved):
+                    if history is not None:
+                        self._touch(user_id)
+                    return history
                 saved = history
-                history = read_user(saved.folder, saved.entry, self.dim)
-                self._users[user_id] = history  # same dict position: users() keeps its order
-                self._origin[user_id] = (saved, history)
-            if history is not None:
-                self._touch(user_id)
-            return history
+            # The files are read outside the store's lock (hundreds of ms for a large user):
+            # other users' reads do not wait for this one's disk.
+            read = read_user(saved.folder, saved.entry, self.dim)
+            with self._lock:
+                if self._users.get(user_id) is saved:
+                    self._users[user_id] = read  # same dict position: users() keeps its order
+                    self._origin[user_id] = (saved, read)
+                    self._touch(user_id)
+                    return read
+            # changed meanwhile (read by another thread, written, dropped, or moved by a
+            # save): what it is now decides
+
+    def needs_read(self, user_id: str) -> bool:
+        """Whether the user's files are still to be read (a lazy load's user not used yet, or
+        evicted back to its files): the next use reads the disk."""
+        return isinstance(self._users.get(user_id), Saved)
 
     # -- the budget ----------------------------------------------------------------------------
     def _touch(self, user_id: str) -> None:
