@@ -28,6 +28,7 @@ from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import (
     BaseNode,
     Document,
+    MetadataMode,
     NodeWithScore,
     QueryBundle,
     TransformComponent,
@@ -610,11 +611,19 @@ class PBRRetriever(BaseRetriever):
     def _result_nodes(
         self, user_id: str, got: Retrieval, fetched: dict[str, BaseNode]
     ) -> list[NodeWithScore]:
-        """The ranked nodes; those pbr ranked without a host search are read back by key."""
+        """The ranked nodes; those pbr ranked without a host search are read back by key. A
+        node read back with another text than the one ranked was rewritten since: it is left
+        out, as a deleted one is, never shown under its old version's ranking."""
         host = self._shared.corpus.host
         unread = [r.key for r in got.results if r.key not in fetched]
         if unread and host is not None:
-            fetched.update(host.nodes(user_id, unread))  # type: ignore[attr-defined]
+            ranked = {r.key: r.hit.text for r in got.results}
+            read = host.nodes(user_id, unread)  # type: ignore[attr-defined]
+            fetched.update(
+                (key, node)
+                for key, node in read.items()
+                if node.get_content(metadata_mode=MetadataMode.NONE) == ranked.get(key)
+            )
         explain = self.config.explain
         payload = got.payload() if explain in ("first", "all") else {}
         assert got.query is not None  # the request does not skip: always personalized

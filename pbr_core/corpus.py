@@ -504,6 +504,18 @@ class _Known:
     stamps: dict[str, str] = field(default_factory=dict)
 
 
+class _ListingMoved(Exception):
+    """A listed row was rewritten or deleted before its vector was read: list again."""
+
+
+#: How often a read lists a user whose rows keep moving under it (:meth:`Corpus._refresh`).
+_LISTINGS = 3
+
+
+def _vector_of(record: Record | None) -> Any:
+    return None if record is None else record.vector
+
+
 def _items_by_key(history: UserHistory, known: _Known | None) -> dict[str, str]:
     """Host key -> the user's item id, for the items whose key is not pbr's scoped one: keys
     recorded with the history (an item recorded under its own id, held under the store's key)
@@ -1337,7 +1349,19 @@ class Corpus:
         return {k: v for k, v in stored.items() if k != ITEM_ID_KEY}
 
     def _refresh(self, user_id: str) -> UserHistory | None:
-        """Bring the cache of ``user_id`` in line with the host's listing (lock held)."""
+        """Bring the cache of ``user_id`` in line with the host's listing (lock held). A row
+        rewritten between the listing and the read of its vector (:class:`_ListingMoved`)
+        makes the user listed again, up to :data:`_LISTINGS` times; the last time its new
+        vector is taken with the listed text, and the next read, seeing the row's new
+        revision, reads it again."""
+        for attempt in range(1, _LISTINGS + 1):
+            try:
+                return self._refresh_listing(user_id, strict=attempt < _LISTINGS)
+            except _ListingMoved:
+                continue
+        raise AssertionError("unreachable")
+
+    def _refresh_listing(self, user_id: str, *, strict: bool) -> UserHistory | None:
         assert self.host is not None
         self._evicted.discard(user_id)
         known = self._known.setdefault(user_id, _Known())
@@ -1392,7 +1416,9 @@ class Corpus:
         ]
         changed, items, left_out = self._saveable(user_id, changed, known)
         if changed:  # I/O (a fetch, an embedding) before the cache changes: a fault changes none
-            changed, items, vectors, unusable = self._usable_vectors(user_id, changed, items, known)
+            changed, items, vectors, unusable = self._usable_vectors(
+                user_id, changed, items, known, strict=strict
+            )
             left_out += unusable
             windows = self._windows(user_id, items)
         for item_id in left_out:  # a new version left out: the old one must go too
@@ -1790,13 +1816,19 @@ class Corpus:
             )
 
     def _usable_vectors(
-        self, user_id: str, records: list[Record], items: list[HistoryItem], known: _Known
+        self,
+        user_id: str,
+        records: list[Record],
+        items: list[HistoryItem],
+        known: _Known,
+        *,
+        strict: bool = False,
     ) -> tuple[list[Record], list[HistoryItem], np.ndarray, list[str]]:
         """The records whose vectors pbr can rank with (:meth:`_vectors_of`), their items and
         unit vectors, and the item ids of those left out: a stored vector with NaN or inf or
         all zeros (written to the host by someone else) is warned about once per revision and
         left out, instead of failing every read of the user."""
-        rows = self._vectors_of(user_id, records)
+        rows = self._vectors_of(user_id, records, strict=strict)
         dim, what = self.cache.dim, f"stored vectors of user {user_id!r}"
         try:  # one pass over the block (a cold read of 1k items: no per-row numpy calls)
             block = np.stack(rows)
@@ -1817,18 +1849,28 @@ class Corpus:
         dropped = [records[i].item_id for i in np.flatnonzero(~good)]
         return [records[i] for i in keep], [items[i] for i in keep], unit, dropped
 
-    def _vectors_of(self, user_id: str, records: list[Record]) -> list[np.ndarray]:
+    def _vectors_of(
+        self, user_id: str, records: list[Record], *, strict: bool = False
+    ) -> list[np.ndarray]:
         """Vectors of listed records (float32, as stored): the listing's, else fetched, else
-        embedded."""
+        embedded. ``strict``: :class:`_ListingMoved` where a fetched row is not the version
+        listed (its stamp, PostgreSQL's ``xmin``, differs, or it is gone): its vector may be of
+        another text than the one listed."""
         assert self.host is not None
         missing = [r.key for r in records if r.vector is None]
-        fetched = (
-            {r.key: r.vector for r in self.host.fetch(user_id, missing) if r.user_id == user_id}
+        got = (
+            {r.key: r for r in self.host.fetch(user_id, missing) if r.user_id == user_id}
             if missing
             else {}
         )
+        if strict:
+            for r in records:
+                if r.vector is None and r.stamp is not None:
+                    row = got.get(r.key)
+                    if row is None or row.stamp != r.stamp:
+                        raise _ListingMoved(r.key)
         rows: list[np.ndarray | None] = [
-            r.vector if r.vector is not None else fetched.get(r.key) for r in records
+            r.vector if r.vector is not None else _vector_of(got.get(r.key)) for r in records
         ]
         todo = [i for i, v in enumerate(rows) if v is None]
         if todo:

@@ -2373,3 +2373,48 @@ def test_a_derivation_that_fails_after_a_write_leaves_the_write_and_the_next_rea
     assert not _has_state(engine, "alice")
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "note 40", 3)
     assert "m40" in {h.id for h in got.hits}
+
+
+def test_a_row_rewritten_between_the_listing_and_its_vectors_read_is_listed_again(
+    pgvector_engine: tuple[Any, Any], hash_embedder: Any
+) -> None:
+    """A warm worker lists a user's changed rows without vectors, then reads the vectors: a row
+    another process rewrote between the two statements gave the cache the listed (old) text
+    with the new vector, an item that never existed, served by that request (from a review)."""
+    engine = pgvector_engine[0]
+    host = _records(engine)
+    corpus = Corpus(host, embedder=hash_embedder)
+    _add(corpus, "alice", {f"n{i}": f"alice note number {i}" for i in range(6)})
+    corpus.history("alice")  # warm
+    sql = engine_sql(engine)
+    key = pbr_core.corpus.scoped_key("alice", "n3")
+
+    def rewrite(text: str) -> None:
+        vector = np.asarray(hash_embedder.embed_documents([text])[0], dtype=np.float64)
+        sql(
+            [
+                (
+                    "UPDATE notes SET doc = :doc, emb = CAST(:emb AS vector) WHERE id = :id",
+                    {"id": key, "doc": text, "emb": json.dumps(vector.tolist())},
+                )
+            ]
+        )
+
+    rewrite("version two: apples")
+    fetch, fetched = host.fetch, []
+
+    def fetch_after_a_write(user_id: str, keys: Sequence[str]) -> list[Record]:
+        if not fetched:  # another process writes between the listing and the first fetch
+            rewrite("version three: bananas")
+        fetched.append(list(keys))
+        return fetch(user_id, keys)
+
+    host.fetch = fetch_after_a_write  # type: ignore[method-assign]
+    history = corpus.history("alice")
+    assert history is not None and len(fetched) == 2  # listed again after the move
+    item = history.items[history.position("n3")]
+    expected = np.asarray(hash_embedder.embed_documents(["version three: bananas"])[0])
+    assert item.text == "version three: bananas"
+    np.testing.assert_allclose(
+        history.vectors[history.position("n3")], expected / np.linalg.norm(expected), atol=1e-6
+    )

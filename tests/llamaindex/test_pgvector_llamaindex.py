@@ -378,3 +378,37 @@ def test_a_writer_that_derives_after_writing_lets_a_new_worker_rank_in_postgres(
     monkeypatch.setattr(Corpus, "rank_cold_in_database", False)
     rows_read, _ = _base(pgvector_engine, config=no_prf)
     assert got == _answer(rows_read.for_user("ann", similarity_top_k=5).retrieve("tea at night"))
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_node_rewritten_after_it_was_ranked_is_not_returned_under_its_old_ranking(
+    pgvector_engine: Any, monkeypatch: pytest.MonkeyPatch, cold: bool
+) -> None:
+    """The ranked nodes are read back by key after ranking (in the database for a worker new
+    to the user, from the cache for a warm one): a row another process rewrote in between was
+    returned with the score of its old text (from a review). It is left out, as a deleted one."""
+    no_prf = PBRConfig(fusion="no_prf")
+    writer, _ = _base(pgvector_engine, config=no_prf)
+    writer.for_user("ann").add_nodes(
+        [
+            TextNode(text=f"ann {'tea' if i % 3 else 'runs'} {i} at {i % 5} pm", id_=f"n{i}")
+            for i in range(30)
+        ]
+    )
+    # the first cold reader shares ann's derived state: the next new worker ranks in postgres
+    _base(pgvector_engine, config=no_prf)[0].for_user("ann", similarity_top_k=3).retrieve("tea")
+    reader = writer if not cold else _base(pgvector_engine, config=no_prf)[0]
+    real_nodes, rewritten = IndexRecords.nodes, []
+
+    def nodes_after_a_rewrite(self: IndexRecords, user_id: str, keys: Any) -> Any:
+        with pgvector_engine[0].begin() as conn:
+            conn.execute(
+                text("UPDATE data_notes SET text = 'REWRITTEN' WHERE node_id = :k"), {"k": keys[0]}
+            )
+        rewritten.append(keys[0])
+        return real_nodes(self, user_id, keys)
+
+    monkeypatch.setattr(IndexRecords, "nodes", nodes_after_a_rewrite)
+    got = reader.for_user("ann", similarity_top_k=3).retrieve("tea at night")
+    assert rewritten and len(got) == 2
+    assert not any(n.node.get_content() == "REWRITTEN" for n in got)
