@@ -263,9 +263,15 @@ def host_store_errors(store: object, action: str, *, new_ids: int = 0) -> Iterat
         url = _server_url(cause)
         where = f" at {url}" if url else "" if store is None else f" ({type(store).__name__})"
         unchanged = ""
-        if action in ("add", "delete") and not new_ids:
+        if action == "delete":
+            unchanged = (
+                "; PBR's history is unchanged and retrying the same call is safe (where the "
+                "delete landed before the reply was lost, the retry's KeyError names the ids "
+                "already gone)"
+            )
+        elif action == "add" and not new_ids:
             unchanged = "; PBR's history is unchanged and retrying the same call is safe"
-        elif action in ("add", "delete"):
+        elif action == "add":
             unchanged = (
                 f"; PBR's history is unchanged, but {new_ids} of the items had no id and were "
                 "given new ones, so retrying the same call would add those again where the "

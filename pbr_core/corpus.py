@@ -865,7 +865,11 @@ class Corpus:
             keys = [self._host_key(user_id, i) for i in dict.fromkeys(ids)]
             if self.host is not None:
                 shadows = [k for i in dict.fromkeys(ids) for k in known.shadowed.get(i, [])]
-                self.host.delete(user_id, keys + shadows)
+                try:
+                    self.host.delete(user_id, keys + shadows)
+                except BaseException:  # it may have landed (a reply lost after the commit):
+                    self._verified_at.pop(user_id, None)  # the next read lists the host
+                    raise
                 for item_id in ids:  # forgotten once deleted: a failed delete is retried whole
                     known.shadowed.pop(item_id, None)
             self.cache.delete(user_id, ids)
@@ -1302,7 +1306,11 @@ class Corpus:
             if self.host is not None:
                 records = self._records(plan, held=not write_host, held_keys=keys)
                 if write_host:
-                    self.host.upsert(records)  # the one write; a fault leaves the cache as it was
+                    try:  # the one write; a fault leaves the cache as it was
+                        self.host.upsert(records)
+                    except BaseException:  # some of it may have landed: the next read of each
+                        self.expire(g.user_id for g in plan)  # user lists the host
+                        raise
                 for record in records:
                     by_user.setdefault(record.user_id, []).append(record)
             # the model that embedded the items: a configured one or the default MiniLM (a load

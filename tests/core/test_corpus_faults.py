@@ -84,6 +84,45 @@ def test_a_retried_delete_removes_the_record_written_before_pbr_too() -> None:
     assert corpus.history("alice") is None
 
 
+class LostReplyHost(ListingHost):
+    """A host whose next delete, or whose next upsert after its first record, lands and then
+    loses the reply (the server committed; the connection dropped)."""
+
+    fail_delete = fail_upsert = False
+
+    def delete(self, user_id: str, keys: Sequence[str]) -> None:
+        super().delete(user_id, keys)
+        if self.fail_delete:
+            self.fail_delete = False
+            raise ConnectionResetError("reset after the server committed")
+
+    def upsert(self, records: Sequence[Record]) -> None:
+        if self.fail_upsert:
+            self.fail_upsert = False
+            super().upsert(records[:1])
+            raise ConnectionResetError("the server went away mid-add")
+        super().upsert(records)
+
+
+def test_a_write_that_landed_but_raised_is_seen_by_the_next_read_within_the_staleness() -> None:
+    """With ``max_staleness_s`` the corpus serves its own writes from its cache: a delete or an
+    add that landed (whole or in part) and raised left the cache as it was, so the deleted
+    item was returned, and the landed one missed, until the window ended (from a review)."""
+    host = LostReplyHost()
+    corpus = Corpus(host, embedder=HashEmbedder(), max_staleness_s=60)
+    corpus.add_texts("alice", ["my cat is called Pistachio", "my dog is Rex"], ids=["cat", "dog"])
+    host.fail_delete = True
+    with pytest.raises(ConnectionResetError):
+        corpus.delete("alice", ["cat"])
+    history = corpus.history("alice")
+    assert history is not None and [it.id for it in history.items] == ["dog"]
+    host.fail_upsert = True
+    with pytest.raises(ConnectionResetError):
+        corpus.add_texts("alice", ["my cat likes tuna", "it sleeps all day"], ids=["tuna", "nap"])
+    history = corpus.history("alice")
+    assert history is not None and [it.id for it in history.items] == ["dog", "tuna"]
+
+
 def test_an_embedder_fault_on_a_long_items_windows_writes_nothing() -> None:
     host = SilentHost()  # pbr's history is the only record of what the host holds
     embedder = WindowedEmbedder()
@@ -115,9 +154,9 @@ def test_a_reader_sees_another_workers_change_whole_or_not_at_all() -> None:
     seen: list[list[str]] = []
     fetch = corpus._vectors_of
 
-    def concurrent_read(user_id: str, records: list[Record]) -> np.ndarray:
+    def concurrent_read(user_id: str, records: list[Record], **kwargs: Any) -> np.ndarray:
         seen.append(ids_of(corpus, user_id))  # a request while the change is being applied
-        return fetch(user_id, records)
+        return fetch(user_id, records, **kwargs)
 
     corpus._vectors_of = concurrent_read  # type: ignore[method-assign]
     corpus.delete("a", ["k2"])  # applies the other worker's change first
@@ -132,7 +171,7 @@ def test_a_fault_while_applying_another_workers_change_leaves_the_cache_as_it_wa
     corpus.history("a")
     _renamed_elsewhere(host, corpus)
 
-    def lost(user_id: str, records: list[Record]) -> np.ndarray:
+    def lost(user_id: str, records: list[Record], **kwargs: Any) -> np.ndarray:
         raise ConnectionError("fetch failed")
 
     corpus._vectors_of = lost  # type: ignore[method-assign]
