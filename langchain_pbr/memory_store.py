@@ -176,19 +176,17 @@ class NamespaceRecords:
 
     # -- HostRecords -----------------------------------------------------------------------
     def validate(self, records: Sequence[Record]) -> None:
-        for r in records:
-            if self._target(r) is None:
-                raise ValueError(f"record {r.key!r} is not under namespace {r.user_id}")
+        """Refuses every write: a memory is a value the wrapped store holds, written with
+        ``store.put`` (or ``batch``) under the key the app chooses; a corpus write would store
+        only its text, under a key its own delete could not name."""
+        if records:
+            raise ValueError(
+                "a PBRStore's corpus writes nothing: write memories with store.put(namespace, "
+                "key, value) / aput / batch (pbr reads them from the wrapped store)"
+            )
 
     def upsert(self, records: Sequence[Record]) -> None:
-        ops: list[Op] = []
-        for r in records:
-            target = self._target(r)
-            assert target is not None  # validated
-            value = dict(r.extra) if isinstance(r.extra, dict) else {self.text_key: r.text}
-            ops.append(PutOp(target[0], target[1], value))
-        if ops:
-            self.store.batch(ops)
+        self.validate(records)
 
     def delete(self, user_id: str, keys: Sequence[str]) -> None:
         prefix = tuple(json.loads(user_id))
@@ -217,13 +215,6 @@ class NamespaceRecords:
 
     def fetch(self, user_id: str, keys: Sequence[str]) -> list[Record]:
         return []  # a BaseStore returns no vectors: pbr embeds (once per key and text)
-
-    def _target(self, record: Record) -> tuple[tuple[str, ...], str] | None:
-        prefix = tuple(json.loads(record.user_id))
-        parsed = _parse_item_key(record.key) or _parse_item_key(record.item_id)
-        if parsed is None:
-            return prefix, record.item_id
-        return parsed if parsed[0][: len(prefix)] == prefix else None
 
 
 class PBRSearchItem(SearchItem):

@@ -1030,7 +1030,9 @@ class Corpus:
                 elif known is not None and known.key_of.get(item_id, key) != key:
                     continue  # a shadowed duplicate of the item (see _refresh)
                 raw[pos] = (key, score)
-        candidates = list(raw) if found is not None else None
+        # in history order, as when ranking all of the user's items: equal scores keep that
+        # order, not the order a store returned its hits in
+        candidates = sorted(raw) if found is not None else None
         ranked = rank(
             history,
             vector,

@@ -207,6 +207,20 @@ def test_the_wrapped_store_is_the_truth() -> None:
     assert "m4" not in got and got[0] == "m9"
 
 
+def test_its_personalizer_refuses_writes_and_points_to_put() -> None:
+    """A write through the store's corpus (``store.personalizer.add_texts``) stored only the
+    text, dropping the metadata, under a key its own delete could not name (from a review): a
+    memory is a value written with ``put``."""
+    inner = InMemoryStore()
+    store = PBRStore(inner, BagOfWords())
+    with pytest.raises(ValueError, match=r"writes nothing: write memories with store\.put"):
+        store.personalizer.add_texts(
+            json.dumps(["memories", "alice"]), ["my dog is Rex"], metadatas=[{"kind": "pet"}]
+        )
+    assert inner.search(("memories", "alice")) == []
+    assert store.search(("memories", "alice"), query="dog") == []
+
+
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_a_staleness_window_never_hides_this_stores_own_puts_and_deletes(
     asynchronous: bool,

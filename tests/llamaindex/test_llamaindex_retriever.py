@@ -594,6 +594,39 @@ async def test_filters_given_without_a_user_apply_to_every_users_requests(
     assert alice_sport.for_user("b").filters is None
 
 
+def test_a_filter_that_keeps_every_node_returns_what_no_filter_does(
+    embed_model: HashEmbedding,
+) -> None:
+    """Equal scores (one note saved six times) kept the order the store returned its hits in,
+    so a filter removing nothing changed which copies came back (from a review): ties follow
+    the user's history, filtered or not."""
+    from llama_index.core.vector_stores import FilterOperator
+
+    texts = ["I walked Rex in the park"] * 6 + ["groceries: milk, eggs", "call mum on Sunday"]
+    nodes = [
+        TextNode(
+            text=t,
+            id_=f"day{d}",
+            metadata={"user_id": "ann", "day": d},
+            excluded_embed_metadata_keys=["day"],  # the copies embed alike
+        )
+        for d, t in enumerate(texts, start=1)
+    ]
+    r = PBRRetriever.from_defaults(
+        nodes=nodes, llm=MockLLM(), embed_model=embed_model, similarity_top_k=3
+    )
+    keep_all = MetadataFilters(
+        filters=[MetadataFilter(key="day", value=0, operator=FilterOperator.GT)]
+    )
+    query = "where did I walk Rex?"
+    plain = [(n.node.node_id, n.score) for n in r.for_user("ann").retrieve(query)]
+    filtered = [
+        (n.node.node_id, n.score) for n in r.for_user("ann", filters=keep_all).retrieve(query)
+    ]
+    assert [i for i, _ in plain] == ["day1", "day2", "day3"]
+    assert filtered == plain
+
+
 def test_a_view_refuses_another_users_nodes(base: PBRRetriever) -> None:
     stray = TextNode(text="Not mine", metadata={"user_id": "u2"})
     with pytest.raises(ValueError, match="belongs to user 'u2'"):
