@@ -68,8 +68,9 @@ _MAGIC = b"PBRD"
 # combining marks and did not normalise to NFC (a BM25 index's terms differ); 4: no host keys,
 # anchor affinities or central items (what ranks a user without their vectors); 5: the host
 # keys listed, the rows digest in the items' order, the item ids as a JSON list, arrays in
-# their own types
-_FORMAT = 6
+# their own types; 6: the tokenizer kept the dot of a lower-cased "İ" (a BM25 index's terms
+# differ)
+_FORMAT = 7
 #: How many of each anchor's most central items a state keeps, for the explanations of requests
 #: ranked without the user's rows (:mod:`pbr_core.view`; ``PBRConfig.top_anchor_items`` up to it).
 CENTRAL_ITEMS = 10

@@ -108,9 +108,10 @@ _STOP_WORDS = """
 ENGLISH_STOP_WORDS: frozenset[str] = frozenset(_STOP_WORDS.split())
 
 #: The tokenizer's version, kept with what holds BM25 indexes (a pickled history, a shared
-#: state's format), so an index of another version is rebuilt, not read: 2 keeps combining
-#: marks and matches text in NFC form; 1 cut words at their marks.
-TOKENIZER_VERSION = 2
+#: state's format), so an index of another version is rebuilt, not read: 3 reads a dotted
+#: capital I (Turkish "İ", which lower-cases to "i" and a combining dot) as "i"; 2 keeps
+#: combining marks and matches text in NFC form; 1 cut words at their marks.
+TOKENIZER_VERSION = 3
 
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 # The same runs of two or more word characters, combining marks counted as word characters
@@ -125,14 +126,16 @@ def tokenize(text: str) -> list[str]:
     case meet; digit runs ("2023") are terms like any other. Text that is not ASCII is put in
     NFC form first (``"cafe\u0301"`` and ``"café"`` are one term), and a word's combining
     marks are part of it (the vowel signs of Devanagari, Bengali, Tamil or Thai; without them
-    such words were cut into fragments).
+    such words were cut into fragments). A dotted capital I ("İ") is read as "i", as its
+    lower case is written without the dot.
     """
     if text.isascii():
         found = _TOKEN.findall(text.lower())
     else:
         if not unicodedata.is_normalized("NFC", text):
             text = unicodedata.normalize("NFC", text)
-        found = _TOKEN_WITH_MARKS.findall(text.lower())
+        # "İstanbul".lower() is "i\u0307stanbul": without the dot it meets "istanbul"
+        found = _TOKEN_WITH_MARKS.findall(text.lower().replace("i\u0307", "i"))
     return [t for t in found if t not in ENGLISH_STOP_WORDS]
 
 

@@ -105,6 +105,14 @@ def test_a_word_keeps_its_combining_marks_and_one_spelling(text: str, words: lis
     assert index.scores(words[-1])[0] > 0 and index.ceiling(words[-1]) > 0
 
 
+def test_a_dotted_capital_i_meets_its_plain_lower_case() -> None:
+    """ "İ".lower() is "i" and a combining dot, which the marks-aware pattern kept: "İstanbul"
+    and "istanbul" were two terms, and BM25 scored 0 (from a review)."""
+    assert tokenize("İstanbul trip in May") == ["istanbul", "trip", "may"]
+    index = LexicalIndex.build(["Ankara meeting", "İstanbul trip in May"])
+    assert index.scores("istanbul").tolist()[1] > 0 and index.scores("İSTANBUL").tolist()[1] > 0
+
+
 def test_stop_words_cover_the_common_function_words() -> None:
     required = (
         "a an the and or of to in on at is are was were be i you he she it we they me my your "
