@@ -465,6 +465,15 @@ def token_columns(table: PgTable) -> str:
         "(SELECT string_agg(tgenabled::text || xmin::text, ',' ORDER BY tgname) FROM pg_trigger "
         "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc))"
     )
+    # Writes no row trigger sees: a rewrite of the table (ALTER TABLE ... TYPE ... USING, which
+    # may change every row) gives it a new file; rows inserted into a child table that is not
+    # a partition (INHERITS) fire the child's triggers only, so such a table has no token.
+    storage = (
+        "coalesce(pg_relation_filenode(to_regclass(:tbl))::text, '') || CASE WHEN EXISTS ("
+        "SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent "
+        f"= to_regclass(:tbl) AND NOT c.relispartition) THEN '{_CHILDREN}' ELSE '' END"
+    )
+    triggers = f"({triggers} || '|' || {storage})"
     if table.scope_lookup is not None:
         triggers = f"({triggers} || '|' || coalesce(({table.scope_lookup})::text, ''))"
     return (
@@ -474,16 +483,23 @@ def token_columns(table: PgTable) -> str:
 
 
 def _token(rev: Any, triggers: Any) -> str | None:
-    """The change token of :func:`token_columns`: the revision and the triggers' row versions,
-    so that a trigger disabled and enabled again (``pg_restore --disable-triggers``, a bulk
-    load) changes it, whatever was written meanwhile; None unless both triggers fire for every
-    session (``ENABLE ALWAYS``: a replication apply worker or a session with
-    ``session_replication_role = replica`` skips an ordinary trigger)."""
-    armed = triggers.split("|", 1)[0] if isinstance(triggers, str) else ""
+    """The change token of :func:`token_columns`: the revision, the triggers' row versions
+    and the table's file, so that a trigger disabled and enabled again (``pg_restore
+    --disable-triggers``, a bulk load) or a rewrite of the table changes it, whatever was
+    written meanwhile; None unless both triggers fire for every session (``ENABLE ALWAYS``: a
+    replication apply worker or a session with ``session_replication_role = replica`` skips an
+    ordinary trigger), and None for a table with child tables that are not partitions."""
+    armed, _, storage = triggers.partition("|") if isinstance(triggers, str) else ("", "", "")
     parts = armed.split(",") if armed else []
     if len(parts) != 2 or not all(part.startswith("A") for part in parts):
         return None
+    if _CHILDREN in storage.split("|", 1)[0]:
+        return None
     return f"{'none' if rev is None else rev}@{triggers}"
+
+
+#: What :func:`token_columns` says of a table with child tables that are not partitions.
+_CHILDREN = "+children"
 
 
 def _revision(token: str) -> str:

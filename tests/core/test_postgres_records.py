@@ -2418,3 +2418,41 @@ def test_a_row_rewritten_between_the_listing_and_its_vectors_read_is_listed_agai
     np.testing.assert_allclose(
         history.vectors[history.position("n3")], expected / np.linalg.norm(expected), atol=1e-6
     )
+
+
+def test_a_rewrite_of_the_table_or_a_child_tables_rows_reach_a_warm_worker(
+    pgvector_engine: tuple[Any, Any], hash_embedder: Any
+) -> None:
+    """Writes no row trigger of the table fires for left the change token as it was, so a
+    warm worker served its cache until the user's rows were written again (from a review): a
+    rewrite of every row (ALTER TABLE ... USING) gives the table a new file, which the token
+    now holds; a child table that is not a partition (INHERITS) leaves the table no token."""
+    engine = pgvector_engine[0]
+    host = _records(engine)
+    warm = Corpus(host, embedder=hash_embedder)
+    _add(warm, "alice", {f"n{i}": f"alice note {i}" for i in range(3)})
+    warm.history("alice")
+    sql = engine_sql(engine)
+    sql([("ALTER TABLE notes ALTER COLUMN doc TYPE text USING upper(doc)", {})])
+    assert sorted(it.text for it in warm.history("alice").items) == [
+        "ALICE NOTE 0",
+        "ALICE NOTE 1",
+        "ALICE NOTE 2",
+    ]
+    vector = np.asarray(hash_embedder.embed_documents(["child row"])[0], dtype=np.float64)
+    sql(
+        [
+            ("CREATE TABLE notes_child () INHERITS (notes)", {}),
+            (
+                "INSERT INTO notes_child VALUES (:id, 'child row', CAST(:m AS jsonb), "
+                "CAST(:e AS vector))",
+                {
+                    "id": pbr_core.corpus.scoped_key("alice", "c1"),
+                    "m": json.dumps({"user_id": "alice", "pbr_id": "c1"}),
+                    "e": json.dumps(vector.tolist()),
+                },
+            ),
+        ]
+    )
+    assert host.change_token("alice") is None
+    assert sorted(it.id for it in warm.history("alice").items) == ["c1", "n0", "n1", "n2"]
