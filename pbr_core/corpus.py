@@ -502,6 +502,8 @@ class _Known:
     unshared: tuple[UserHistory, str, str, tuple[Any, ...]] | None = None
     # key -> the row's version (PostgreSQL's xmin) as the last cold read read it
     stamps: dict[str, str] = field(default_factory=dict)
+    # keys of rows the last cold read found with a vector the database cannot rank (_odd_norms)
+    odd_norms: set[str] = field(default_factory=set)
 
 
 class _ListingMoved(Exception):
@@ -510,6 +512,28 @@ class _ListingMoved(Exception):
 
 #: How often a read lists a user whose rows keep moving under it (:meth:`Corpus._refresh`).
 _LISTINGS = 3
+
+
+#: The range of a stored vector's norm in which pgvector's cosine, summed in float32, is
+#: right: the squares of a vector around 1e-25 underflow (its cosine comes out as ±1), of one
+#: around 1e20 overflow (0). Reading the rows rescales such a vector exactly.
+RANKABLE_NORMS = (1e-12, 1e12)
+
+
+def _odd_norms(records: Iterable[Record]) -> set[str]:
+    """Keys of the rows whose stored vector's norm is outside :data:`RANKABLE_NORMS`: a state
+    of a user holding one does not rank them in the database (its users' rows are read)."""
+    rows = [r for r in records if r.vector is not None]
+    if not rows:
+        return set()
+    try:
+        block = np.stack([np.asarray(r.vector).reshape(-1) for r in rows])
+    except ValueError:  # rows of other lengths: none of them is ranked in the database
+        return {r.key for r in rows}
+    wide = block.astype(np.float64)  # float32 squares are what under- and overflow
+    norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
+    low, high = RANKABLE_NORMS
+    return {rows[i].key for i in np.flatnonzero(~((norms >= low) & (norms <= high)))}
 
 
 def _vector_of(record: Record | None) -> Any:
@@ -1446,6 +1470,7 @@ class Corpus:
         history = self.cache._current(user_id)
         if rows is not None:
             known.stamps = {r.key: r.stamp for r in current.values() if r.stamp is not None}
+            known.odd_norms = _odd_norms(current.values())
         if rows is not None and rows.shares and history is not None and token is not None:
             self._take_state(history, token, rows.state, known)
         return history
@@ -1760,7 +1785,8 @@ class Corpus:
             # what a view serves: pack leaves them out) and token, a state also ranks the user
             # in the database
             stamps = [stamp_of.get(key) for key in keys if key is not None]
-            if None in keys or None in stamps or len(stamps) != len(keys):
+            odd, known.odd_norms = known.odd_norms, set()
+            if None in keys or None in stamps or len(stamps) != len(keys) or odd & set(keys):
                 keys = stamps = None  # type: ignore[assignment]
         try:
             blob = pack(history, basis, keys, stamps, token, self._window_tokens())  # type: ignore[arg-type]

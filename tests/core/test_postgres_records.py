@@ -2456,3 +2456,52 @@ def test_a_rewrite_of_the_table_or_a_child_tables_rows_reach_a_warm_worker(
     )
     assert host.change_token("alice") is None
     assert sorted(it.id for it in warm.history("alice").items) == ["c1", "n0", "n1", "n2"]
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e20])
+def test_a_row_whose_vector_the_database_cannot_rank_is_ranked_from_the_rows(
+    pgvector_engine: tuple[Any, Any], hash_embedder: Any, scale: float
+) -> None:
+    """A row written by SQL with a finite vector of tiny or huge norm: reading the rows
+    rescales it exactly, but pgvector's cosine, summed in float32, came out as ±1 or 0, so a
+    worker new to the user ranked another top k in the database (from a review)."""
+    engine = pgvector_engine[0]
+    _table(engine)
+    texts = {
+        f"n{i:02d}": f"note {i} about {'tea' if i % 2 else 'trains'} {i % 5}" for i in range(20)
+    }
+    rows = []
+    for item, text in texts.items():
+        vector = np.asarray(hash_embedder.embed_documents([text])[0], dtype=np.float64)
+        vector = vector / np.linalg.norm(vector) * (scale if item in ("n07", "n08") else 1.0)
+        rows.append(
+            (
+                "INSERT INTO notes VALUES (:id, :doc, CAST(:meta AS jsonb), CAST(:emb AS vector))",
+                {
+                    "id": pbr_core.corpus.scoped_key("alice", item),
+                    "doc": text,
+                    "meta": json.dumps({"user_id": "alice", "pbr_id": item}),
+                    "emb": json.dumps([float(np.float32(x)) for x in vector]),
+                },
+            )
+        )
+    engine_sql(engine)(rows)
+
+    def worker() -> Personalizer:
+        host = PgRecords(
+            PgTable("public", "notes", "id", "doc", "meta", "emb"),
+            engine_sql(engine),
+            "user_id",
+            lambda records: None,
+        )
+        return Personalizer(
+            corpus=Corpus(host, embedder=hash_embedder), config=PBRConfig(fusion="no_prf")
+        )
+
+    def top(p: Personalizer) -> list[tuple[str, float]]:
+        return [(h.id, round(h.score, 4)) for h in p.search("alice", "something about tea", 5).hits]
+
+    first = worker()
+    top(first)  # reads the rows and shares the user's state
+    first.corpus.share_state("alice")
+    assert top(worker()) == top(first)
