@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -969,16 +970,25 @@ class Corpus:
                     break
             await asyncio.wrap_future(running)  # then look again: it may be fresh now
 
-        def read() -> UserHistory | None:
-            try:
-                return self.history(user_id)
-            finally:
-                with self._locks_guard:
-                    if self._async_reads.get(user_id) is done:
-                        del self._async_reads[user_id]
+        def release(_: object = None) -> None:
+            """Open the user's gate: when the read ends, and also when it never runs (its
+            request cancelled while the read waited for a thread of the pool, or a pool that
+            refused it), else every later async read of the user would wait for good."""
+            with self._locks_guard:
+                if self._async_reads.get(user_id) is done:
+                    del self._async_reads[user_id]
+            if not done.done():
                 done.set_result(None)
 
-        return await asyncio.to_thread(read)
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # as asyncio.to_thread: tracing parents survive
+        try:
+            reading = loop.run_in_executor(None, context.run, self.history, user_id)
+        except BaseException:
+            release()
+            raise
+        reading.add_done_callback(release)
+        return await reading
 
     def _needs_io(self, user_id: str) -> bool:
         """Whether :meth:`history` would list the host or read the user's saved files."""

@@ -237,7 +237,13 @@ class HistoryStore:
                 saved = history
             # The files are read outside the store's lock (hundreds of ms for a large user):
             # other users' reads do not wait for this one's disk.
-            read = read_user(saved.folder, saved.entry, self.dim)
+            try:
+                read = read_user(saved.folder, saved.entry, self.dim)
+            except PersistenceError:
+                with self._lock:
+                    if self._users.get(user_id) is saved:
+                        raise
+                continue  # a save of this store moved the user (and pruned its old files)
             with self._lock:
                 if self._users.get(user_id) is saved:
                     self._users[user_id] = read  # same dict position: users() keeps its order

@@ -466,10 +466,14 @@ def token_columns(table: PgTable) -> str:
         "WHERE tgrelid = to_regclass(:tbl) AND tgname IN (:rev, :trunc))"
     )
     # Writes no row trigger sees: a rewrite of the table (ALTER TABLE ... TYPE ... USING, which
-    # may change every row) gives it a new file; rows inserted into a child table that is not
-    # a partition (INHERITS) fire the child's triggers only, so such a table has no token.
+    # may change every row) or of a partition, a TRUNCATE of one partition, a partition
+    # attached or detached, each give the table's or its leaf partitions' files new numbers;
+    # rows inserted into a child table that is not a partition (INHERITS) fire the child's
+    # triggers only, so such a table has no token.
     storage = (
-        "coalesce(pg_relation_filenode(to_regclass(:tbl))::text, '') || CASE WHEN EXISTS ("
+        "coalesce(pg_relation_filenode(to_regclass(:tbl))::text, '') || ',' || coalesce(("
+        "SELECT string_agg(pg_relation_filenode(relid)::text, ',' ORDER BY relid) FROM "
+        "pg_partition_tree(to_regclass(:tbl)) WHERE isleaf), '') || CASE WHEN EXISTS ("
         "SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent "
         f"= to_regclass(:tbl) AND NOT c.relispartition) THEN '{_CHILDREN}' ELSE '' END"
     )

@@ -141,3 +141,53 @@ async def test_an_async_read_of_a_lazy_users_files_runs_off_the_event_loop(
     history = await corpus.ahistory("big")
     assert history is not None and _ids(history) == ["big0", "big1", "big2"]
     assert threads and threading.current_thread().name not in threads
+
+
+async def test_a_read_cancelled_before_it_started_does_not_shut_out_the_users_next_reads() -> None:
+    """The user's gate opened only when its read ran: a request cancelled while its read still
+    waited for a thread of the pool (which then dropped it) left the gate shut, and every later
+    async read of the user waited for good (from a review of the gate)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+    corpus = Corpus(ListingHost(), embedder=HashEmbedder(), cache=HistoryStore(), max_staleness_s=0)
+    corpus.add_texts("ann", ["kale salad"])
+    busy = threading.Event()
+    blockers = [loop.run_in_executor(None, busy.wait, 10) for _ in range(2)]  # the pool is full
+    queued = asyncio.create_task(corpus.ahistory("ann"))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    await asyncio.sleep(0.05)
+    busy.set()
+    await asyncio.gather(*blockers)
+    history = await asyncio.wait_for(corpus.ahistory("ann"), timeout=5)
+    assert history is not None and _ids(history) == _ids(corpus.history("ann"))
+    assert not corpus._async_reads
+
+
+def test_a_lazy_users_read_that_a_save_overtakes_reads_where_the_save_moved_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read outside the store's lock, a user's files can be pruned by this store's own saves
+    before the read ends (two saves, or one converting an older layout): the read failed as if
+    the folder were gone; it reads the user from the new snapshot (from a review)."""
+    store = _lazy_store(tmp_path)
+    read_user, paused, go = history_mod.read_user, threading.Event(), threading.Event()
+
+    def slow(folder: Any, entry: Any, dim: Any) -> Any:
+        if entry["user_id"] == "big" and not paused.is_set():
+            paused.set()
+            go.wait(10)
+        return read_user(folder, entry, dim)
+
+    monkeypatch.setattr(history_mod, "read_user", slow)
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(store.get("big")))
+    reader.start()
+    assert paused.wait(5)
+    store.save(tmp_path / "h")
+    store.save(tmp_path / "h")  # prunes the snapshot the reader is reading
+    go.set()
+    reader.join(10)
+    assert got and _ids(got[0]) == ["big0", "big1", "big2"]

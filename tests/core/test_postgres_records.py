@@ -2505,3 +2505,43 @@ def test_a_row_whose_vector_the_database_cannot_rank_is_ranked_from_the_rows(
     top(first)  # reads the rows and shares the user's state
     first.corpus.share_state("alice")
     assert top(worker()) == top(first)
+
+
+def test_a_partitioned_tables_rewrites_truncates_and_detaches_reach_a_warm_worker(
+    pgvector_engine: Any, hash_embedder: Any
+) -> None:
+    """A partitioned table has no file of its own: its token now holds its leaf partitions'
+    files, so a rewrite of every partition, a TRUNCATE of one, and a partition detached (none
+    fires a row trigger) move it (a rewrite left a warm worker serving old texts; from a
+    review of the file in the token)."""
+    sql = engine_sql(pgvector_engine[0])
+    sql(
+        [
+            (
+                f"CREATE TABLE notes (id text PRIMARY KEY, doc text, meta jsonb, "
+                f"emb vector({DIM})) PARTITION BY HASH (id)",
+                {},
+            ),
+            *(
+                (
+                    f"CREATE TABLE notes_{r} PARTITION OF notes FOR VALUES WITH "
+                    f"(MODULUS 2, REMAINDER {r})",
+                    {},
+                )
+                for r in (0, 1)
+            ),
+        ]
+    )
+    table = PgTable("public", "notes", "id", "doc", "meta", "emb")
+    corpus, _ = _corpus(PgRecords(table, sql, "user_id", _writer(table, sql)), hash_embedder)
+    _add(corpus, "alice", {f"n{i}": f"alice note {i}" for i in range(6)})
+    assert corpus.host.change_token("alice") is not None  # type: ignore[union-attr]
+    sql([("ALTER TABLE notes ALTER COLUMN doc TYPE text USING upper(doc)", {})])
+    assert {it.text for it in corpus.history("alice").items} == {
+        f"ALICE NOTE {i}" for i in range(6)
+    }
+    sql([("TRUNCATE notes_0", {})])
+    after_truncate = _ids(corpus, "alice")
+    assert 0 < len(after_truncate) < 6
+    sql([("ALTER TABLE notes DETACH PARTITION notes_1", {})])
+    assert _ids(corpus, "alice") == []
