@@ -169,6 +169,8 @@ def answering_models(llm: Any) -> list[Any]:
             for other in llm.alternatives.values():
                 if isinstance(other, Runnable):  # a factory is built only when picked
                     found += answering_models(other)
+        for _, branch in _branches(llm):  # a RunnableBranch: each branch may answer
+            found += answering_models(branch)
         if isinstance(llm, BaseLanguageModel):
             break
         steps = _steps(llm)
@@ -211,13 +213,14 @@ def underlying_model(llm: Any) -> Any:
 def one_model(llm: Any) -> bool:
     """Whether every answer of ``llm`` comes from the model :func:`underlying_model` finds: not
     where the run's config picks the model (``configurable_fields``,
-    ``configurable_alternatives``), a failure does (``with_fallbacks``), or a ``bind()``
-    overrides it (``bind(model=...)``), anywhere in its wrappers or steps."""
+    ``configurable_alternatives``), the input does (a ``RunnableBranch``), a failure does
+    (``with_fallbacks``), or a ``bind()`` overrides it (``bind(model=...)``), anywhere in its
+    wrappers or steps; nor a chain of two models (``a | parser | b``: the last one answers)."""
     from langchain_core.runnables import RunnableBinding, RunnableWithFallbacks
     from langchain_core.runnables.configurable import DynamicRunnable
 
     for _ in range(8):
-        if isinstance(llm, DynamicRunnable | RunnableWithFallbacks):
+        if isinstance(llm, DynamicRunnable | RunnableWithFallbacks) or _branches(llm):
             return False
         if isinstance(llm, RunnableBinding) and _MODEL_KWARGS & set(llm.kwargs):
             return False
@@ -225,7 +228,8 @@ def one_model(llm: Any) -> bool:
             return True
         steps = _steps(llm)
         if steps is not None:
-            return all(one_model(step) for step in steps)
+            models = [s for s in steps if isinstance(underlying_model(s), BaseLanguageModel)]
+            return len(models) <= 1 and all(one_model(step) for step in steps)
         llm = _wrapped(llm)
         if llm is None:
             return True
@@ -234,6 +238,12 @@ def one_model(llm: Any) -> bool:
 
 #: ``bind()`` arguments that change which model answers.
 _MODEL_KWARGS = frozenset({"model", "model_name", "model_id", "deployment_name"})
+
+
+def _branches(llm: Any) -> list[tuple[Any, Any]]:
+    """A ``RunnableBranch``'s ``(condition, runnable)`` pairs, else none."""
+    branches = getattr(llm, "branches", None)
+    return list(branches) if isinstance(branches, list | tuple) else []
 
 
 def _steps(llm: Any) -> list[Any] | None:

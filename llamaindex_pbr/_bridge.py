@@ -105,10 +105,23 @@ class LlamaIndexGenerator:
     ) -> None:
         self.llm = llm
         self.prompt_style: PromptStyle = llm_prompt_style(llm, prompt_style)
-        self.in_process = bool(getattr(llm, "in_process", False))  # see pbr's llm_timeout_s
-        self.model_id = llm_model_id(llm)
-        self.cacheable = declared_llm_model_id(llm) is not None  # see declared_llm_model_id
         self._context = context
+
+    # Read from the model on every request, not when the generator was made: a model whose
+    # name or settings change (``llm.model = ...``) caches and times out as what it is now.
+    @property
+    def in_process(self) -> bool:
+        """Whether the model runs in this process (see pbr's ``llm_timeout_s``)."""
+        return bool(getattr(self.llm, "in_process", False))
+
+    @property
+    def model_id(self) -> str:
+        return llm_model_id(self.llm)
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the model declares an id its answers may be cached under."""
+        return declared_llm_model_id(self.llm) is not None
 
     def __repr__(self) -> str:
         return f"LlamaIndexGenerator({self.model_id!r}, prompt_style={self.prompt_style!r})"

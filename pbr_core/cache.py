@@ -85,6 +85,7 @@ class GenerationCache:
                     damaged += 1  # parses, but is not what was written: never served
                     continue
                 self._data[key] = text
+                self._data.move_to_end(key)  # a key written again was used last
         if damaged:
             log.warning(
                 "pbr: skipped %d damaged line(s) of the generation cache %s (text and checksum "

@@ -41,7 +41,8 @@ class TextGenerator(Protocol):
     is chosen per call, or the id is only a class name): its answers are never cached.
     """
 
-    model_id: str
+    @property
+    def model_id(self) -> str: ...  # an attribute or a property read per request
 
     def generate(self, prompt: str) -> str: ...
 

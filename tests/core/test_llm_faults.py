@@ -768,3 +768,9 @@ def test_a_bounded_generation_cache_keeps_the_most_recently_used_answers(tmp_pat
     cache.put("m", "p1", "one")  # the same answer put again (two requests generated it) is used
     cache.put("m", "p4", "four")
     assert [cache.get("m", p) for p in ("p1", "p3", "p4")] == ["one", None, "four"]
+    # an answer dropped from memory and generated again is written again: read back after a
+    # restart it counts as used when written last (it counted where first written, and the
+    # answer used last was the one dropped)
+    cache.put("m", "p2", "two, again")
+    again = GenerationCache(path, max_entries=2)
+    assert [again.get("m", p) for p in ("p2", "p4")] == ["two, again", "four"]

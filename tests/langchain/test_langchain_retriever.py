@@ -918,6 +918,23 @@ def test_answers_are_cached_only_under_an_id_that_names_the_answering_model(
     assert len(GenerationCache(path)) == 0
 
 
+def test_a_model_chosen_by_the_input_or_a_chain_of_two_models_is_not_cached() -> None:
+    """A ``RunnableBranch`` picks its model per input and a chain of two models answers with
+    the last: both were cached under the first model found (a branch's default, the chain's
+    first), so one model's answers were served for the other (from a review)."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.runnables import RunnableBranch
+
+    from langchain_pbr._bridge import answering_models, generator_for
+
+    small, big = SyncOnlyChat(model_name="small"), SyncOnlyChat(model_name="big")
+    router = RunnableBranch((lambda prompt: "history" in str(prompt), big), small)
+    assert not generator_for(router, None, "chat").cacheable
+    assert {id(m) for m in answering_models(router)} == {id(small), id(big)}
+    assert not generator_for(small | StrOutputParser() | big, None, "chat").cacheable
+    assert generator_for(small | StrOutputParser(), None, "chat").cacheable
+
+
 @pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])
 def test_the_runs_configurable_picks_the_model_that_writes_the_feedback(how: str) -> None:
     """``config={"configurable": {"llm": "other"}}`` reaches the LLM's run, as it reaches any

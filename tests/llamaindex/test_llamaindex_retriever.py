@@ -1609,3 +1609,54 @@ def test_a_filtered_view_lists_the_user_once_and_whole(
         got
     )
     assert listed == ["ann"]  # the docstore's lookups read the request's snapshot
+
+
+class SwitchableLLM(CustomLLM):
+    """An LLM whose model the app switches at run time (``llm.model = ...``)."""
+
+    model: str = "model-a"
+    calls: list[str] = Field(default_factory=list)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name=self.model, is_chat_model=True)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.calls.append(self.model)
+        if "candidates" in prompt:
+            return CompletionResponse(text=json.dumps({"candidates": [f"{self.model} says hi"]}))
+        return CompletionResponse(text=f"{self.model} reasons about the question")
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        raise NotImplementedError
+
+
+def test_async_requests_cache_answers_under_the_models_current_id(
+    embed_model: HashEmbedding,
+) -> None:
+    """The async path used the generator made with the retriever, whose model id was fixed
+    then: after ``llm.model = "model-b"`` it served model-a's cached answers, and stored
+    model-b's under model-a's id (from a review). Sync read the current id."""
+    from pbr_core import GenerationCache
+
+    llm = SwitchableLLM()
+    r = PBRRetriever.from_defaults(
+        nodes=[TextNode(text=t, metadata={"user_id": "ann"}) for t in ("sushi", "Kyoto trip")],
+        llm=llm,
+        embed_model=embed_model,
+        similarity_top_k=2,
+        config=PBRConfig(fusion="paper", explain="first"),
+        cache=GenerationCache(),
+    ).for_user("ann")
+
+    def said(nodes: list[NodeWithScore]) -> list[str]:
+        return list(nodes[0].node.metadata["pbr"]["pseudo_utterances"])
+
+    assert said(asyncio.run(r.aretrieve("where to eat?"))) == ["model-a says hi"]
+    llm.model = "model-b"
+    assert said(asyncio.run(r.aretrieve("where to eat?"))) == ["model-b says hi"]
+    assert llm.calls.count("model-b") == 2
