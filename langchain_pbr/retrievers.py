@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -87,6 +88,35 @@ USER_METADATA_KEY = "user_id"
 #: The private keyword argument :meth:`PBRRetriever.invoke` passes the run's
 #: ``config["configurable"]`` in: its user, and what the LLM's own run is given.
 _CONFIGURABLE = "_pbr_configurable"
+
+
+#: The corpora a retriever built, and for what (store, owner key, embeddings, by identity): a
+#: configured copy of the retriever is given its default's corpus, which serves the copy only
+#: if it was built for the same three.
+_BUILT: weakref.WeakKeyDictionary[Corpus, tuple[int, str, int]] = weakref.WeakKeyDictionary()
+
+
+def _check_corpus(
+    corpus: Corpus, store: VectorStore | None, user_key: str, embeddings: object
+) -> None:
+    """ValueError where a corpus given as ``corpus=`` is not over the retriever's own store,
+    owner key and embeddings: the retriever would list, rank and embed with the corpus's."""
+    host_store = getattr(corpus.host, "store", None) if corpus.host is not None else None
+    if (store is None) != (corpus.host is None) or (store is not None and host_store is not store):
+        raise ValueError(
+            "corpus= is over another vector store than vectorstore=: build it over the same "
+            "one, Corpus(host_records(vectorstore, user_key), ...), or leave corpus out"
+        )
+    if corpus.user_key != user_key:
+        raise ValueError(
+            f"corpus= keeps the owner under {corpus.user_key!r}, the retriever under "
+            f"{user_key!r}: give both the same user_key"
+        )
+    if embeddings is not None and corpus.embedder is not embeddings:
+        raise ValueError(
+            "corpus= embeds with another model than embeddings=: build it with "
+            "Corpus(..., embedder=embeddings), or leave embeddings= out"
+        )
 
 
 class PBRRetriever(BaseRetriever):
@@ -232,8 +262,11 @@ class PBRRetriever(BaseRetriever):
     """Optional cache of LLM answers keyed by (model, prompt)."""
     corpus: Corpus | None = None
     """Owner of every user's items (:class:`pbr_core.corpus.Corpus`): built from
-    ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies. Pass your own
-    to tune it, e.g. ``Corpus(host_records(store, "user_id"), max_staleness_s=1.0)``."""
+    ``vectorstore``, ``history`` and ``embeddings``; shared by configured copies that keep
+    those three (one that changes the store, ``user_key`` or ``embeddings`` gets its own). Pass
+    your own to tune it, over the retriever's own store, owner key and embeddings (else
+    refused), e.g. ``Corpus(host_records(store, "user_id"), embedder=embeddings,
+    max_staleness_s=1.0)``."""
 
     model_config = ConfigDict(extra="forbid")  # a typo (`embedding=`, `search_type=`) fails
 
@@ -255,18 +288,36 @@ class PBRRetriever(BaseRetriever):
                 "search_kwargs are the vector store's search arguments, but this retriever has "
                 "no vectorstore (it searches pbr's own store); pass vectorstore= or drop them"
             )
+        if "k" in self.search_kwargs:  # the VectorStoreRetriever idiom for k: read as k
+            wanted = check_positive_int(self.search_kwargs["k"], "search_kwargs['k']")
+            if "k" in self.model_fields_set and self.k != wanted:
+                raise ValueError(
+                    f"k={self.k} and search_kwargs['k']={wanted} disagree; give one of them"
+                )
+            self.k = wanted  # a configured copy's own k (configurable_fields) then applies
+            self.search_kwargs = {key: v for key, v in self.search_kwargs.items() if key != "k"}
         if self.vectorstore is not None:
             check_search_kwargs(self.vectorstore, self.search_kwargs)
             extra = self.search_kwargs.get("filter")
             if extra is not None and self.filter_builder is None:  # refused now, not at a query
                 default_filter(self.vectorstore, self.user_key, "any user", extra)
+        store, embedder = self.vectorstore, self._embedder()
+        made_for = (id(store), self.user_key, id(embedder))
+        built = _BUILT.get(self.corpus) if self.corpus is not None else None
+        if self.corpus is not None and built is not None and built != made_for:
+            # a configured copy (configurable_fields) of a retriever whose corpus pbr built,
+            # for another store, owner key or embeddings: that corpus lists the other store
+            # under the other key; this copy gets its own, over a history of its own
+            self.corpus, self.history = None, HistoryStore()
         if self.corpus is None:
-            store = self.vectorstore
             host = host_records(store, self.user_key) if store is not None else None
             self.corpus = Corpus(
-                host, embedder=self._embedder(), cache=self.history, user_key=self.user_key
+                host, embedder=embedder, cache=self.history, user_key=self.user_key
             )
+            _BUILT[self.corpus] = made_for
         else:  # your own Corpus (e.g. with max_staleness_s): its cache is the history
+            if built is None:
+                _check_corpus(self.corpus, store, self.user_key, self.embeddings)
             self.history = self.corpus.cache
         return self
 
@@ -335,7 +386,9 @@ class PBRRetriever(BaseRetriever):
                 "arguments are user_id and k (fixed search arguments go in search_kwargs, the "
                 "per-user filter in filter_builder)"
             )
-        default = self.search_kwargs.get("k", self.k)  # the VectorStoreRetriever idiom
+        # search_kwargs["k"] was read into k when the retriever was made (an unvalidated
+        # model_copy(update={"search_kwargs": ...}) may still hold one)
+        default = self.search_kwargs.get("k", self.k)
         if user_id is None:
             # The field, config={"configurable": {"user_id": ...}} (no configurable_fields
             # needed, so as_plain() copies and fallbacks keep it), the run's metadata (inherited

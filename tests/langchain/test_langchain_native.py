@@ -495,3 +495,70 @@ def test_ensemble_retriever_merges_the_personalized_and_plain_results_into_store
     )
     by_id = EnsembleRetriever(retrievers=[r, r.as_plain()], id_key="kind")  # one per kind
     assert len(by_id.invoke("note", config={"metadata": {"user_id": "ben"}})) == 2
+
+
+def test_a_store_or_owner_key_chosen_per_request_is_the_one_searched() -> None:
+    """A configured copy (``configurable_fields``) was given its default's corpus, built over
+    the default's store and owner key: a per-tenant store answered from the other tenant's
+    store, and a per-request ``user_key`` returned a document whose owner under it is another
+    user (from a review)."""
+    from langchain_core.runnables import ConfigurableField
+
+    alice = {"metadata": {"user_id": "alice"}}
+    store_a, store_b = InMemoryVectorStore(EMB), InMemoryVectorStore(EMB)
+    store_a.add_documents([Document("tenant A: alice likes pasta", metadata={"user_id": "alice"})])
+    store_b.add_documents([Document("tenant B: alice likes sushi", metadata={"user_id": "alice"})])
+    llm = FakeListLLM(responses=["x"] * 20)
+    per_tenant = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store_a).configurable_fields(
+        vectorstore=ConfigurableField(id="store")
+    )
+    got = per_tenant.invoke("alice", config={**alice, "configurable": {"store": store_b}})
+    assert [d.page_content for d in got] == ["tenant B: alice likes sushi"]
+    got = per_tenant.invoke("alice", config=alice)
+    assert [d.page_content for d in got] == ["tenant A: alice likes pasta"]
+
+    shared = InMemoryVectorStore(EMB)
+    shared.add_documents(
+        [
+            Document("bob's pin is 4321", metadata={"owner": "bob", "user_id": "alice"}),
+            Document("alice's note", metadata={"owner": "alice"}),
+        ]
+    )
+    per_key = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=shared).configurable_fields(
+        user_key=ConfigurableField(id="user_key")
+    )
+    got = per_key.invoke("pin", config={**alice, "configurable": {"user_key": "owner"}})
+    assert [d.page_content for d in got] == ["alice's note"]
+
+
+def test_a_corpus_given_over_another_store_key_or_embeddings_is_refused() -> None:
+    from langchain_pbr.stores import host_records
+    from pbr_core.corpus import Corpus
+
+    store, other = InMemoryVectorStore(EMB), InMemoryVectorStore(EMB)
+    llm = FakeListLLM(responses=["x"])
+    fine = Corpus(host_records(store, "user_id"), embedder=EMB)
+    assert PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, corpus=fine).corpus is fine
+    for corpus, says in (
+        (Corpus(host_records(other, "user_id"), embedder=EMB), "another vector store"),
+        (Corpus(host_records(store, "owner"), embedder=EMB, user_key="owner"), "keeps the owner"),
+        (Corpus(host_records(store, "user_id")), "another model"),
+    ):
+        with pytest.raises(ValidationError, match=says):
+            PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, corpus=corpus)
+
+
+def test_search_kwargs_k_is_read_as_k_and_a_configured_k_applies() -> None:
+    """``search_kwargs["k"]`` overrode ``k`` silently, a configured ``k`` too (from a review):
+    it is read as ``k``, refused where it disagrees with a ``k`` given too."""
+    from langchain_core.runnables import ConfigurableField
+
+    store = InMemoryVectorStore(EMB)
+    store.add_documents([Document(f"note {i}", metadata={"user_id": "ann"}) for i in range(8)])
+    llm = FakeListLLM(responses=["x"] * 20)
+    r = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, search_kwargs={"k": 2})
+    assert r.k == 2 and len(r.invoke("note", user_id="ann")) == 2
+    per_k = r.configurable_fields(k=ConfigurableField(id="k"))
+    assert len(per_k.invoke("note", config={"configurable": {"user_id": "ann", "k": 6}})) == 6
+    with pytest.raises(ValidationError, match=r"k=5 and search_kwargs\['k'\]=2 disagree"):
+        PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, k=5, search_kwargs={"k": 2})
