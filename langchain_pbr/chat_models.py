@@ -11,7 +11,7 @@ from langchain_core.callbacks import (
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from pbr_core.models import DEFAULT_MAX_NEW_TOKENS
 
@@ -126,7 +126,15 @@ class LocalGemmaChatModel(BaseChatModel):
             "top_k": self.top_k,
             "repetition_penalty": self.repetition_penalty,
             "dtype": self.dtype,
+            "stop": self.stop,  # it changes the text: LangChain's LLM cache keys by these
         }
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop: list[str] | None) -> list[str] | None:
+        if stop is not None and not all(isinstance(s, str) and s for s in stop):
+            raise ValueError("stop strings must be non-empty strings")
+        return stop
 
     @property
     def model_id(self) -> str:

@@ -411,7 +411,8 @@ class Personalizer:
             return _unpersonalized(user_id, query, q, self._config(opts.config), str(exc))
         req.q = yield _EmbedQuery(req.query, opts.query_vector)
         req.watch.lap("embed_query")
-        _related_and_anchor(req)
+        # the gate predicts safe fusion's own history gate: a rule of the caller's decides itself
+        _related_and_anchor(req, pre_gate=self.fusion_rule is default_rule)
         texts: tuple[str | BaseException | None, str | BaseException | None]
         feedback = opts.feedback
         if feedback is not None:
@@ -661,7 +662,7 @@ class HistoryVectorSearch:
 
 
 # -- the steps that need no personalizer -----------------------------------------------------
-def _related_and_anchor(req: _Request) -> None:
+def _related_and_anchor(req: _Request, *, pre_gate: bool = True) -> None:
     cfg, history, expl = req.config, req.history, req.explanation
     assert req.q is not None
     want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
@@ -669,7 +670,8 @@ def _related_and_anchor(req: _Request) -> None:
     expl.related = related
     req.watch.lap("related_history")
     # It predicts the history gate, so it is only on where that gate is.
-    gate = cfg.pre_gate if cfg.fusion == "safe" and cfg.safe_history_gate else None
+    on = pre_gate and cfg.fusion == "safe" and cfg.safe_history_gate
+    gate = cfg.pre_gate if on else None
     if gate is not None and related and related[0].score >= gate:
         # Decided before any LLM call: the query is already clear for this user, so the
         # history gate would almost surely keep the plain query after paying for both

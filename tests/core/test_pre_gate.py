@@ -100,6 +100,31 @@ def test_the_gate_only_applies_to_safe_fusion() -> None:
     assert "utterances" in pq.explanation.used and not pq.explanation.skipped
 
 
+def test_the_gate_leaves_a_custom_fusion_rule_its_feedback() -> None:
+    """The gate predicts safe fusion's own history gate; a rule of the caller's decides itself
+    what to use. It was gated all the same: given no feedback, and the anchor reported dropped
+    though the rule was given it (from a review)."""
+    from pbr_core.fusion import FusionInputs, FusionResult, fuse
+
+    seen: list[FusionInputs] = []
+
+    def paper_always(inputs: FusionInputs) -> FusionResult:
+        seen.append(inputs)
+        return fuse(inputs.q, anchor=inputs.anchor, f_avg=inputs.f_avg, r=inputs.r, mode="paper")
+
+    gen = ScriptedGenerator(UTTER, REASON)
+    p = Personalizer(
+        TableEmbedder(TABLE),
+        gen,
+        config=PBRConfig(theta=0.0, k2=2, pre_gate=0.75),
+        fusion_rule=paper_always,
+    )
+    p.add_texts("u", ["h1", "h2", "h3"])
+    pq = p.personalize("u", "q")
+    assert len(gen.prompts) == 2 and seen[0].f_avg is not None and seen[0].r is not None
+    assert "anchor" not in pq.explanation.dropped and not pq.explanation.skipped
+
+
 def test_pre_gate_is_validated() -> None:
     for bad in (1.5, -2.0, True, "0.5"):
         with pytest.raises(ValueError, match="pre_gate"):

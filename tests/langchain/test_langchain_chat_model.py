@@ -53,6 +53,15 @@ def test_settings_are_validated() -> None:
         LocalGemmaChatModel(max_new_tokens=0)
     with pytest.raises(ValidationError):
         LocalGemmaChatModel(top_p=1.5)
+    with pytest.raises(ValidationError, match="non-empty"):  # was refused at the first call
+        LocalGemmaChatModel(stop=[""])
+
+
+def test_two_models_of_other_stop_strings_are_two_models_to_langchains_cache() -> None:
+    """LangChain's LLM cache keys a model by its identifying parameters, which left ``stop``
+    out: one model's cached answer was served for the other (from a review)."""
+    plain, short = LocalGemmaChatModel(), LocalGemmaChatModel(stop=["\n"])
+    assert plain._identifying_params != short._identifying_params
 
 
 class TestLocalGemmaChatModelStandard(ChatModelUnitTests):
