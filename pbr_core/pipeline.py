@@ -411,8 +411,7 @@ class Personalizer:
             return _unpersonalized(user_id, query, q, self._config(opts.config), str(exc))
         req.q = yield _EmbedQuery(req.query, opts.query_vector)
         req.watch.lap("embed_query")
-        # the gate predicts safe fusion's own history gate: a rule of the caller's decides itself
-        _related_and_anchor(req, pre_gate=self.fusion_rule is default_rule)
+        _related_and_anchor(req)
         texts: tuple[str | BaseException | None, str | BaseException | None]
         feedback = opts.feedback
         if feedback is not None:
@@ -662,7 +661,7 @@ class HistoryVectorSearch:
 
 
 # -- the steps that need no personalizer -----------------------------------------------------
-def _related_and_anchor(req: _Request, *, pre_gate: bool = True) -> None:
+def _related_and_anchor(req: _Request) -> None:
     cfg, history, expl = req.config, req.history, req.explanation
     assert req.q is not None
     want_anchor, want_f, want_r = MODE_TERMS[cfg.fusion]
@@ -670,8 +669,7 @@ def _related_and_anchor(req: _Request, *, pre_gate: bool = True) -> None:
     expl.related = related
     req.watch.lap("related_history")
     # It predicts the history gate, so it is only on where that gate is.
-    on = pre_gate and cfg.fusion == "safe" and cfg.safe_history_gate
-    gate = cfg.pre_gate if on else None
+    gate = cfg.pre_gate if cfg.fusion == "safe" and cfg.safe_history_gate else None
     if gate is not None and related and related[0].score >= gate:
         # Decided before any LLM call: the query is already clear for this user, so the
         # history gate would almost surely keep the plain query after paying for both
@@ -815,6 +813,9 @@ def _finish(
     )
     expl = req.explanation
     expl.used, expl.w1, expl.w2 = result.used, result.w1, result.w2
+    for term in result.used:  # what the rule used is not dropped, whatever a gate said (a
+        expl.dropped.pop(term, None)  # rule of the caller's may use the anchor the
+        expl.skipped.pop(term, None)  # pre-generation gate reported dropped)
     expl.trust = dict(result.trust)
     if result.fallback is not None:
         # A deliberate choice, not a failure: "skipped" (and, as ever, "dropped") says why.

@@ -100,10 +100,10 @@ def test_the_gate_only_applies_to_safe_fusion() -> None:
     assert "utterances" in pq.explanation.used and not pq.explanation.skipped
 
 
-def test_the_gate_leaves_a_custom_fusion_rule_its_feedback() -> None:
-    """The gate predicts safe fusion's own history gate; a rule of the caller's decides itself
-    what to use. It was gated all the same: given no feedback, and the anchor reported dropped
-    though the rule was given it (from a review)."""
+def test_under_a_custom_fusion_rule_the_gate_still_applies_and_the_explanation_holds() -> None:
+    """The gate applies under safe fusion whatever the rule (``pre_gate=None`` gives a rule of
+    yours the feedback). The anchor such a rule was given and used was reported dropped by
+    the gate (from a review): a term the rule used is never reported dropped."""
     from pbr_core.fusion import FusionInputs, FusionResult, fuse
 
     seen: list[FusionInputs] = []
@@ -112,17 +112,15 @@ def test_the_gate_leaves_a_custom_fusion_rule_its_feedback() -> None:
         seen.append(inputs)
         return fuse(inputs.q, anchor=inputs.anchor, f_avg=inputs.f_avg, r=inputs.r, mode="paper")
 
-    gen = ScriptedGenerator(UTTER, REASON)
-    p = Personalizer(
-        TableEmbedder(TABLE),
-        gen,
-        config=PBRConfig(theta=0.0, k2=2, pre_gate=0.75),
-        fusion_rule=paper_always,
-    )
-    p.add_texts("u", ["h1", "h2", "h3"])
-    pq = p.personalize("u", "q")
-    assert len(gen.prompts) == 2 and seen[0].f_avg is not None and seen[0].r is not None
-    assert "anchor" not in pq.explanation.dropped and not pq.explanation.skipped
+    for pre_gate, calls in ((0.75, 0), (None, 2)):
+        gen = ScriptedGenerator(UTTER, REASON)
+        cfg = PBRConfig(theta=0.0, k2=2, pre_gate=pre_gate)
+        p = Personalizer(TableEmbedder(TABLE), gen, config=cfg, fusion_rule=paper_always)
+        p.add_texts("u", ["h1", "h2", "h3"])
+        e = p.personalize("u", "q").explanation
+        assert len(gen.prompts) == calls and (seen[-1].f_avg is None) == (calls == 0)
+        assert "anchor" in e.used
+        assert not set(e.used) & (set(e.dropped) | set(e.skipped))
 
 
 def test_pre_gate_is_validated() -> None:
