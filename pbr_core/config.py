@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, get_args
@@ -209,10 +210,11 @@ class PBRConfig:
         if timeout is not None and (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
-            or not 0 < timeout < float("inf")
+            or not 0 < timeout <= threading.TIMEOUT_MAX  # a thread's wait takes no more
         ):
             problems.append(
-                f"llm_timeout_s must be a finite number of seconds > 0 (or None), got {timeout!r}"
+                f"llm_timeout_s must be a number of seconds > 0 and at most "
+                f"{threading.TIMEOUT_MAX:.3g} (or None: no timeout), got {timeout!r}"
             )
         if self.search not in SEARCH_MODES:
             problems.append(f"search must be one of {SEARCH_MODES}, got {self.search!r}")

@@ -482,6 +482,7 @@ class _Group:
     items: list[HistoryItem]
     vectors: np.ndarray
     extras: list[Any]
+    given: bool = False  # the caller gave the vectors (nothing was embedded)
 
     def __iter__(self) -> Any:
         return iter((self.user_id, self.items, self.vectors, self.extras))
@@ -1219,7 +1220,7 @@ class Corpus:
             extra = list((extras or {}).get(user_id) or [None] * len(items))
             if len(extra) != len(items):
                 raise ValueError(f"{len(extra)} extras for {len(items)} items of {user_id!r}")
-            plan.append(_Group(user_id, items, unit, extra))
+            plan.append(_Group(user_id, items, unit, extra, given=given is not None))
         if self.host is not None and plan:
             self.host.validate(self._records(plan))
         return plan
@@ -1334,7 +1335,15 @@ class Corpus:
         by_user: dict[str, list[Record]] = {}
         # Embedded before the host write: an embedder's fault then leaves nothing written (over
         # a host that cannot list, a record pbr's history does not hold could not be deleted).
-        windows = {g.user_id: self._windows(g.user_id, g.items) for g in plan}
+        # Vectors given to a corpus without an embedder of its own are of a model pbr does not
+        # know: it cannot embed their windows alike, and loads no default model to try (which
+        # would also be recorded as the store's model).
+        windows = {
+            g.user_id: {}
+            if g.given and self.embedder is None
+            else self._windows(g.user_id, g.items)
+            for g in plan
+        }
         # The users' write locks from the host write to the cache's update: a delete of one of
         # these items runs wholly before or after, never between (it would be undone in the
         # cache). Reads take no write lock: they never wait for the host write.

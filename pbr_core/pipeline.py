@@ -493,7 +493,8 @@ class Personalizer:
 
     def search(self, user_id: str, query: str, k: int = 5, **kwargs: Any) -> SearchResult:
         """Personalize, then search the user's corpus with ``q*`` (keyword args as
-        :meth:`personalize`): the one request of :mod:`pbr_core.retrieval`."""
+        :meth:`personalize`, but ``history``: a search reads the user's corpus itself): the one
+        request of :mod:`pbr_core.retrieval`."""
         request = self._request(user_id, query, k, kwargs)
         final = self._final_search(user_id)
         got = retrieve(self.corpus, request, self.personalize, final_search=final)
@@ -527,6 +528,11 @@ class Personalizer:
         :class:`UnknownUserError` unless ``unknown_user="plain"``)."""
         unknown = kwargs.pop("unknown_user", "raise")
         config = self._config(kwargs.pop("config", None))
+        if "history" in kwargs:  # a search reads the user's corpus itself (the one request)
+            raise TypeError(
+                "search() takes no history=: it reads the user's current history from the "
+                "corpus; personalize(user_id, query, history=...) takes a snapshot of yours"
+            )
         return Request(user_id, query, k, config=config, unknown_user=unknown, **kwargs)
 
     # -- steps ---------------------------------------------------------------------------------

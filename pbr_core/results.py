@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .fusion import MODE_TERMS, TERMS
+from .items import check_batch
 from .protocols import SearchHit
 
 __all__ = [
@@ -39,6 +40,18 @@ class PseudoFeedback:
 
     utterances: Sequence[str] = ()
     reasoning: str | None = None
+
+    def __post_init__(self) -> None:
+        # a bare string would be read as one utterance per character, each embedded and fused
+        utterances = check_batch(self.utterances, "PseudoFeedback.utterances")
+        if not all(isinstance(u, str) for u in utterances):
+            raise TypeError("PseudoFeedback.utterances must be a list of strings")
+        if self.reasoning is not None and not isinstance(self.reasoning, str):
+            raise TypeError(
+                f"PseudoFeedback.reasoning must be a string or None, got "
+                f"{type(self.reasoning).__name__}"
+            )
+        object.__setattr__(self, "utterances", tuple(utterances))
 
 
 @dataclass

@@ -106,3 +106,24 @@ def test_an_empty_or_none_id_in_add_texts_is_no_id_and_gets_a_new_one(way: str) 
     assert len(set(added)) == 3
     history = corpus.history("ann")
     assert history is not None and [it.id for it in history.items] == added
+
+
+def test_vectors_given_without_an_embedder_load_no_model_and_record_none(tmp_path) -> None:
+    """Items given with their vectors (of the app's own model) to a corpus with no embedder
+    loaded the embedded MiniLM only to read its window, and recorded it as the store's model,
+    so the save would not load with the model that made the vectors (from a review)."""
+    from conftest import HashEmbedder
+
+    from pbr_core import Personalizer
+
+    own = HashEmbedder(dim=16)
+    texts = ["I am vegetarian and love pasta", "Ran 16 km this morning"]
+    p = Personalizer()  # no embedder: the app passes vectors
+    p.add_items(
+        "maya",
+        [HistoryItem(f"i{i}", t) for i, t in enumerate(texts)],
+        vectors=own.embed_documents(texts),
+    )
+    assert p.corpus.embedder is None and p.store.embedding_model_id is None
+    p.save(tmp_path / "s")
+    assert len(Personalizer.load(tmp_path / "s", own).store.get("maya")) == 2

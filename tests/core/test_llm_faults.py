@@ -219,7 +219,8 @@ def test_personalizers_over_one_store_share_one_executor() -> None:
 
 
 def test_the_llm_timeout_is_validated() -> None:
-    for bad in (0, -1, float("nan"), float("inf"), "30"):
+    # 1e10 s is beyond what a thread may wait: a sync request failed with OverflowError
+    for bad in (0, -1, float("nan"), float("inf"), "30", 1e10):
         with pytest.raises(ValueError, match="llm_timeout_s"):
             PBRConfig(llm_timeout_s=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_concurrent_llm_calls"):

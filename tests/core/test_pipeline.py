@@ -282,6 +282,22 @@ def test_bad_requests_fail_clearly() -> None:
         p.personalize("carol", "dinner?")
     with pytest.raises(ValueError, match="k must be"):
         p.search("alice", "dinner?", k=0)
+    # search reads the user's corpus itself (it raised a TypeError naming an internal class)
+    with pytest.raises(TypeError, match="search\\(\\) takes no history="):
+        p.search("alice", "dinner?", history=p.store.get("alice"))
+
+
+def test_given_feedback_is_a_list_of_strings_not_a_string_read_letter_by_letter() -> None:
+    """``PseudoFeedback(utterances="I would cook")`` became one utterance per character, each
+    embedded and fused into q* (from a review); a reasoning of another type failed later."""
+    with pytest.raises(TypeError, match="single string"):
+        PseudoFeedback(utterances="I would cook")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reasoning must be a string"):
+        PseudoFeedback(utterances=["x"], reasoning=["a list"])  # type: ignore[arg-type]
+    given = PseudoFeedback(utterances=(u for u in ["roast beets", "kale chips"]))  # type: ignore[arg-type]
+    assert given.utterances == ("roast beets", "kale chips")
+    pq = make().personalize("alice", "dinner?", feedback=given)
+    assert pq.explanation.pseudo_utterances == ["roast beets", "kale chips"]
 
 
 def test_an_embedder_that_changes_dimension_or_returns_nan_corrupts_nothing() -> None:
