@@ -10,6 +10,7 @@ from llama_index.core.base.llms.generic_utils import completion_response_to_chat
 from llama_index.core.llms import (
     ChatMessage,
     ChatResponse,
+    ChatResponseAsyncGen,
     CompletionResponse,
     CompletionResponseAsyncGen,
     CompletionResponseGen,
@@ -175,3 +176,16 @@ class LocalGemmaLLM(CustomLLM):
         prompt = self.messages_to_prompt(messages)
         response = await self.acomplete(prompt, formatted=True, **kwargs)
         return completion_response_to_chat_response(response)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        """Streamed chat without blocking the event loop (CustomLLM's default runs the sync
+        stream on it): the whole answer, decoded in a worker thread, as one piece."""
+        response = await self.achat(messages, **kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            yield ChatResponse(message=response.message, delta=response.message.content)
+
+        return gen()

@@ -177,11 +177,13 @@ class PBRRetriever(BaseRetriever):
     """Personalize Before Retrieve: a per-user query vector, searched in your own index.
 
     For each query PBR asks the LLM for pseudo utterances in the user's style and for a short
-    reasoning (both calls at once), finds the PageRank centre of the user's history, fuses them
-    with the query embedding into ``q*``, and hands ``q*`` to the index's own retriever as
-    ``QueryBundle(query_str=..., embedding=q*)`` with a per-user metadata filter. Scores, filters
-    and docstore hydration stay the host store's. Every returned node carries the request's
-    explanation in ``node.metadata["pbr"]`` (hidden from the LLM and from embeddings).
+    reasoning (both calls at once, where they can help), finds the PageRank centre of the
+    user's history, fuses them with the query embedding into ``q*``, and ranks the user's own
+    nodes with ``q*`` (hybrid dense + BM25 by default, ``PBRConfig(search=...)``); with a view
+    filter only the store can evaluate, its own search lists or searches the view first. The
+    request's explanation is in the ``pbr.*`` instrumentation events, and on the nodes in
+    ``node.metadata["pbr"]`` with ``config=PBRConfig(explain="first")`` or ``"all"`` (hidden
+    from the LLM and from embeddings).
 
     A retriever is a cheap *view* for one user over shared state (histories, anchors, indexes,
     generation cache): ``retriever.for_user("u2")`` costs a shallow copy.
@@ -213,6 +215,7 @@ class PBRRetriever(BaseRetriever):
         .. code-block:: python
 
             nodes = retriever.retrieve("what should I eat before my run?")
+            # with config=PBRConfig(explain="first") the top node also carries the explanation:
             nodes[0].node.metadata["pbr"]["pseudo_utterances"]
 
     Another user, filters:
@@ -341,6 +344,7 @@ class PBRRetriever(BaseRetriever):
         embed_model = (
             embed_model
             or (first._embed_model if first is not None else None)
+            or settings_embed_model()  # an empty partition has no index to take it from
             or default_embed_model(callback_manager)
         )
         llm = llm or settings_llm() or default_llm(callback_manager)
@@ -373,7 +377,7 @@ class PBRRetriever(BaseRetriever):
         self._core = self._shared.personalizer
         self._user_id = None if user_id is None else check_user_id(user_id)
         self._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
-        self._filters = filters
+        self._filters = _checked_filters(filters)
         self._config: PBRConfig | None = None
         self._strict: bool | None = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
@@ -464,7 +468,7 @@ class PBRRetriever(BaseRetriever):
         if similarity_top_k is not None:
             view._top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         if not isinstance(filters, _Keep):
-            view._filters = filters
+            view._filters = _checked_filters(filters)
         elif self._user_id is not None and user_id != self._user_id:
             view._filters = None
         if config is not None:
@@ -509,7 +513,7 @@ class PBRRetriever(BaseRetriever):
 
     @filters.setter
     def filters(self, value: MetadataFilters | None) -> None:  # this view's only
-        self._filters = value
+        self._filters = _checked_filters(value)
 
     @property
     def config(self) -> PBRConfig:
@@ -887,6 +891,10 @@ class PBRRetriever(BaseRetriever):
         )
         with host_store_errors(self._any_store(), "search"):
             refs = self._ref_docs(user_id, instead)  # listed once, kept current below
+            # the user read: the store keys of nodes LlamaIndex wrote are then known (before,
+            # a user no request had read looked up pbr's keys, found nothing, and rewrote every
+            # unchanged document)
+            corpus.history(user_id)
         out = []
         for document in documents:
             old = [node_id for node_id, ref in refs.items() if ref == document.doc_id]
@@ -1053,3 +1061,14 @@ class PBRRetriever(BaseRetriever):
             verbose=verbose,
             **saved.settings,
         )
+
+
+def _checked_filters(filters: object) -> MetadataFilters | None:
+    """``filters`` if it is LlamaIndex's ``MetadataFilters`` (or None), else a TypeError now,
+    not an AttributeError at the first query."""
+    if filters is None or isinstance(filters, MetadataFilters):
+        return filters
+    raise TypeError(
+        f"filters must be llama_index MetadataFilters (or None), got {type(filters).__name__}: "
+        "wrap a MetadataFilter as MetadataFilters(filters=[...]); a dict is LangChain's form"
+    )

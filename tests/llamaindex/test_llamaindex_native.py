@@ -234,6 +234,21 @@ def test_two_refreshes_of_one_document_at_once_leave_one_copy_of_the_new_version
     assert [n.node.get_content() for n in ann.retrieve("notes")] == ["notes v2"]
 
 
+def test_refresh_ref_docs_of_your_own_index_leaves_an_unchanged_document_unread_or_not() -> None:
+    """Over an index LlamaIndex wrote itself, a user no request had read yet had every
+    unchanged document deleted and embedded again (pbr looked its nodes up by its own keys;
+    from a review)."""
+    from llamaindex_pbr import tag_nodes
+
+    emb = HashEmbedding(dim=64)
+    docs = tag_nodes([Document(text="Day 1: ran 10 km, ate pasta.", id_="diary")], "alice")
+    index = VectorStoreIndex.from_documents(docs, embed_model=emb)
+    before = set(index.vector_store.data.embedding_dict)
+    alice = PBRRetriever(index, llm=MockLLM(max_tokens=8), embed_model=emb).for_user("alice")
+    assert alice.refresh_ref_docs(docs) == [False]
+    assert set(index.vector_store.data.embedding_dict) == before
+
+
 def test_refresh_ref_docs_keeps_a_node_whose_deterministic_id_the_new_version_reuses(
     listed: PBRRetriever,
 ) -> None:

@@ -23,7 +23,13 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
-from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
+from llama_index.core.llms import (
+    ChatMessage,
+    CompletionResponse,
+    CompletionResponseGen,
+    CustomLLM,
+    LLMMetadata,
+)
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.mock import MockLLM
 from llama_index.core.postprocessor import PrevNextNodePostprocessor
@@ -1660,3 +1666,53 @@ def test_async_requests_cache_answers_under_the_models_current_id(
     llm.model = "model-b"
     assert said(asyncio.run(r.aretrieve("where to eat?"))) == ["model-b says hi"]
     assert llm.calls.count("model-b") == 2
+
+
+async def test_the_embedded_llms_async_chat_stream_leaves_the_event_loop_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``astream_chat`` was CustomLLM's, which runs the blocking decode on the event loop
+    (from a review); the other async methods decode in a worker thread, and so does it."""
+    from pbr_core.models import LocalGemmaGenerator
+
+    def decode(self: Any, prompt: str) -> str:
+        time.sleep(0.4)  # the forward passes, without the weights
+        return "a b c"
+
+    monkeypatch.setattr(LocalGemmaGenerator, "generate", decode)
+    llm = LocalGemmaLLM()
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    stream = await llm.astream_chat([ChatMessage(role="user", content="hi")])
+    text = "".join([r.delta or "" async for r in stream])
+    ticker.cancel()
+    assert text == "a b c" and ticks >= 5
+
+
+def test_filters_of_another_type_are_refused_when_given(base: PBRRetriever) -> None:
+    """A LangChain-style dict or a lone MetadataFilter was kept and failed at the first query
+    with an AttributeError (from a review)."""
+    for bad in ({"topic": "food"}, MetadataFilter(key="topic", value="food")):
+        with pytest.raises(TypeError, match="MetadataFilters"):
+            base.for_user("u1", filters=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="MetadataFilters"):
+            base.for_user("u1").filters = bad  # type: ignore[assignment]
+
+
+def test_an_empty_partition_takes_settings_embed_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no index to take the model from, the documented order is Settings.embed_model,
+    then the embedded MiniLM; PBRRetriever({}, vector_store_factory=...) skipped Settings."""
+    from llama_index.core.vector_stores.simple import SimpleVectorStore
+
+    mine = HashEmbedding(dim=64)
+    monkeypatch.setattr(Settings, "_embed_model", mine)
+    r = PBRRetriever({}, llm=MockLLM(), vector_store_factory=lambda user: SimpleVectorStore())
+    assert r.embed_model is mine
