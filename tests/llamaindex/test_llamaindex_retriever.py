@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,25 @@ def _owner(nws: NodeWithScore) -> str:
 #: to the query, so the default "safe" fusion would (rightly) drop them all.
 # explain="all": these tests read the explanation off the nodes (by default: events only)
 PAPER = PBRConfig(fusion="paper", explain="all")
+
+
+@contextlib.asynccontextmanager
+async def loop_ticks(period: float) -> AsyncIterator[list[int]]:
+    """How often the event loop ran a ticker every ``period`` seconds meanwhile (``[count]``):
+    a loop blocked by a synchronous call runs it once or not at all."""
+    count = [0]
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(period)
+            count[0] += 1
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        yield count
+    finally:
+        ticker.cancel()
 
 
 @pytest.fixture
@@ -793,20 +813,11 @@ async def test_a_blocking_llm_neither_freezes_the_event_loop_nor_outlives_the_ti
     retriever = PBRRetriever.from_defaults(
         nodes=_nodes(), llm=BlockingLLM(), embed_model=embed_model, user_id="u1", config=config
     )
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    got = await retriever.aretrieve(QUERY)
-    ticker.cancel()
+    async with loop_ticks(0.01) as ticks:
+        got = await retriever.aretrieve(QUERY)
     explanation = got[0].node.metadata[EXPLANATION_KEY]
     assert explanation["degraded"] and "timed out" in explanation["dropped"]["utterances"]
-    assert ticks >= 5  # the loop ran while the LLM blocked (a blocked loop: 0 or 1)
+    assert ticks[0] >= 5  # the loop ran while the LLM blocked (a blocked loop: 0 or 1)
 
 
 async def test_the_sync_path_needs_no_event_loop_of_its_own(base: PBRRetriever) -> None:
@@ -1681,20 +1692,10 @@ async def test_the_embedded_llms_async_chat_stream_leaves_the_event_loop_free(
 
     monkeypatch.setattr(LocalGemmaGenerator, "generate", decode)
     llm = LocalGemmaLLM()
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.02)
-            ticks += 1
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    stream = await llm.astream_chat([ChatMessage(role="user", content="hi")])
-    text = "".join([r.delta or "" async for r in stream])
-    ticker.cancel()
-    assert text == "a b c" and ticks >= 5
+    async with loop_ticks(0.02) as ticks:
+        stream = await llm.astream_chat([ChatMessage(role="user", content="hi")])
+        text = "".join([r.delta or "" async for r in stream])
+    assert text == "a b c" and ticks[0] >= 5
 
 
 def test_filters_of_another_type_are_refused_when_given(base: PBRRetriever) -> None:
