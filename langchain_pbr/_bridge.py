@@ -17,11 +17,10 @@ from pbr_core.adapters_support import declared_model_id, model_id, result_metada
 from pbr_core.config import ExplainMode
 from pbr_core.corpus import held_item_id, stored_timestamp
 from pbr_core.items import check_batch, id_or_new
-from pbr_core.prf import prompts_for_style, resolve_prompt_style
+from pbr_core.prf import PROMPT_VARIABLES, prompts_for_style, resolve_prompt_style, template_from
 from pbr_core.retrieval import Retrieval
 
 #: The variables a PBR prompt template may use (the core fills them in).
-PROMPT_VARIABLES = ("history", "query", "m")
 _REQUIRED_VARIABLES = ("history", "query")
 
 
@@ -289,12 +288,9 @@ def core_template(prompt: PromptTemplate | None) -> str | None:
     """
     if prompt is None:
         return None
-    sentinels = {name: f"\x00pbr:{name}\x00" for name in PROMPT_VARIABLES}
-    text = prompt.format(**{v: sentinels[v] for v in prompt.input_variables})
-    text = text.replace("{", "{{").replace("}", "}}")
-    for name, sentinel in sentinels.items():
-        text = text.replace(sentinel, "{" + name + "}")
-    return text
+    return template_from(
+        lambda values: prompt.format(**{v: values[v] for v in prompt.input_variables})
+    )
 
 
 def items_of(

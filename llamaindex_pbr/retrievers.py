@@ -23,7 +23,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.ingestion import run_transformations
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import PromptTemplate
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import (
     BaseNode,
@@ -57,6 +57,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.config import as_config
 from pbr_core.corpus import Corpus, held_item_id
+from pbr_core.prf import PROMPT_VARIABLES, template_from
 from pbr_core.retrieval import Candidates, Request, Retrieval, aretrieve, retrieve
 
 from . import persistence
@@ -100,6 +101,30 @@ _PROMPT_KEYS = ("utterances_prompt", "reasoning_prompt")
 _RESERVED_KWARGS = ("similarity_top_k", "filters", "node_ids")
 # Applied unevenly by LlamaIndex's stores (SimpleVectorStore ignores it): refused, not ignored.
 _UNEVEN_KWARGS = ("doc_ids",)
+# Arguments of VectorIndexRetriever that act only where pbr never lets them: refused.
+_INERT_KWARGS = ("alpha", "sparse_top_k", "hybrid_top_k", "embed_model")
+#: retriever_kwargs refused, each set with why (the unknown ones and the query mode apart).
+_REFUSED_KWARGS = (
+    (
+        _RESERVED_KWARGS,
+        "pass similarity_top_k / filters to PBRRetriever itself (node_ids would bypass the "
+        "per-user filter)",
+    ),
+    (
+        _UNEVEN_KWARGS,
+        "LlamaIndex's vector stores apply it unevenly (SimpleVectorStore ignores it), so "
+        "results would silently include other documents; put the document in the nodes' "
+        "metadata and pass filters=MetadataFilters(...) instead (a view's filters= for one "
+        "request)",
+    ),
+    (
+        _INERT_KWARGS,
+        "they would have no effect: alpha, sparse_top_k and hybrid_top_k only act in a store "
+        "query mode pbr refuses (it ranks by PBRConfig.search), and pbr always gives the "
+        "query's vector, so embed_model is never asked; leave them out (the retriever's own "
+        "embed_model= embeds)",
+    ),
+)
 
 VectorStoreFactory = Callable[[str], BasePydanticVectorStore]
 
@@ -310,20 +335,10 @@ class PBRRetriever(BaseRetriever):
         if not isinstance(user_id_key, str) or not user_id_key:
             raise ValueError("user_id_key must be a non-empty string")
         kwargs = dict(retriever_kwargs or {})
-        reserved = sorted(k for k in kwargs if k in _RESERVED_KWARGS)
-        if reserved:
-            raise ValueError(
-                f"retriever_kwargs may not set {reserved}: pass similarity_top_k / filters to "
-                "PBRRetriever itself (node_ids would bypass the per-user filter)"
-            )
-        uneven = sorted(k for k in kwargs if k in _UNEVEN_KWARGS)
-        if uneven:
-            raise ValueError(
-                f"retriever_kwargs may not set {uneven}: LlamaIndex's vector stores apply it "
-                "unevenly (SimpleVectorStore ignores it), so results would silently include "
-                "other documents; put the document in the nodes' metadata and pass filters="
-                "MetadataFilters(...) instead (a view's filters= for one request)"
-            )
+        for keys, why in _REFUSED_KWARGS:
+            refused = sorted(k for k in kwargs if k in keys)
+            if refused:
+                raise ValueError(f"retriever_kwargs may not set {refused}: {why}")
         mode = kwargs.get("vector_store_query_mode", "default")
         if str(getattr(mode, "value", mode)) != "default":
             raise ValueError(
@@ -968,8 +983,8 @@ class PBRRetriever(BaseRetriever):
         utterances = prompts_dict.get("utterances_prompt")
         reasoning = prompts_dict.get("reasoning_prompt")
         updated = PromptSet(
-            utterances=utterances.get_template() if utterances is not None else current.utterances,
-            reasoning=reasoning.get_template() if reasoning is not None else current.reasoning,
+            utterances=current.utterances if utterances is None else _core_template(utterances),
+            reasoning=current.reasoning if reasoning is None else _core_template(reasoning),
             style=current.style,
         )
         core = self._core
@@ -1072,3 +1087,20 @@ def _checked_filters(filters: object) -> MetadataFilters | None:
         f"filters must be llama_index MetadataFilters (or None), got {type(filters).__name__}: "
         "wrap a MetadataFilter as MetadataFilters(filters=[...]); a dict is LangChain's form"
     )
+
+
+def _core_template(prompt: BasePromptTemplate) -> str:
+    """A LlamaIndex prompt template as a pbr template, formatted by LlamaIndex itself: its
+    partial values (``partial_format``) and ``template_var_mappings`` apply (before, only its
+    raw string was kept: a partial value reached the LLM as the literal ``{tone}``)."""
+    mapped = dict(getattr(prompt, "template_var_mappings", None) or {})
+    filled = {mapped.get(name, name) for name in PROMPT_VARIABLES}
+    bound = set(getattr(prompt, "kwargs", None) or {})
+    bound |= set(getattr(prompt, "function_mappings", None) or {})
+    unfilled = sorted(set(getattr(prompt, "template_vars", None) or ()) - filled - bound)
+    if unfilled:
+        raise ValueError(
+            f"the prompt uses {unfilled}, which pbr does not fill: pbr fills {{history}}, "
+            "{query} and {m}; bind anything else with partial_format(...)"
+        )
+    return template_from(lambda values: prompt.format(**dict(values)))  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -78,6 +78,25 @@ class PromptSet:
             missing = [p for p in needed if p not in template]
             if missing:
                 raise ValueError(f"the {name} prompt lacks the placeholder(s) {missing}")
+
+
+#: The placeholders pbr fills in a P-PRF template.
+PROMPT_VARIABLES = ("history", "query", "m")
+
+
+def template_from(render: Callable[[Mapping[str, str]], str]) -> str:
+    """A framework's prompt template as a pbr template, ``{history}`` etc. left to fill.
+
+    ``render`` formats the template the framework's own way (its partial values, variable
+    mappings and template format applied) with a sentinel for each of
+    :data:`PROMPT_VARIABLES`; literal braces are then escaped so that pbr fills only its own
+    placeholders. The one rule for both adapters' templates."""
+    sentinels = {name: f"\x00pbr:{name}\x00" for name in PROMPT_VARIABLES}
+    text = render(sentinels)
+    text = text.replace("{", "{{").replace("}", "}}")
+    for name, sentinel in sentinels.items():
+        text = text.replace(sentinel, "{" + name + "}")
+    return text
 
 
 CHAT_PROMPTS = PromptSet()

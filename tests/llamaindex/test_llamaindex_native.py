@@ -355,6 +355,20 @@ def test_retriever_kwargs_doc_ids_is_refused_at_construction_not_ignored() -> No
         )
 
 
+@pytest.mark.parametrize("key", ["alpha", "sparse_top_k", "hybrid_top_k", "embed_model"])
+def test_retriever_kwargs_that_could_never_act_are_refused_at_construction(key: str) -> None:
+    """VectorIndexRetriever takes them, but they act only in a store query mode pbr refuses,
+    or (embed_model) for a query without a vector, which pbr never sends: accepted, then
+    without effect (from a review)."""
+    with pytest.raises(ValueError, match=rf"\['{key}'\]: they would have no effect"):
+        PBRRetriever.from_defaults(
+            documents=docs(),
+            llm=MockLLM(max_tokens=4),
+            embed_model=EMB,
+            retriever_kwargs={key: EMB if key == "embed_model" else 1},
+        )
+
+
 @pytest.mark.parametrize("key", ["similarity_cutoff", "similarty_top_k"])
 def test_retriever_kwargs_that_llamaindex_would_ignore_are_refused_at_construction(
     key: str,

@@ -926,6 +926,26 @@ def test_prompts_through_prompt_mixin(base: PBRRetriever) -> None:
         u1.update_prompts({"reasoning_prompt": PromptTemplate("no slots")})
 
 
+def test_a_prompts_partial_values_and_variable_mappings_are_llamaindexs_own(
+    base: PBRRetriever,
+) -> None:
+    """Only a template's raw string was kept: a ``partial_format`` value reached the LLM as the
+    literal ``{tone}``, and a template naming the history ``{past}`` through
+    ``template_var_mappings`` was refused as lacking ``{history}`` (from a review)."""
+    u1 = base.for_user("u1")
+    toned = PromptTemplate("Tone: {tone}.\n{history}\nAsked: {query}\n1.").partial_format(
+        tone="formal"
+    )
+    mapped = PromptTemplate(
+        "Past:\n{past}\nAsked: {query}\n1.", template_var_mappings={"history": "past"}
+    )
+    u1.update_prompts({"utterances_prompt": toned, "reasoning_prompt": mapped})
+    explanation = u1.retrieve(QUERY)[0].node.metadata[EXPLANATION_KEY]
+    assert any(u.startswith("Tone: formal.") for u in explanation["pseudo_utterances"])
+    with pytest.raises(ValueError, match="does not fill"):
+        u1.update_prompts({"reasoning_prompt": PromptTemplate("{mood} {history} {query}")})
+
+
 # -- persistence ---------------------------------------------------------------------------------
 def test_persist_and_load_round_trip(
     base: PBRRetriever, embed_model: HashEmbedding, tmp_path: Path
