@@ -339,6 +339,13 @@ class PBRRetriever(BaseRetriever):
             refused = sorted(k for k in kwargs if k in keys)
             if refused:
                 raise ValueError(f"retriever_kwargs may not set {refused}: {why}")
+        if "where" in (kwargs.get("vector_store_kwargs") or {}):
+            raise ValueError(
+                "retriever_kwargs' vector_store_kwargs may not set 'where': pbr gives the store "
+                "its metadata filter itself (the user's, and filters=), which a store such as "
+                "Chroma refuses to take together with a 'where'; pass the condition as "
+                "filters=MetadataFilters(...)"
+            )
         mode = kwargs.get("vector_store_query_mode", "default")
         if str(getattr(mode, "value", mode)) != "default":
             raise ValueError(

@@ -355,6 +355,18 @@ def test_retriever_kwargs_doc_ids_is_refused_at_construction_not_ignored() -> No
         )
 
 
+def test_a_where_in_the_stores_kwargs_is_refused_for_filters() -> None:
+    """Chroma refuses a 'where' given beside the metadata filter pbr passes, and the error was
+    turned into advice for stores that cannot filter (from a review)."""
+    with pytest.raises(ValueError, match=r"may not set 'where'.*filters=MetadataFilters"):
+        PBRRetriever.from_defaults(
+            documents=docs(),
+            llm=MockLLM(max_tokens=4),
+            embed_model=EMB,
+            retriever_kwargs={"vector_store_kwargs": {"where": {"year": 2024}}},
+        )
+
+
 @pytest.mark.parametrize("key", ["alpha", "sparse_top_k", "hybrid_top_k", "embed_model"])
 def test_retriever_kwargs_that_could_never_act_are_refused_at_construction(key: str) -> None:
     """VectorIndexRetriever takes them, but they act only in a store query mode pbr refuses,
