@@ -20,6 +20,7 @@ re-exported, so ``from pbr_core.history import ...`` keeps working.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -167,8 +168,10 @@ class HistoryStore:
         self._held: dict[str, int] = {}
         self._total = 0
         self._recent: deque[str] = deque(maxlen=_REMEASURED)
+        # users whose snapshot built a cache since measured (UserHistory._grow tells)
+        self._grew: set[str] = set()
         # User -> (the saved entry it was read from or last saved as, the snapshot then).
-        self._origin: dict[str, tuple[Saved, UserHistory]] = {}
+        self._origin: dict[str, tuple[Saved, UserHistory | None]] = {}
         self._owners: list[weakref.ref[ReadBack]] = []
 
     # -- reading -------------------------------------------------------------------------------
@@ -267,11 +270,16 @@ class HistoryStore:
             for other in self._recent:
                 if other != user_id:
                     self._measure(other)
+        while self._grew:  # and any user whose snapshot said it built one, however long ago
+            self._measure(self._grew.pop())
         if user_id in self._held:
             self._sizes[user_id] = self._held.pop(user_id)
         elif user_id not in self._sizes:
             self._sizes[user_id] = 0
         self._sizes.move_to_end(user_id)
+        history = self._users.get(user_id)
+        if isinstance(history, UserHistory) and history._watcher is None:
+            history._watcher = functools.partial(self._grew.add, user_id)
         self._measure(user_id)
         if not self._recent or self._recent[-1] != user_id:
             if user_id in self._recent:
@@ -476,6 +484,9 @@ class HistoryStore:
             snapshot._inherit_anchors(old, old_positions)
             snapshot._inherit_lexical(old, old_positions)
         self._users[user_id] = snapshot
+        origin = self._origin.get(user_id)
+        if origin is not None and origin[1] is not None:  # changed since read: it cannot go
+            self._origin[user_id] = (origin[0], None)  # back, and the old snapshot is let go
         self._touch(user_id)
         return snapshot
 

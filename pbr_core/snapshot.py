@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,11 +136,13 @@ class UserHistory:
         # nbytes() as of that count.
         self._grown = 0
         self._counted: tuple[int, int] | None = None
+        # told when a cache is built: the store holding this snapshot counts it then
+        self._watcher: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     # Locks cannot be pickled or deep-copied: a copy gets fresh ones (and keeps the anchors).
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_watcher")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -160,7 +162,17 @@ class UserHistory:
             self._lexical, self._lexical_parents = {}, {}  # (their terms would miss the
             self._tokenizer = TOKENIZER_VERSION  # query's): built again on first use
             self._counted = None
+        self._watcher = None
         self._lock = threading.Lock()
+
+    def _grow(self) -> None:
+        """A cache was built or inherited: :meth:`nbytes` counts anew, and the store holding
+        this snapshot is told, so that its budget counts the cache now, however many other
+        users were read meanwhile."""
+        self._grown += 1
+        watcher = self._watcher
+        if watcher is not None:
+            watcher()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -245,7 +257,7 @@ class UserHistory:
             )
             rows = np.concatenate([np.asarray(w, dtype=np.float32) for w in self.windows.values()])
             self._window_rows = (owners, rows)
-            self._grown += 1
+            self._grow()
         return self._window_rows
 
     def lexical(self, stemmer: StemmerName | None = DEFAULT_STEMMER) -> LexicalIndex:
@@ -276,7 +288,7 @@ class UserHistory:
                     index = staged if identity else staged.derived(order, [])
                 self._lexical[stemmer] = index
                 self._lexical_parents.pop(stemmer, None)  # release the previous index
-                self._grown += 1
+                self._grow()
             return index
 
     def has_lexical(self, stemmer: StemmerName | None) -> bool:
@@ -311,7 +323,7 @@ class UserHistory:
         if not built:
             for stemmer, (index, older) in list(previous._lexical_parents.items()):
                 self._lexical_parents[stemmer] = (index, _chained(older, positions))
-        self._grown += 1
+        self._grow()
 
     def anchor(self, config: PBRConfig) -> AnchorResult | None:
         """The anchor for ``config``'s graph parameters, computed once per snapshot.
@@ -334,7 +346,7 @@ class UserHistory:
                 else:
                     self._anchors[key] = compute_anchor(vectors, config)
                 self._parents.pop(key, None)  # release the previous graph
-                self._grown += 1
+                self._grow()
             return self._anchors[key]
 
     def adopt(
@@ -354,7 +366,7 @@ class UserHistory:
                 if index.stemmer not in self._lexical:
                     self._lexical[index.stemmer] = index
                     self._lexical_parents.pop(index.stemmer, None)
-            self._grown += 1
+            self._grow()
 
     def _inherit_anchors(self, previous: UserHistory, old_positions: np.ndarray) -> None:
         """Remember ``previous``'s anchors (computed or themselves pending) to derive ours from.
@@ -373,4 +385,4 @@ class UserHistory:
         if not computed:
             for key, (result, older) in list(previous._parents.items()):
                 self._parents[key] = (result, _chained(older, old_positions))
-        self._grown += 1
+        self._grow()

@@ -15,7 +15,7 @@ import pytest
 from conftest import HashEmbedder, ScriptedGenerator
 from doubles import ListingHost, SilentHost
 
-from pbr_core import HistoryStore, PBRConfig, Personalizer
+from pbr_core import HistoryItem, HistoryStore, PBRConfig, Personalizer
 from pbr_core.corpus import Corpus
 from pbr_core.history_format import Saved
 
@@ -330,3 +330,40 @@ def test_a_timestamp_its_metadata_contradicts_is_refused_before_anything_is_writ
         with pytest.raises(ValueError, match="disagree"):
             corpus.add("a", [HistoryItem("n1", "a note", metadata, timestamp=1714521600.0)])
     assert host.rows == {} and corpus.history("a") is None
+
+
+def test_a_cache_built_after_many_other_users_were_read_is_counted() -> None:
+    """A user was measured again only while among the last 8 read: an anchor or BM25 index
+    built after 8 other users were read (a pool of requests) was left out of the total the
+    budget checks (a store held 5x its budget; from a review)."""
+    store = HistoryStore()
+    corpus = Corpus(None, embedder=HashEmbedder(), cache=store)
+    for user in range(12):
+        corpus.add_texts(f"u{user}", texts_of(user, 40))
+    # u0 read, then eleven other users (each read once, in order)
+    resident = [store.get(f"u{user}") for user in range(12)]
+    assert resident[0].anchor(PBRConfig()) is not None and resident[0].lexical() is not None
+    store.get("u11")  # any read: the store counts what u0's snapshot built meanwhile
+    # the running total eviction compares with the budget (cached_bytes measures anew)
+    assert store._total == sum(h.nbytes() for h in resident)
+
+
+def test_a_lazily_loaded_user_changed_since_lets_its_old_snapshot_go(tmp_path: object) -> None:
+    """The snapshot read from the save was kept for the eviction back to it, after the user
+    changed too (it can no longer go back): its vectors, anchor and index held and uncounted
+    until the next save (from a review)."""
+    import gc
+    import weakref
+
+    corpus = Corpus(None, embedder=HashEmbedder())
+    corpus.add_texts("u0", texts_of(0, 40))
+    corpus.cache.save(tmp_path)  # type: ignore[arg-type]
+    store = HistoryStore.load(tmp_path, lazy=True, max_cache_bytes=10 * 2**20)  # type: ignore[arg-type]
+    read = store.get("u0")
+    read.anchor(PBRConfig())  # a query's caches
+    old = weakref.ref(read)
+    del read
+    vector = np.asarray(HashEmbedder().embed_documents(["one more note"]))
+    store.upsert("u0", [HistoryItem(id="new", text="one more note")], vector)
+    gc.collect()
+    assert old() is None
