@@ -24,7 +24,7 @@ import functools
 import os
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,10 +78,6 @@ SAME_VECTOR_ATOL = 1e-6
 #: warm users of 1,000 items at 384-d (2.1-2.8 MB each). It bounds only users that can be read
 #: back, so a store that is the only record of its users is never cut by it.
 DEFAULT_MAX_CACHE_BYTES = 1 << 30
-
-#: How many of the most recently read users are measured again when another user is read: a
-#: request builds its user's anchor and BM25 index after the read that measured the user.
-_REMEASURED = 8
 
 
 class ReadBack(Protocol):
@@ -167,8 +163,9 @@ class HistoryStore:
         self._sizes: OrderedDict[str, int] = OrderedDict()
         self._held: dict[str, int] = {}
         self._total = 0
-        self._recent: deque[str] = deque(maxlen=_REMEASURED)
-        # users whose snapshot built a cache since measured (UserHistory._grow tells)
+        # users whose snapshot built a cache since they were measured (UserHistory._grow
+        # tells): a request builds its user's anchor and BM25 index after the read that
+        # measured the user, however many other users are read meanwhile
         self._grew: set[str] = set()
         # User -> (the saved entry it was read from or last saved as, the snapshot then).
         self._origin: dict[str, tuple[Saved, UserHistory | None]] = {}
@@ -186,6 +183,8 @@ class HistoryStore:
             resident = [u for u, h in state["_users"].items() if isinstance(h, UserHistory)]
             state["_sizes"] = OrderedDict.fromkeys(resident, 0)
         self.__dict__.update(state)
+        self.__dict__.pop("_recent", None)  # pickled when the last 8 users read were remeasured
+        self.__dict__.setdefault("_grew", set())
         self._lock = threading.RLock()
         self._owners = []  # an owner registers itself again (Corpus.__setstate__)
 
@@ -265,12 +264,7 @@ class HistoryStore:
     def _touch(self, user_id: str) -> None:
         """Make ``user_id`` (resident) the most recently used, measure it, and evict others
         while the budget is exceeded (lock held)."""
-        if self._recent and self._recent[-1] != user_id:
-            # Another user's turn: the users read before may have built caches since.
-            for other in self._recent:
-                if other != user_id:
-                    self._measure(other)
-        while self._grew:  # and any user whose snapshot said it built one, however long ago
+        while self._grew:  # the users whose snapshot built a cache since they were measured
             self._measure(self._grew.pop())
         if user_id in self._held:
             self._sizes[user_id] = self._held.pop(user_id)
@@ -281,10 +275,6 @@ class HistoryStore:
         if isinstance(history, UserHistory) and history._watcher is None:
             history._watcher = functools.partial(self._grew.add, user_id)
         self._measure(user_id)
-        if not self._recent or self._recent[-1] != user_id:
-            if user_id in self._recent:
-                self._recent.remove(user_id)
-            self._recent.append(user_id)
         self._evict(keep=user_id)
 
     def _measure(self, user_id: str) -> None:
@@ -331,8 +321,6 @@ class HistoryStore:
         """Stop counting ``user_id`` (evicted or dropped; lock held)."""
         self._total -= self._sizes.pop(user_id, 0) + self._held.pop(user_id, 0)
         self._origin.pop(user_id, None)
-        if user_id in self._recent:
-            self._recent.remove(user_id)
 
     def known_vectors(self, user_id: str, items: Sequence[HistoryItem]) -> list[np.ndarray | None]:
         """Stored vectors of items whose id *and* text are already stored (no re-embedding)."""

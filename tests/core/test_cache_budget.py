@@ -237,6 +237,22 @@ def test_a_pickled_corpus_evicts_again() -> None:
     assert corpus.cache.users() == ["b"]
 
 
+def test_a_store_pickled_before_snapshots_told_it_of_their_caches_counts_them() -> None:
+    """Unpickled from a version that remeasured the last 8 users read instead (a ``_recent``
+    deque, no ``_grew`` set), a store still reads its users and counts their caches."""
+    from collections import deque
+
+    store = HistoryStore()
+    Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("a", texts_of(1, 40))
+    state = {k: v for k, v in store.__getstate__().items() if k != "_grew"}
+    old = HistoryStore.__new__(HistoryStore)
+    old.__setstate__({**state, "_recent": deque(["a"], maxlen=8)})
+    history = old.get("a")
+    assert history.anchor(PBRConfig()) is not None
+    old.get("a")
+    assert old._total == history.nbytes()
+
+
 def test_a_users_bytes_count_the_caches_its_queries_build() -> None:
     store = HistoryStore()
     Corpus(None, embedder=HashEmbedder(), cache=store).add_texts("a", texts_of(1, 40))
