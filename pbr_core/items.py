@@ -193,20 +193,7 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
                 "pass a dict"
             )
     for item in items:
-        odd = _keys_not_strings(item.metadata)
-        if odd is _TOO_DEEP:
-            raise ValueError(
-                f"metadata of {_where(item, user_id)} nests deeper than {MAX_METADATA_DEPTH} "
-                "levels of dicts and lists; flatten it (JSON's encoder and decoder recurse, so "
-                "such a value could be saved and then not loaded)"
-            )
-        if odd:
-            key = odd[0]
-            raise ValueError(
-                f"metadata of {_where(item, user_id)} has the {type(key).__name__} key {key!r}; "
-                "keys are strings (JSON would save it as a string, and merge it with an equal "
-                "one): pass str(key)"
-            )
+        _check_metadata_shape(item.metadata, item, user_id)
     try:  # the fast path: every item's fields as save() will write them, in one encoder call
         rows = [(i.id, i.text, _plain_dict(i.metadata), i.timestamp) for i in items]
         _check_encoder.encode(rows).encode("utf-8")
@@ -223,31 +210,36 @@ def check_serialisable(user_id: str, items: Iterable[HistoryItem]) -> None:
 #: JSON's encoder and decoder recurse: near the interpreter's recursion limit (~1,000 levels)
 #: whether a save or a load of such a value succeeds depends on how deep the caller's stack is.
 MAX_METADATA_DEPTH = 100
-_TOO_DEEP: list[object] = []
 
 
-def _keys_not_strings(value: object) -> list[object]:
-    """The first dict key in ``value`` (at any depth) that is not a string, as a one-item
-    list (a key may be None); :data:`_TOO_DEEP` where ``value`` nests deeper than
-    :data:`MAX_METADATA_DEPTH`; empty where every key is a string. Iterative: any depth is
+def _check_metadata_shape(metadata: object, item: HistoryItem, user_id: str) -> None:
+    """Raise ``ValueError`` at the first dict key in ``metadata`` (at any depth) that is not a
+    string, or where it nests deeper than :data:`MAX_METADATA_DEPTH`. Iterative: any depth is
     read without recursion."""
-    stack: list[tuple[object, int]] = [(value, 1)]
+    stack: list[tuple[object, int]] = [(metadata, 1)]
     while stack:
         current, depth = stack.pop()
         inner: Iterable[object]
         if isinstance(current, Mapping):
             for key in current:
                 if not isinstance(key, str):
-                    return [key]
+                    raise ValueError(
+                        f"metadata of {_where(item, user_id)} has the {type(key).__name__} key "
+                        f"{key!r}; keys are strings (JSON would save it as a string, and merge "
+                        "it with an equal one): pass str(key)"
+                    )
             inner = current.values()
         elif isinstance(current, list | tuple):
             inner = current
         else:
             continue
         if depth > MAX_METADATA_DEPTH:
-            return _TOO_DEEP
+            raise ValueError(
+                f"metadata of {_where(item, user_id)} nests deeper than {MAX_METADATA_DEPTH} "
+                "levels of dicts and lists; flatten it (JSON's encoder and decoder recurse, so "
+                "such a value could be saved and then not loaded)"
+            )
         stack.extend((v, depth + 1) for v in inner if isinstance(v, Mapping | list | tuple))
-    return []
 
 
 class _Unserialisable(TypeError):
