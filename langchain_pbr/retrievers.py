@@ -44,6 +44,7 @@ from pbr_core.adapters_support import (
 )
 from pbr_core.config import as_config
 from pbr_core.corpus import Corpus
+from pbr_core.items import is_no_id
 from pbr_core.retrieval import Request, Retrieval, aretrieve, retrieve
 
 from ._bridge import (
@@ -704,7 +705,7 @@ def _new_ids(documents: Sequence[Document], ids: Sequence[str] | None = None) ->
     an empty one included; an empty or None entry of ``ids`` too): a retry would add those
     again (the failed add's message says so)."""
     given = list(ids) if ids is not None else [doc.id for doc in documents]
-    return sum(g is None or g == "" for g in given)
+    return sum(is_no_id(g) for g in given)
 
 
 def _held_keys(

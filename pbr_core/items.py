@@ -30,6 +30,7 @@ __all__ = [
     "checked_windows",
     "copy_metadata",
     "id_or_new",
+    "is_no_id",
 ]
 
 
@@ -56,14 +57,17 @@ def check_batch(values: Iterable[Any], what: str) -> list[Any]:
     return list(values)
 
 
+def is_no_id(given: object) -> bool:
+    """Whether ``given`` is no id: None and ``""``, as LangChain's stores read an empty
+    ``Document.id`` or ``ids`` entry (a write makes a new one, :func:`id_or_new`)."""
+    return given is None or given == ""
+
+
 def id_or_new(given: object) -> str:
     """The id of an item being written: ``given`` as a string, or a new one (a uuid4 hex) where
-    none was given. None and ``""`` are no id, as LangChain's stores read an empty
-    ``Document.id`` or ``ids`` entry: no item is stored under an empty id, or under the string
+    none was given (:func:`is_no_id`): no item is stored under an empty id, or under the string
     ``"None"``."""
-    if given is None or given == "":
-        return uuid.uuid4().hex
-    return str(given)
+    return uuid.uuid4().hex if is_no_id(given) else str(given)
 
 
 def check_ids(ids: Iterable[str], what: str = "ids") -> list[str]:
