@@ -1579,6 +1579,13 @@ def _read_first(engine: Any, embedder: Any, k: int) -> Any:
     return _answer(worker.search("alice", "tea", k))
 
 
+def _read_by_the_results_step(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[str]]:
+    """Only the related items read ahead, so the results' long rows are read by the results'
+    step: the long rows' reads (thread, where) and the users ranked in the database, counted."""
+    monkeypatch.setattr(ScoredView, "likely_shown", _only_related)
+    return _counting_shown(monkeypatch), _counting_views(monkeypatch)
+
+
 def test_a_result_outside_the_likely_rows_is_read_by_the_results_step(
     pgvector_engine: Any, hash_embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1586,9 +1593,8 @@ def test_a_result_outside_the_likely_rows_is_read_by_the_results_step(
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
     expected = _read_first(engine, hash_embedder, 8)
-    monkeypatch.setattr(ScoredView, "likely_shown", _only_related)
-    shown = _counting_shown(monkeypatch)
-    views, reads = _counting_views(monkeypatch), _counting_reads(monkeypatch)
+    shown, views = _read_by_the_results_step(monkeypatch)
+    reads = _counting_reads(monkeypatch)
     got = _personalizer(engine, hash_embedder, fusion="no_prf").search("alice", "tea", 8)
     assert views == ["alice"] and "MainThread" not in reads and _answer(got) == expected
     assert len(shown) == 2  # the related items, then the results not among them
@@ -1659,9 +1665,7 @@ def test_an_async_cold_request_reads_the_shown_texts_off_the_event_loop(
     _texts_read_later(monkeypatch)
     engine = pgvector_engine[0]
     _many_shared(engine, hash_embedder)
-    monkeypatch.setattr(ScoredView, "likely_shown", _only_related)  # the results' step reads
-    shown = _counting_shown(monkeypatch)
-    views = _counting_views(monkeypatch)
+    shown, views = _read_by_the_results_step(monkeypatch)
     got = asyncio.run(
         _personalizer(engine, hash_embedder, fusion="no_prf").asearch("alice", "tea", 8)
     )
