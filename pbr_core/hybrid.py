@@ -230,9 +230,10 @@ def relevance(dense: np.ndarray, lexical: np.ndarray, weight: float, ceiling: fl
 
     Args:
         dense: each item's cosine with the search vector, **in ranked order** (best first).
-        lexical: each item's BM25 score for the lexical query, in the same order.
+        lexical: each item's BM25 score for the user's own words (no LLM feedback), in the
+            same order.
         weight: the lexical leg's weight (:func:`lexical_weight`), read capped at 1.
-        ceiling: :meth:`~pbr_core.lexical.LexicalIndex.ceiling` of the lexical query.
+        ceiling: :meth:`~pbr_core.lexical.LexicalIndex.ceiling` of those words.
 
     Returns:
         ``score_i = min_{j <= i} a_j`` with ``a = 1 − (1 − max(cos, 0)) · (1 − min(1, weight) ·
@@ -264,8 +265,8 @@ def rank(
     that applied filters pbr cannot evaluate), best first.
 
     ``terms`` is the lexical query; ``own_terms`` the user's own words in it (None: ``terms``),
-    which the lexical leg's weight is read from (hybrid mode, :func:`lexical_weight`). Both are
-    words (:func:`lexical_query`); the lexical leg analyzes them and the items with ``stemmer``
+    which the lexical leg's weight and each result's coverage are read from (hybrid mode). Both
+    are words (:func:`lexical_query`); the lexical leg analyzes them and the items with ``stemmer``
     (:attr:`~pbr_core.config.PBRConfig.lexical_stemmer`; None: no stemming), through the
     snapshot's index for that analyzer (:meth:`UserHistory.lexical`). ``context``: how much
     of its neighbours' BM25 an item takes into the fused rule (hybrid mode, :func:`with_context`;
@@ -310,8 +311,10 @@ def rank(
         weight = lexical_weight(own_scores, index.ceiling(own))
         # the fused rule ranks, each item's BM25 with its neighbours' context ...
         order = top_k(fuse(dense, with_context(every, context)[rows], weight), k)
-        # ... and each result returns its relevance, one meaning for every query and user
-        returned = relevance(dense[order], lexical[order], weight, index.ceiling(terms))
+        # ... and each result returns its relevance, one meaning for every query and user: the
+        # coverage of the user's own words, which the LLM's feedback (more words, a higher
+        # ceiling, how many depending on the answer) must not lower
+        returned = relevance(dense[order], own_scores[order], weight, index.ceiling(own))
     return [
         Ranked(
             position=int(rows[i]),

@@ -196,19 +196,36 @@ def test_the_lexical_weight_is_read_from_the_users_own_words() -> None:
     w_own = lexical_weight(index.scores(own), index.ceiling(own))
     w_expanded = lexical_weight(index.scores(expanded), index.ceiling(expanded))
     assert w_own > w_expanded > 0
-    dense, lexical, ceiling = (
-        history.dense_scores(q),
-        index.scores(expanded),
-        index.ceiling(expanded),
-    )
-    for got, weight in (
-        (rank(history, q, expanded, 4, own_terms=own), w_own),
-        (rank(history, q, expanded, 4), w_expanded),  # no own_terms: the expanded query's
+    dense, lexical = history.dense_scores(q), index.scores(expanded)
+    for got, weight, words in (
+        (rank(history, q, expanded, 4, own_terms=own), w_own, own),
+        (rank(history, q, expanded, 4), w_expanded, expanded),  # no own_terms: the expanded
     ):
         order = list(top_k(fuse(dense, lexical, weight), 4))
         assert [r.position for r in got] == order
-        expected = relevance(dense[order], lexical[order], weight, ceiling)
+        covered = index.scores(words)[order]
+        expected = relevance(dense[order], covered, weight, index.ceiling(words))
         assert [r.score for r in got] == pytest.approx(list(expected))
+
+
+def test_llm_feedback_does_not_lower_a_results_relevance() -> None:
+    """The score has one meaning across queries: an item's cosine and its coverage of the
+    user's own words. Feedback words raise the lexical query's ceiling, so reading coverage
+    against it made the same item score lower the more the LLM wrote (before: .92 → .79)."""
+    history, emb = snapshot()
+    question = "dentist appointment Thursday"
+    q, own = np.asarray(emb.embed_query(question)), lexical_query(question)
+    feedback = [
+        "I always book my checkups early in the morning before work",
+        "my calendar reminds me about every medical visit",
+        "the waiting room music drives me crazy but the hygienist is kind",
+    ]
+    alone = rank(history, q, own, 1, own_terms=own)[0]
+    for n in (1, 3):
+        expanded = lexical_query(question, feedback[:n], 0.25)
+        best = rank(history, q, expanded, 1, own_terms=own)[0]
+        assert best.position == alone.position and best.dense == alone.dense
+        assert best.score == pytest.approx(alone.score)
 
 
 def test_items_the_query_and_the_llm_feedback_meet_under_one_stemmer() -> None:
