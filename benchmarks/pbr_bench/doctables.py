@@ -1076,3 +1076,23 @@ def hybrid_frontier(results: Path) -> list[str]:
             f" {losses}) |"
         )
     return lines
+
+
+@table("hybrid-pairs-share")
+def hybrid_pairs_share(results: Path) -> list[str]:
+    """benchmarks/pairs_share.py: what a share or rarity gate on a matched pair would keep."""
+    data = json.loads((results / "hybrid" / "pairs_share.json").read_text())
+    lines = [
+        f"Tuning split; the questions whose N@5 the pairs-as-weight choice (γ = {data['gamma']:g},"
+        f" δ = {data['delta']:g}) moved against the shipped rule (LoCoMo: turn and session, every"
+        " question with evidence), kept by each gate:",
+        "",
+        "| gate on the best pair item | LoCoMo won | LoCoMo lost | PrefEval won | PrefEval lost |",
+        "|---|---|---|---|---|",
+    ]
+    for g in data["gates"]:
+        lines.append(
+            f"| {g['gate']} | {g['LoCoMo won']} | {g['LoCoMo lost']} | {g['PrefEval won']} |"
+            f" {g['PrefEval lost']} |"
+        )
+    return lines
