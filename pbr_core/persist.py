@@ -62,7 +62,10 @@ _SNAPSHOT_NAME = re.compile(r"snapshot-[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")
 _TMP_POINTER_PREFIX = f".{POINTER_NAME}.tmp-"
 _LOCK_NAME = ".write.lock"
 
-_process_locks: dict[str, threading.Lock] = {}
+#: Per save folder (its real path): the lock of this process's writers and how many hold or
+#: wait for it; an entry goes when its last writer leaves, so a process saving to many
+#: folders keeps none of them.
+_process_locks: dict[str, tuple[threading.Lock, int]] = {}
 _process_locks_guard = threading.Lock()
 
 
@@ -445,24 +448,34 @@ def _writer_lock(folder: Path) -> Iterator[None]:
     """Serialise writers of ``folder``: threads of this process, and other processes on POSIX."""
     key = os.path.realpath(folder)
     with _process_locks_guard:
-        lock = _process_locks.setdefault(key, threading.Lock())
-    with lock:
-        if fcntl is None:  # pragma: no cover
-            yield
-            return
-        try:
-            fh = (folder / _LOCK_NAME).open("a+b")
-        except OSError as exc:  # never an unserialised save: two could interleave
-            raise PersistenceError(
-                f"cannot lock the save folder {folder} ({folder / _LOCK_NAME}: {exc}); make "
-                "the folder writable by this user, or remove what is in the way"
-            ) from exc
-        with fh:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-            try:
+        lock, users = _process_locks.get(key, (None, 0))
+        lock = lock or threading.Lock()
+        _process_locks[key] = (lock, users + 1)
+    try:
+        with lock:
+            if fcntl is None:  # pragma: no cover
                 yield
-            finally:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+                return
+            try:
+                fh = (folder / _LOCK_NAME).open("a+b")
+            except OSError as exc:  # never an unserialised save: two could interleave
+                raise PersistenceError(
+                    f"cannot lock the save folder {folder} ({folder / _LOCK_NAME}: {exc}); "
+                    "make the folder writable by this user, or remove what is in the way"
+                ) from exc
+            with fh:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    finally:
+        with _process_locks_guard:
+            users = _process_locks[key][1] - 1
+            if users:
+                _process_locks[key] = (lock, users)
+            else:
+                del _process_locks[key]
 
 
 # -- checksums: a damaged file is detected, never silently read ------------------------------------

@@ -186,6 +186,26 @@ def test_concurrent_saves_to_one_folder_all_finish_and_leave_a_loadable_state(tm
     assert len(snapshots(folder)) == 2
 
 
+def test_a_process_keeps_no_lock_for_a_folder_once_its_writers_are_done(tmp_path) -> None:
+    """A service saving each tenant to its own folder must not grow a lock per folder for
+    the process's life (before, every folder ever saved kept one)."""
+    held_while_writing: list[bool] = []
+
+    def write(folder: Path) -> None:
+        held_while_writing.append(len(persist_mod._process_locks) == 1)
+        (folder / "data.txt").write_text("v", encoding="utf-8")
+
+    def broken(folder: Path) -> None:
+        raise RuntimeError("disk full")
+
+    for i in range(20):
+        write_atomically(tmp_path / f"tenant{i}", write)
+        with pytest.raises(RuntimeError):
+            write_atomically(tmp_path / f"tenant{i}", broken)
+    assert held_while_writing == [True] * 20
+    assert persist_mod._process_locks == {}
+
+
 # -- the pointer and the folder, directly -----------------------------------------------------
 def test_write_atomically_hands_the_writer_an_empty_folder_and_points_at_it(tmp_path) -> None:
     def write(folder: Path) -> None:
