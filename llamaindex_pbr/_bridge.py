@@ -16,6 +16,7 @@ from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
+from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.core.schema import QueryBundle
 from llama_index.core.vector_stores import (
     FilterCondition,
@@ -48,6 +49,13 @@ def declared_llm_model_id(llm: LLM) -> str | None:
     its class name, which two models share, keys no cached answer."""
     name = llm.metadata.model_name
     return name if name and name != "unknown" else None
+
+
+def rewrites_prompts(llm: LLM) -> bool:
+    """Whether ``llm.complete`` sends the model something other than the prompt it is given:
+    a ``completion_to_prompt`` other than LlamaIndex's default (which returns it unchanged)."""
+    wrapper = getattr(llm, "completion_to_prompt", None)
+    return wrapper is not None and wrapper is not default_completion_to_prompt
 
 
 def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptStyle:
@@ -120,8 +128,10 @@ class LlamaIndexGenerator:
 
     @property
     def cacheable(self) -> bool:
-        """Whether the model declares an id its answers may be cached under."""
-        return declared_llm_model_id(self.llm) is not None
+        """Whether the model declares an id its answers may be cached under, and sends the
+        prompt as pbr wrote it: a ``completion_to_prompt`` of the user's rewrites it with code
+        the id does not name, so two wrappers' answers would share one cache entry."""
+        return declared_llm_model_id(self.llm) is not None and not rewrites_prompts(self.llm)
 
     def __repr__(self) -> str:
         return f"LlamaIndexGenerator({self.model_id!r}, prompt_style={self.prompt_style!r})"

@@ -1318,6 +1318,20 @@ def test_answers_of_an_llm_that_declares_no_model_name_are_not_cached() -> None:
     assert not LlamaIndexGenerator(MockLLM()).cacheable
 
 
+def test_answers_of_an_llm_that_rewrites_its_prompts_are_not_cached() -> None:
+    """A ``completion_to_prompt`` of the user's changes what the model reads, and the model
+    name does not say so: two wrappers would share one cached answer (before, they did)."""
+    from llamaindex_pbr import LocalGemmaLLM
+    from llamaindex_pbr._bridge import LlamaIndexGenerator
+
+    assert LlamaIndexGenerator(LocalGemmaLLM()).cacheable
+    wrapped = LocalGemmaLLM(completion_to_prompt=lambda p: f"<start_of_turn>user\n{p}")
+    assert not LlamaIndexGenerator(wrapped).cacheable
+    assert not LlamaIndexGenerator(
+        ScriptedLLM(completion_to_prompt=lambda p: "Answer briefly. " + p)
+    ).cacheable
+
+
 class OpaqueStore(BasePydanticVectorStore):
     """A store pbr cannot list (most hosted ones): it keeps no text and is no type pbr knows."""
 
