@@ -236,6 +236,20 @@ def _load_json(text: str) -> Any:
     return None
 
 
+#: The keys an LLM names an object's text by, in a list of objects (``[{"text": ...}]``).
+_TEXT_KEYS = ("text", "utterance", "content", "candidate", "query", "question", "message")
+
+
+def _object_text(value: Mapping[str, Any]) -> str | None:
+    """The text of one object in a JSON list: its value under a text key, else its longest
+    string value (``{"tone": "casual", "line": "..."}`` -> the line, not the tone)."""
+    for key in _TEXT_KEYS:
+        if isinstance(value.get(key), str):
+            return str(value[key])
+    texts = [x for x in value.values() if isinstance(x, str)]
+    return max(texts, key=len) if texts else None
+
+
 def _strings(value: Any) -> list[str] | None:
     """A list of strings from a parsed JSON value, looking inside dicts for the first list."""
     if isinstance(value, list):
@@ -244,9 +258,9 @@ def _strings(value: Any) -> list[str] | None:
             if isinstance(v, str):
                 out.append(v)
             elif isinstance(v, dict):
-                texts = [x for x in v.values() if isinstance(x, str)]
-                if texts:
-                    out.append(texts[0])
+                text = _object_text(v)
+                if text is not None:
+                    out.append(text)
         return out
     if isinstance(value, dict):
         for key in ("candidates", "utterances", "queries", "questions", "items"):
@@ -257,6 +271,32 @@ def _strings(value: Any) -> list[str] | None:
             if got:
                 return got
     return None
+
+
+#: Where a JSON answer starts: an object or list whose first value is a string or an object.
+_JSON_START = re.compile(r'[\[{]\s*+(?:"|\{|\[)')
+#: A JSON string, closed or cut off at the end of the answer, and whether a ``:`` follows it
+#: (then it is a key).
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*+)("\s*+:?|$)', re.S)
+
+
+def _salvaged_strings(body: str) -> list[str]:
+    """The string values of a JSON answer that does not parse (cut off mid-way, one line or
+    many), from where the JSON starts: prose before it is not an item, keys are not values, and
+    the last string is kept even when its closing quote never came."""
+    start = _JSON_START.search(body)
+    if start is None:
+        return []
+    out = []
+    for match in _JSON_STRING.finditer(body, start.start()):
+        raw, end = match.groups()
+        if end.endswith(":"):
+            continue
+        try:
+            out.append(json.loads(f'"{raw}"'))
+        except ValueError:  # a cut escape ("\u12"): the text as written
+            out.append(raw)
+    return out
 
 
 def looks_like_text(text: str) -> bool:
@@ -318,13 +358,25 @@ def _prepare(text: str, prompt: str | None, max_chars: int | None) -> tuple[str 
     return text, None
 
 
-def _clean(items: Sequence[str], limit: int | None) -> tuple[str, ...]:
+def _clean(items: Sequence[str], limit: int | None, *, decoded: bool = False) -> tuple[str, ...]:
+    """``items`` as utterances: list markers and quotes taken off, short, repeated and non-text
+    items dropped, at most ``limit``.
+
+    ``decoded``: the items are JSON strings, whose quotes are their text (``"Casablanca" is my
+    favourite film``) and whose leading number is too (``10 - 15 minutes of yoga``), unless every
+    item starts with a list marker (the LLM numbered them).
+    """
+    numbered = decoded and all(_LIST_MARKER.match(raw.strip()) for raw in items)
     seen: set[str] = set()
     out: list[str] = []
     for raw in items:
         raw = _LONE_SURROGATE.sub("", raw)
-        item = _LIST_MARKER.sub("", raw.strip()).strip().strip('"').strip("'").strip()
-        item = item.rstrip(",").strip().strip('"').strip()
+        if decoded:
+            item = _LIST_MARKER.sub("", raw.strip()) if numbered else raw
+            item = item.strip()
+        else:
+            item = _LIST_MARKER.sub("", raw.strip()).strip().strip('"').strip("'").strip()
+            item = item.rstrip(",").strip().strip('"').strip()
         key = item.casefold()
         if len(item) < _MIN_ITEM_CHARS or key in seen or not looks_like_text(item):
             continue
@@ -343,11 +395,13 @@ def parse_utterances(
 ) -> Parsed:
     """The pseudo utterances in an LLM answer.
 
-    Tries JSON first (``{"candidates": [...]}``, a bare list, or any dict holding a list), then
-    falls back to one item per numbered or bulleted line; a numbered list written on one line
-    (``"1. a 2. b 3. c"``) is split into its items. With ``style="completion"`` the answer
-    continues a prompt that already printed ``"1."``, so its first line is item 1. Items that do
-    not read as text (bytes, symbols) are skipped.
+    Tries JSON first (``{"candidates": [...]}``, a bare list, or any dict holding a list; in a
+    list of objects, each object's text), then, for a chat answer, the strings of JSON cut off
+    mid-way (prose before it left out), then falls back to one item per numbered or bulleted
+    line; a numbered list written on one line (``"1. a 2. b 3. c"``) is split into its items.
+    A JSON string's quotes and leading number are its text unless every string is numbered.
+    With ``style="completion"`` the answer continues a prompt that already printed ``"1."``, so
+    its first line is item 1. Items that do not read as text (bytes, symbols) are skipped.
 
     Args:
         text: the raw answer.
@@ -362,12 +416,14 @@ def parse_utterances(
     if ready is None:
         return Parsed((), problem)
     body = strip_fences(ready).strip()
-    found = _strings(_load_json(body))
-    if found:
-        items = _clean(found, limit)
-        if items:
-            return Parsed(items)
-    # Lines of a truncated JSON answer: drop the syntax, keep the string lines.
+    # a chat prompt asked for JSON: the strings of one cut off mid-way are its items (a
+    # completion prompt asked for a numbered list, and JSON there is noise: dates, roles)
+    salvaged = _salvaged_strings(body) if style == "chat" else []
+    for found in (_strings(_load_json(body)), salvaged):
+        if found:
+            items = _clean(found, limit, decoded=True)
+            if items:
+                return Parsed(items)
     lines = [ln for ln in body.splitlines() if ln.strip() and not _JSON_SYNTAX_LINE.match(ln)]
     if style == "completion" and lines:
         lines[0] = "1. " + lines[0].lstrip()
@@ -380,6 +436,17 @@ def parse_utterances(
     if not items:
         return Parsed((), "no utterances could be parsed from the LLM answer")
     return Parsed(items)
+
+
+def _leaves(value: Any) -> list[str]:
+    """Every string value in a parsed JSON value, in document order (keys excluded)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _leaves(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _leaves(v)]
+    return []
 
 
 def parse_reasoning(
@@ -401,12 +468,9 @@ def parse_reasoning(
         return Parsed((), problem)
     body = strip_fences(ready).strip()
     value = _load_json(body) if body[:1] in "{[" else None
-    if isinstance(value, dict):
-        strings = [v for v in value.values() if isinstance(v, str) and v.strip()]
-        if strings:
-            body = "\n".join(strings)
-    elif isinstance(value, list) and all(isinstance(v, str) for v in value) and value:
-        body = "\n".join(value)
+    strings = [v for v in _leaves(value) if v.strip()]
+    if strings:
+        body = "\n".join(strings)
     if style == "completion":
         body = "1. " + body
     body = _LONE_SURROGATE.sub("", body).strip()

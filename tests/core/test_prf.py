@@ -71,6 +71,57 @@ def test_a_truncated_json_answer_falls_back_to_lines() -> None:
     assert got.items == ("first thing I say", "second thing I")
 
 
+def test_a_json_list_cut_off_on_one_line_gives_its_strings() -> None:
+    """Before: one line that did not parse was prose, so nothing was kept."""
+    got = parse_utterances('["I like green tea in the morning", "I run every weekend", "My sis')
+    assert got.items == ("I like green tea in the morning", "I run every weekend", "My sis")
+
+
+def test_prose_before_a_cut_off_json_answer_is_not_an_utterance() -> None:
+    answer = (
+        "Sure! Here are 10 things this user might say:\n"
+        '{"candidates": [\n  "I have been training for the Berlin marathon",\n'
+        '  "My sister keeps telling me to try yoga",\n  "I wonder whether I should'
+    )
+    got = parse_utterances(answer, limit=10)
+    assert got.items == (
+        "I have been training for the Berlin marathon",
+        "My sister keeps telling me to try yoga",
+        "I wonder whether I should",
+    )
+
+
+def test_a_numbered_list_prompts_answer_is_not_read_as_json() -> None:
+    """A completion prompt asks for a numbered list; JSON-like text there is noise (dates,
+    roles), not items, so only a chat answer's cut-off JSON gives its strings."""
+    answer = ' {"time": "2024/Oct/26", "role": "user"\n2. I run every weekend'
+    assert "user" not in parse_utterances(answer, style="completion").items
+
+
+def test_a_list_of_objects_gives_each_objects_text_not_its_first_string() -> None:
+    answer = (
+        '[{"tone": "casual", "line": "I like green tea in the morning"},'
+        ' {"tone": "formal", "text": "I run every weekend", "note": "a much longer note here"}]'
+    )
+    assert parse_utterances(answer).items == (
+        "I like green tea in the morning",
+        "I run every weekend",
+    )
+
+
+def test_a_json_strings_own_quotes_and_leading_number_are_its_text() -> None:
+    answer = '["10 - 15 minutes of yoga keeps me calm", "\\"Casablanca\\" is my favourite film"]'
+    assert parse_utterances(answer).items == (
+        "10 - 15 minutes of yoga keeps me calm",
+        '"Casablanca" is my favourite film',
+    )
+    # strings the LLM numbered, every one of them: the numbers are markers
+    assert parse_utterances('["1. I like tea", "2. I run daily"]').items == (
+        "I like tea",
+        "I run daily",
+    )
+
+
 def test_completion_answers_continue_after_the_first_marker() -> None:
     answer = " what can I cook with kale tonight?\n2. is quinoa better than rice?\n3. more"
     got = parse_utterances(answer, style="completion")
@@ -84,6 +135,13 @@ def test_completion_answers_continue_after_the_first_marker() -> None:
 def test_reasoning_is_unwrapped_from_fences_and_json() -> None:
     assert parse_reasoning("```\nStep 1: they run.\n```").items == ("Step 1: they run.",)
     assert parse_reasoning('{"reasoning": "Step 1: they run."}').items == ("Step 1: they run.",)
+    # every string of a JSON answer, in order, lists included (before: top-level strings only,
+    # and a list alone gave the raw JSON text)
+    steps = '{"steps": ["They asked about tea.", "They liked green tea."], "answer": "green tea"}'
+    assert parse_reasoning(steps).items == (
+        "They asked about tea.\nThey liked green tea.\ngreen tea",
+    )
+    assert parse_reasoning('{"reasoning": ["They run.", "Often."]}').items == ("They run.\nOften.",)
     assert parse_reasoning(" they run a lot", style="completion").items == ("1. they run a lot",)
     assert parse_reasoning("").items == ()
     assert parse_reasoning("```\n```").problem
