@@ -7,8 +7,10 @@ never n².
 
 When a history changes a little, :func:`update_anchor` derives the new anchor from the previous
 one: only the graph rows the change can affect are recomputed, and PageRank restarts from the
-previous ``π``. The result equals a full rebuild (the graph up to ties between equally similar
-neighbours, the anchor within the PageRank tolerance).
+previous ``π``. The result equals a full rebuild: the graph up to ties between equally similar
+neighbours, the anchor up to PageRank's stopping error (each run stops at a step smaller than
+``tol``, about ``α/(1−α)·tol`` from the fixed point, so a warm and a cold start differ by up to
+twice that: ~1e-5 in π at α = .85 over 100 random histories, one item added to each).
 """
 
 from __future__ import annotations
@@ -559,8 +561,9 @@ def update_anchor(
     the updated rows are exact, so the two differ by the approximation only. PageRank starts from
     the previous ``π`` (kept nodes keep their mass, new nodes get ``1/n``, renormalised) when
     ``alpha < 1``: the damped iteration has a unique fixed point, so the start only changes how
-    many steps it takes, and the anchor stays within the tolerance of a cold start (when the
-    warm iteration hits the step cap before converging, it is redone cold). With
+    many steps it takes, and the anchor stays within the stopping error of a cold start (about
+    ``2α/(1−α)·tol``, module docstring; when the warm iteration hits the step cap before
+    converging, it is redone cold). With
     ``alpha = 1`` it starts from the uniform vector, as a full build does: undamped power
     iteration on a disconnected graph converges to a start-dependent vector (or stops at the step
     cap), and the anchor must depend on the history's content, not on its edit path (a reloaded

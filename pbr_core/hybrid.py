@@ -213,8 +213,9 @@ def with_context(lexical: np.ndarray, context: float = LEXICAL_CONTEXT) -> np.nd
 
 def fuse(dense: np.ndarray, lexical: np.ndarray, weight: float = 1.0) -> np.ndarray:
     """The hybrid score of each item in [0, 1]: the dense leg scaled to [0, 1] over the items
-    given, plus ``weight`` times the lexical leg / its maximum, over ``1 + weight`` (a leg that is
-    constant, e.g. no lexical match, contributes 0 to every item). ``weight`` is
+    given, plus ``weight`` times the lexical leg / its maximum, over ``1 + weight`` (a constant
+    dense leg contributes 0 to every item, a constant lexical leg the same ``weight / (1 +
+    weight)`` to each, 0 where nothing matches: neither changes the order). ``weight`` is
     :func:`lexical_weight`; ``lexical`` BM25, in :func:`rank` :func:`with_context` of it."""
     d = np.asarray(dense, dtype=np.float64)
     lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
