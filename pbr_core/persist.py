@@ -29,7 +29,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,7 +71,7 @@ _process_locks_guard = threading.Lock()
 
 def new_snapshot_name() -> str:
     """A fresh snapshot folder name: UTC time (so names sort by age) and 8 random hex digits."""
-    now = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    now = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     return f"{SNAPSHOT_PREFIX}{now}-{uuid.uuid4().hex[:8]}"
 
 

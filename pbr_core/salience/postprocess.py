@@ -120,7 +120,7 @@ def _seconds(value: Any) -> float | None:
         number = float(value)
         return number if math.isfinite(number) else None
     if isinstance(value, datetime.datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+        moment = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
         return moment.timestamp()
     if isinstance(value, str):
         try:

@@ -890,7 +890,7 @@ def test_the_gate_orders_metadata_timestamps_of_any_kind_by_time() -> None:
 
     fake = KeywordScorer()
     texts = ["kale", "long run", "eat before my long run"]
-    utc = dt.timezone.utc
+    utc = dt.UTC
     cases = {
         "numbers as strings": ["1000", "999", "5"],
         "mixed kinds": [1000, "999", 5.0],
