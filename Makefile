@@ -1,6 +1,8 @@
 # Two entry points: `make demo` (the main job) and `make test` (the whole suite, lint included).
-# Each bootstraps .venv on first use. torch is installed first and pinned to the CPU build:
-# an unpinned torch pulls a multi-GB CUDA build.
+# Each bootstraps .venv on first use. torch is installed first and pinned: an unpinned torch pulls
+# the newest build. PyPI's Linux wheel is the multi-GB CUDA build; TORCH_INDEX (e.g.
+# https://download.pytorch.org/whl/cpu) installs torch from another index, such as the CPU one.
+TORCH_INDEX ?=
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -15,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	# The benchmark harness, its own distribution (not in the library's wheel)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e benchmarks

@@ -8,7 +8,7 @@ LlamaIndex: a ``SimpleChatEngine`` whose ``Memory`` has a ``llamaindex_pbr.PBRMe
 user: messages flushed out of the short-term window become that user's long-term memories, and
 each turn recalls the best ones for the latest messages.
 
-    pip install torch==2.13.0
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
     pip install 'personalize-before-retrieve[langchain,langgraph,llamaindex,local]'
     python examples/agent_memory.py                  # a few minutes on 2 CPU cores
     python examples/agent_memory.py --max-tokens 16  # shorter answers, faster

@@ -140,7 +140,8 @@ class PBRRetriever(BaseRetriever):
 
             pip install 'personalize-before-retrieve[langchain]'
             # offline defaults (MiniLM embedder, Gemma 3 270M LLM):
-            pip install torch==2.13.0 && pip install 'personalize-before-retrieve[langchain,local]'
+            pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+            pip install 'personalize-before-retrieve[langchain,local]'
 
     Instantiate:
         .. code-block:: python

@@ -24,7 +24,7 @@ class LocalMiniLMEmbedding(BaseEmbedding):
     Setup:
         .. code-block:: bash
 
-            pip install torch==2.13.0   # the CPU wheel, first
+            pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # first
             pip install 'personalize-before-retrieve[llamaindex,local]'
 
     Instantiate:

@@ -43,7 +43,7 @@ class LocalGemmaLLM(CustomLLM):
     Setup:
         .. code-block:: bash
 
-            pip install torch==2.13.0   # the CPU wheel, first
+            pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # first
             pip install 'personalize-before-retrieve[llamaindex,local]'
 
     Instantiate:

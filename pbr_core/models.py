@@ -11,7 +11,7 @@ loads that (a few seconds).
 Setup:
     .. code-block:: bash
 
-        pip install torch==2.13.0          # the CPU wheel, first
+        pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # first
         pip install 'personalize-before-retrieve[local]'
 
 Use:
@@ -69,8 +69,9 @@ __all__ = [
 ]
 
 _INSTALL_HINT = (
-    "install the offline defaults with `pip install torch==2.13.0` (the CPU wheel, first; "
-    "otherwise pip resolves a multi-GB CUDA build) and then "
+    "install the offline defaults with `pip install torch==2.13.0 --index-url "
+    "https://download.pytorch.org/whl/cpu` (the CPU wheel, first; PyPI's Linux wheel is the "
+    "multi-GB CUDA build) and then "
     "`pip install 'personalize-before-retrieve[local]'`"
 )
 

@@ -22,7 +22,9 @@ def _default_lm() -> tuple[Any, Any]:
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(
             f"default_scorer needs pbr_core.models and the 'local' extra ({exc}); install "
-            "torch==2.13.0 (CPU) first, then `pip install 'personalize-before-retrieve[local]'`"
+            "torch==2.13.0 first (the CPU wheel: `--index-url "
+            "https://download.pytorch.org/whl/cpu`), then "
+            "`pip install 'personalize-before-retrieve[local]'`"
         ) from exc
     return load_causal_lm(dtype="float32")
 
