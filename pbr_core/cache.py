@@ -51,6 +51,11 @@ class GenerationCache:
         ):
             raise ValueError(f"max_entries must be an integer >= 1 or None, got {max_entries!r}")
         self.path = Path(path) if path is not None else None
+        if self.path is not None and self.path.is_dir():
+            raise ValueError(
+                f"the generation cache {self.path} is a folder; give a file in it, e.g. "
+                f"{self.path / 'generations.jsonl'}"
+            )
         self.max_entries = max_entries
         self._data: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()

@@ -8,6 +8,7 @@ The harness is imported only when ``pbr bench`` runs, never when this module is 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -40,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="two users, same questions: plain vs personalized top-k")
     demo.add_argument("-k", type=_positive, default=3, help="results per query (default 3)")
     demo.add_argument("--questions", type=_positive, default=None, help="ask only the first N")
-    demo.add_argument("--cache", default=None, help="generation cache file (JSON Lines)")
+    demo.add_argument(
+        "--cache",
+        type=_cache_file,
+        default=None,
+        help="generation cache file, JSON Lines (default: generations.jsonl in $PBR_CACHE, else "
+        "~/.cache/pbr)",
+    )
     demo.add_argument(
         "--fusion",
         choices=FUSION_MODES,
@@ -61,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"pbr demo: {exc}") from None
         return 0
     return _bench_main()(args.rest)
+
+
+def _cache_file(text: str) -> str:
+    """An argparse type: a file path, not a folder (checked before any model loads)."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder; give a file in it, e.g. {os.path.join(text, 'generations.jsonl')}"
+        )
+    return text
 
 
 def _positive(text: str) -> int:

@@ -189,6 +189,11 @@ def test_generations_are_cached_on_disk_by_model_and_prompt(tmp_path) -> None:
     assert len(other_model.prompts) == 2
 
 
+def test_a_generation_cache_given_a_folder_says_to_name_a_file(tmp_path) -> None:
+    with pytest.raises(ValueError, match="is a folder; give a file in it"):
+        GenerationCache(tmp_path)
+
+
 async def test_an_async_request_writes_the_generation_cache_off_the_event_loop(tmp_path) -> None:
     """The cache's file append is I/O: an async request does it in a worker thread, never on
     the event loop (before, on it). What it writes is what a sync request writes."""
