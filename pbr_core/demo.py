@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .cache import GenerationCache
 from .config import FusionMode, PBRConfig
-from .pipeline import Personalizer, SearchResult
+from .pipeline import PRE_GATE_REASON, Personalizer, SearchResult
 from .protocols import SearchHit, TextGenerator
 
 
@@ -86,8 +86,18 @@ def render(user: str, question: str, columns: list[list[SearchHit]], res: Search
         out.append("  pseudo utterance: " + textwrap.shorten(utter, width - 22))
     if e.reasoning:
         out.append("  reasoning: " + textwrap.shorten(e.reasoning, width - 14))
-    for term, why in e.dropped.items():
-        out.append("  " + textwrap.shorten(f"dropped {term}: {why}", width - 2))
+    reasons: dict[str, list[str]] = {}
+    for term, why in e.dropped.items():  # one line per reason, its terms named together
+        reasons.setdefault(why, []).append(term)
+    for why, terms in reasons.items():  # wrapped, not cut: the reason is the point
+        out.extend(
+            textwrap.wrap(
+                f"dropped {', '.join(terms)}: {why}",
+                width - 2,
+                initial_indent="  ",
+                subsequent_indent="    ",
+            )
+        )
     llm_ms = e.timings_ms.get("llm", 0.0)
     out.append(f"  time: {e.timings_ms.get('total', 0.0) / 1000:.1f} s (LLM {llm_ms / 1000:.1f} s)")
     return "\n".join(out)
@@ -145,7 +155,11 @@ def run_demo(
 def summary(rows: list[dict[str, Any]], k: int, fusion: FusionMode) -> str:
     """The demo's last words: how many rankings changed, and why the others did not."""
     changed = sum(r["plain"] != r["personalized"] for r in rows)
-    kept = sum(r["explanation"]["trust"].get("shift") == 0.0 for r in rows)
+    gated = sum(
+        any(why.startswith(PRE_GATE_REASON) for why in r["explanation"]["dropped"].values())
+        for r in rows
+    )
+    kept = sum(r["explanation"]["trust"].get("shift") == 0.0 for r in rows) - gated
     lines = [
         f"{changed} of {len(rows)} top-{k} rankings changed once personalized ({fusion} fusion)."
     ]
@@ -156,11 +170,20 @@ def summary(rows: list[dict[str, Any]], k: int, fusion: FusionMode) -> str:
             f"Hybrid search changed the dense top-{k} for {hybrid} of {len(rows)} (BM25 alone: "
             f"{lexical}); `PBRConfig(search=...)` picks hybrid (default), dense or lexical."
         )
+    if gated:
+        lines.append(
+            f"For {gated} of {len(rows)} the user's history already matched the question, so safe "
+            "fusion kept the plain query without calling the LLM (the pre-generation gate)."
+        )
     if kept:
         lines.append(
-            f"Safe fusion kept the plain query for {kept} of {len(rows)}, judging the pseudo "
-            "feedback not worth the move (each reason is under 'dropped' above). "
-            "`pbr demo --fusion paper` applies the paper's full shift regardless."
+            f"For {kept} of {len(rows)} safe fusion asked the LLM and kept the plain query, "
+            "judging its pseudo feedback not worth the move."
+        )
+    if gated or kept:
+        lines.append(
+            "Each reason is under 'dropped' above; `pbr demo --fusion paper` applies the "
+            "paper's full shift regardless."
         )
     lines.append(
         "The embedded Gemma 3 270M is a tiny model; bring your own LLM for stronger feedback."

@@ -71,6 +71,8 @@ from .vectors import (
 from .view import NotServed, ScoredView
 
 _log = logging.getLogger("pbr.pipeline")
+#: How a reason the pre-generation gate dropped a term starts (``Explanation.dropped``).
+PRE_GATE_REASON = "pre-generation gate"
 
 
 class _Stopwatch:
@@ -681,7 +683,7 @@ def _related_and_anchor(req: _Request) -> None:
         # history gate would almost surely keep the plain query after paying for both
         # calls. Given feedback is ignored alike, so the result never depends on its source.
         why = (
-            f"pre-generation gate: safe fusion kept the plain query without calling the LLM: "
+            f"{PRE_GATE_REASON}: safe fusion kept the plain query without calling the LLM: "
             f"the user's closest history item (cosine {related[0].score:.2f}) is at or above "
             f"pre_gate {gate:.2f}"
         )

@@ -9,14 +9,19 @@ from conftest import ScriptedGenerator
 
 from pbr_core.cli import main
 from pbr_core.demo import run_demo, summary
+from pbr_core.pipeline import PRE_GATE_REASON
 
 UTTER = "1. I batch-cook lentil soup on Sundays.\n2. Salmon and greens keep me light.\n"
 REASON = "The user cooks healthy, quick dinners and tracks what they eat."
 
 
-def row(plain: list[str], personalized: list[str], shift: float | None) -> dict[str, object]:
+def row(
+    plain: list[str], personalized: list[str], shift: float | None, dropped: str | None = None
+) -> dict[str, object]:
     trust = {} if shift is None else {"shift": shift}
-    return {"plain": plain, "personalized": personalized, "explanation": {"trust": trust}}
+    why = {} if dropped is None else {term: dropped for term in ("anchor", "reasoning")}
+    explanation = {"trust": trust, "dropped": why}
+    return {"plain": plain, "personalized": personalized, "explanation": explanation}
 
 
 def test_summary_counts_changed_rankings_and_queries_safe_fusion_kept_plain() -> None:
@@ -27,8 +32,28 @@ def test_summary_counts_changed_rankings_and_queries_safe_fusion_kept_plain() ->
     ]
     text = summary(rows, 2, "safe")
     assert text.startswith("1 of 3 top-2 rankings changed once personalized (safe fusion).")
-    assert "kept the plain query for 2 of 3" in text
+    assert "For 2 of 3 safe fusion asked the LLM and kept the plain query" in text
     assert "--fusion paper" in text
+
+
+def test_summary_tells_the_pre_generation_gate_from_a_judged_fallback() -> None:
+    """Before, a query the gate answered without the LLM was counted as one whose pseudo
+    feedback had been judged not worth the move: there was no feedback to judge."""
+    gate = f"{PRE_GATE_REASON}: safe fusion kept the plain query without calling the LLM"
+    rows = [row(["a"], ["a"], 0.0, gate), row(["b"], ["b"], 0.0, gate), row(["c"], ["c"], 0.0)]
+    text = summary(rows, 1, "safe")
+    assert "For 2 of 3 the user's history already matched the question" in text
+    assert "For 1 of 3 safe fusion asked the LLM and kept the plain query" in text
+
+
+def test_a_dropped_reason_is_printed_whole_once_for_the_terms_it_dropped(tmp_path) -> None:
+    out = io.StringIO()
+    gen = ScriptedGenerator(UTTER, REASON)
+    run_demo(questions=1, generator=gen, cache_path=str(tmp_path / "g.jsonl"), stream=out)
+    text = out.getvalue()
+    dropped = [ln for ln in text.splitlines() if ln.startswith("  dropped")]
+    assert len(dropped) == len({ln.split(":", 1)[1] for ln in dropped})  # one line per reason
+    assert "[...]" not in text
 
 
 def test_summary_without_fallbacks_says_nothing_about_them() -> None:
@@ -93,6 +118,15 @@ def test_the_cli_rejects_a_count_below_one_before_any_model_loads(capsys, args) 
     with pytest.raises(SystemExit) as exit_:
         main(["demo", *args])
     assert exit_.value.code == 2 and "pbr demo: error" in capsys.readouterr().err
+
+
+def test_the_cli_rejects_a_cache_folder_before_any_model_loads(capsys, tmp_path) -> None:
+    """Before, ``--cache /tmp`` failed with an ``IsADirectoryError`` traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--cache", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "is a folder" in err
+    assert str(tmp_path / "generations.jsonl") in err
 
 
 def test_a_missing_model_package_is_one_line_not_a_traceback(monkeypatch) -> None:
