@@ -127,7 +127,13 @@ def llamaindex_agent(llm: Any, embed_model: Any) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per Gemma answer")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=48,
+        help="tokens per Gemma answer: the agents' replies and the LangGraph store's pseudo "
+        "feedback (pbr's own default is 96; fewer is faster and personalizes less)",
+    )
     args = parser.parse_args(argv)
     from langchain_pbr import LocalGemmaChatModel
     from llamaindex_pbr import LocalGemmaLLM, LocalMiniLMEmbedding

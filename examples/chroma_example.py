@@ -185,8 +185,11 @@ def llamaindex_part(client: chromadb.ClientAPI, workdir: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--port", type=int, help="your server's port (default: start a throwaway one)")
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", help="your server's host, with --port (default: 127.0.0.1)")
     args = ap.parse_args()
+    if args.host is not None and args.port is None:  # the throwaway server listens locally only
+        ap.error("--host names your server: give its --port too")
+    args.host = args.host or "127.0.0.1"
     with tempfile.TemporaryDirectory(prefix="pbr-chroma-example-") as tmp:
         proc = None
         if args.port is None:
