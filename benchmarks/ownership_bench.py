@@ -1,7 +1,7 @@
 """What "the host store is the truth" costs: pbr_core.corpus on a real Chroma server.
 
 Two sections (each can be skipped with ``--skip``), each on a fresh ``chroma run`` whose data
-folder is under ``/tmp`` (never in the repository) and which is stopped at the end:
+folder is a fresh temporary folder (never in the repository) and which is stopped at the end:
 
 * ``query``: one user of ``--q-items`` items (plus ``--q-users - 1`` other users in the same
   collection) behind LangChain's :class:`~langchain_pbr.PBRRetriever` over
@@ -315,7 +315,7 @@ def run_query(args: argparse.Namespace) -> dict[str, Any]:
         "fusion": NO_LLM_FUSION,
         "load_before": load1(),
     }
-    tmp = Path(tempfile.mkdtemp(prefix="pbr-ownership-query-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix="pbr-ownership-query-"))
     server = ChromaServer(tmp / "db").start()
     try:
         store = _chroma(server.client(), "ownership_query", emb)
@@ -542,7 +542,7 @@ def run_scale(args: argparse.Namespace) -> dict[str, Any]:
         "insert_budget_min": args.insert_budget_min,
         "load_before": load1(),
     }
-    tmp = Path(tempfile.mkdtemp(prefix="pbr-ownership-scale-", dir="/tmp"))
+    tmp = Path(tempfile.mkdtemp(prefix="pbr-ownership-scale-"))
     server = ChromaServer(tmp / "db").start()
     try:
         client = server.client()
@@ -1098,7 +1098,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = "ownership_quick" if quick else "ownership"  # a quick run never overwrites the full one
+    # a quick run never overwrites the full one, nor a one-section run the file of both
+    stem = "ownership_quick" if quick else "ownership"
+    if not quick and args.skip == ["scale"]:
+        stem = "ownership_query"  # the query section alone (docs/data-ownership.md's run)
 
     results: dict[str, Any] = {"machine": machine(), "quick": quick}
     results["args"] = {k: (in_repo(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
