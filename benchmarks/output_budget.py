@@ -3,10 +3,11 @@ helps": output budgets that match what helps).
 
 Decoding is most of a personalized query's LLM time (``gemma_latency.py``: 160 steps × 47 ms of
 12.3 s in bf16), and the utterance prompt nearly always writes its full 160 tokens. A shorter
-budget can be scored *without generating*: sampling is causal and seeded per call, so a run
-with ``max_new_tokens = N`` writes exactly the first ``N`` tokens of the committed 160-token
-answer (the stop strings cut both the same way). Each cached answer is cut to its first ``N``
-Gemma tokens and the pipeline is rerun on it, per question.
+budget can be scored *without generating*: sampling is causal and seeded per call (from the
+batch's prompts, not the budget), so the same batch with ``max_new_tokens = N`` writes exactly the
+first ``N`` tokens of the committed 160-token answer (the stop strings cut both the same way).
+Each cached answer is cut to its first ``N`` Gemma tokens and the pipeline is rerun on it, per
+question.
 
 Split and rule, fixed before any number of this script was read: the budget is chosen on the
 tuning questions of :func:`pbr_bench.splits.is_tuning_question` pooled over every Gemma cell
