@@ -18,7 +18,7 @@ Grid ``m`` in {1, 3, 5} × ``β`` in {.25, .5, 1}: nine candidates, in that orde
 
 Protocol, fixed before a number of this script was read: :mod:`pbr_bench.lead`'s, the choice
 ties broken by the order above. No LLM; vectors from the on-disk embedding cache, each data
-set's per-question metrics kept in ``$PBR_CACHE_DIR/dense_prf/``; deterministic.
+set's per-question metrics kept in ``$PBR_CACHE_DIR/dense_prf-<code>/``; deterministic.
 ``python benchmarks/dense_prf.py`` prints the tables and writes
 ``benchmarks/results/hybrid/dense_prf.{csv,json,png}``.
 """

@@ -38,14 +38,13 @@ from pbr_bench.compare import cells_below_best, sign_test
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.histories import DATASETS, build
 from pbr_bench.metrics import best_over_combinations
-from pbr_bench.paths import RESULTS_DIR, cache_dir
+from pbr_bench.paths import RESULTS_DIR, scratch_dir
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query
 from pbr_core.models import MiniLMEmbedder
 from pbr_core.windows import window_of
 
 CUT = 5
-CACHE = cache_dir() / "hybrid_adaptive.pkl"
 OUT = RESULTS_DIR / "hybrid"
 BASELINES = ("dense", "bm25", "rrf")
 
@@ -54,8 +53,9 @@ Row = dict[str, Any]
 
 def collect() -> list[Row]:
     """Per question: every item's cosine (best window and whole item) and BM25 score."""
-    if CACHE.exists():
-        rows: list[Row] = pickle.loads(CACHE.read_bytes())
+    scratch = scratch_dir("hybrid_adaptive", __file__) / "rows.pkl"
+    if scratch.exists():
+        rows: list[Row] = pickle.loads(scratch.read_bytes())
         return rows
     counter = CountingEncoder()
     cache = EmbeddingCache("all-MiniLM-L6-v2", counter)
@@ -84,8 +84,8 @@ def collect() -> list[Row]:
                 )
             )
         print(name, len(built.queries), flush=True)
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_bytes(pickle.dumps(rows))
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    scratch.write_bytes(pickle.dumps(rows))
     return rows
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from pbr_bench.datasets import Dataset, load_named
 from pbr_bench.embed import EmbeddingCache, minilm_encoder
 from pbr_bench.metrics import best_over_combinations
-from pbr_bench.paths import cache_dir
+from pbr_bench.paths import scratch_dir
 from pbr_bench.splits import is_tuning_user
 from pbr_core.lexical import LexicalIndex, query_terms
 
@@ -84,7 +84,7 @@ def collect() -> list[dict]:
     """Per question: dense, windowed-dense and BM25 scores of every item of the user."""
     import pickle
 
-    cache = cache_dir() / "hybrid_explore.pkl"
+    cache = scratch_dir("hybrid_explore", __file__) / "rows.pkl"
     if cache.exists():
         return pickle.loads(cache.read_bytes())
     enc = EmbeddingCache("all-MiniLM-L6-v2", minilm_encoder())

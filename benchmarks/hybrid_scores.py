@@ -57,7 +57,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from pbr_bench.histories import DATASETS, Built, build, encoders
-from pbr_bench.paths import RESULTS_DIR, cache_dir
+from pbr_bench.paths import RESULTS_DIR, scratch_dir
 from pbr_bench.splits import is_tuning_user
 from pbr_core.hybrid import fuse, lexical_query, lexical_weight, rank, with_context
 from pbr_core.snapshot import UserHistory
@@ -179,7 +179,7 @@ def main() -> None:
     )
     p.add_argument("--report", action="store_true", help="only the data sets measured so far")
     args = p.parse_args()
-    scratch = cache_dir() / "hybrid_scores"
+    scratch = scratch_dir("hybrid_scores", __file__)
     scratch.mkdir(parents=True, exist_ok=True)
     per: dict[str, list[dict[str, Any]]] = {}
     counter, cache, window = (None, None, None) if args.report else encoders()

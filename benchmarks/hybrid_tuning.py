@@ -51,7 +51,8 @@ tuned on the test split.
 
 No LLM. Embeddings come from the on-disk cache (``.pbr-cache/``; missing ones are encoded with
 all-MiniLM-L6-v2 once); the per-question leg scores are cached in
-``.pbr-cache/hybrid_tuning/<data set>.pkl``. Deterministic: no randomness.
+``.pbr-cache/hybrid_tuning-<code>/<data set>.pkl`` (``<code>``:
+:func:`pbr_bench.paths.scratch_dir`). Deterministic: no randomness.
 
 Run (from the repository root)::
 
@@ -92,13 +93,12 @@ from pbr_bench.one_set import (
     view_cells,
     views,
 )
-from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, cache_dir
+from pbr_bench.paths import REPO_ROOT, RESULTS_DIR, scratch_dir
 from pbr_bench.report import write_csv
 from pbr_core.hybrid import lexical_query
 from pbr_core.lexical import LexicalIndex, StemmerName
 
 OUT = RESULTS_DIR / "hybrid"
-CACHE = cache_dir() / "hybrid_tuning"
 
 #: Added after the choice had been made and read on the test split: reported for the choice and
 #: the baselines, not in the rule (PersonaBench's other two noise levels).
@@ -130,7 +130,7 @@ def _variants(base: LexicalIndex, stemmer: StemmerName | None) -> list[LexicalIn
 def collect(name: str) -> list[Row]:
     """Per question of data set ``name``: its split, gold, every item's cosine (best window and
     whole item) and BM25 score and ceiling under every analyzer of the grid."""
-    path = CACHE / f"{name}.pkl"
+    path = scratch_dir("hybrid_tuning", __file__) / f"{name}.pkl"
     if path.exists():
         rows: list[Row] = pickle.loads(path.read_bytes())
         return rows
@@ -159,7 +159,7 @@ def collect(name: str) -> list[Row]:
                 ceil=np.array([ix.ceiling(terms) for ix in ixs]),
             )
         )
-    CACHE.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(rows))
     return rows
 

@@ -17,7 +17,7 @@ Grid ``γ`` in {.25, .5, 1, 2}: four candidates, in that order.
 
 Protocol, fixed before a number of this script was read: :mod:`pbr_bench.lead`'s, the choice
 ties broken by the order above. No LLM; vectors from the on-disk embedding cache, each data
-set's per-question metrics kept in ``$PBR_CACHE_DIR/lexical_bigrams/``; deterministic.
+set's per-question metrics kept in ``$PBR_CACHE_DIR/lexical_bigrams-<code>/``; deterministic.
 ``python benchmarks/lexical_bigrams.py`` prints the tables and writes
 ``benchmarks/results/hybrid/lexical_bigrams.{csv,json,png}``.
 """

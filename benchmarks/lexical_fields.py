@@ -26,7 +26,7 @@ the choice was read once on the test split under that rule, and the full protoco
 choice (λ = .5, coverage from the words) a second time: docs/hybrid.md says so.
 
 No LLM. Embeddings come from the on-disk cache (``$PBR_CACHE_DIR``); per-question metrics are
-cached in ``$PBR_CACHE_DIR/lexical_fields/<data set>.pkl``. Deterministic.
+cached in ``$PBR_CACHE_DIR/lexical_fields-<code>/<data set>.pkl``. Deterministic.
 
 Run (from the repository root)::
 

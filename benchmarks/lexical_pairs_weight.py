@@ -16,7 +16,7 @@ Grid ``γ`` in {.25, .5, 1} × ``δ`` in {.5, 1, 2}: nine candidates, in that or
 on the same tuning split; its own grid and protocol fixed before a number of this script was
 read: :mod:`pbr_bench.lead`'s, the choice ties broken by the order above. No LLM; vectors from
 the on-disk embedding cache, each data set's per-question metrics kept in
-``$PBR_CACHE_DIR/lexical_pairs_weight/``; deterministic. ``python
+``$PBR_CACHE_DIR/lexical_pairs_weight-<code>/``; deterministic. ``python
 benchmarks/lexical_pairs_weight.py`` prints the tables and writes
 ``benchmarks/results/hybrid/lexical_pairs_weight.{csv,json,png}``.
 """

@@ -19,7 +19,7 @@ none was admissible under either rule; the candidate read for reference changed
 (docs/hybrid.md).
 
 No LLM. Embeddings come from the on-disk cache (``$PBR_CACHE_DIR``); per-question metrics are
-cached in ``$PBR_CACHE_DIR/lexical_prf/<data set>.pkl``. Deterministic: no randomness, fixed
+cached in ``$PBR_CACHE_DIR/lexical_prf-<code>/<data set>.pkl``. Deterministic: no randomness, fixed
 order.
 
 Run (from the repository root)::

@@ -28,7 +28,7 @@ script was read, except that the harness then counted losses against the shipped
 both rules make the same choice here.
 
 No LLM. Embeddings come from the on-disk cache (``$PBR_CACHE_DIR``); per-question metrics are
-cached in ``$PBR_CACHE_DIR/lexical_windows/<data set>.pkl``. Deterministic.
+cached in ``$PBR_CACHE_DIR/lexical_windows-<code>/<data set>.pkl``. Deterministic.
 
 Run (from the repository root)::
 

@@ -26,7 +26,7 @@ script was read. Only a data set whose users hold long items can move: the scrip
 per data set, so a reader sees which.
 
 No LLM. Embeddings come from the on-disk cache (``$PBR_CACHE_DIR``); per-question metrics are
-cached in ``$PBR_CACHE_DIR/long_items/<data set>.pkl``. Deterministic.
+cached in ``$PBR_CACHE_DIR/long_items-<code>/<data set>.pkl``. Deterministic.
 
 Run (from the repository root)::
 
@@ -46,7 +46,7 @@ import numpy as np
 from pbr_bench.datasets import Query
 from pbr_bench.lead import Candidates, collect, report
 from pbr_bench.one_set import CUT, load_all, views
-from pbr_bench.paths import RESULTS_DIR, cache_dir
+from pbr_bench.paths import RESULTS_DIR, scratch_dir
 from pbr_core.hybrid import LEXICAL_SCALE, fuse, lexical_weight
 from pbr_core.snapshot import UserHistory, top_k
 
@@ -97,7 +97,7 @@ def main() -> None:
     """:func:`pbr_bench.lead.run`, with each data set's long-item shares (per question: its
     user's ``f``) kept beside the cached rows and written into the results."""
     t0 = time.perf_counter()
-    cache = cache_dir() / "long_items"
+    cache = scratch_dir("long_items", __file__)
     shares_file = cache / "shares.json"
     shares: dict[str, list[float]] = (
         json.loads(shares_file.read_text()) if shares_file.exists() else {}

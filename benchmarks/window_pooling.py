@@ -28,7 +28,7 @@ numbers, ties by the order above; read once on the test split). Fixed before a n
 script was read.
 
 No LLM. Embeddings come from the on-disk cache (``$PBR_CACHE_DIR``); per-question metrics are
-cached in ``$PBR_CACHE_DIR/window_pooling/<data set>.pkl``. Deterministic.
+cached in ``$PBR_CACHE_DIR/window_pooling-<code>/<data set>.pkl``. Deterministic.
 
 Run (from the repository root)::
 

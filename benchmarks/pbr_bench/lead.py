@@ -57,7 +57,7 @@ from .one_set import (
     view_cells,
     views,
 )
-from .paths import RESULTS_DIR, cache_dir, in_repo
+from .paths import BENCHMARKS_DIR, RESULTS_DIR, in_repo, scratch_dir
 from .report import write_csv
 
 __all__ = [
@@ -295,9 +295,16 @@ def report(
 
 
 def run(name: str, candidates: Sequence[str], ranked: Candidates, extra: dict[str, Any]) -> None:
-    """A lead script's whole run: every data set's rows (cached in ``$PBR_CACHE_DIR/<name>``),
-    then :func:`report` to ``benchmarks/results/hybrid/<name>.{csv,json,png}``."""
+    """A lead script's whole run: every data set's rows (cached in
+    ``$PBR_CACHE_DIR/<name>-<code>``, :func:`~pbr_bench.paths.scratch_dir`), then :func:`report`
+    to ``benchmarks/results/hybrid/<name>.{csv,json,png}``."""
     t0 = time.perf_counter()
-    sets = views(load_all(lambda data_set: collect(data_set, cache_dir() / name, ranked)))
+    sets = views(
+        load_all(
+            lambda data_set: collect(
+                data_set, scratch_dir(name, BENCHMARKS_DIR / f"{name}.py"), ranked
+            )
+        )
+    )
     report(sets, candidates, RESULTS_DIR / "hybrid" / name, extra)
     print(f"({time.perf_counter() - t0:.0f}s)")

@@ -10,6 +10,7 @@ found from this file, not from the current directory: ``python -m pbr_bench`` an
 - :data:`GENERATION_CACHE_DIR`: ``benchmarks/cache/``, the committed LLM generations.
 - :func:`cache_dir`: the scratch cache (embeddings, pickles), git-ignored, ``$PBR_CACHE_DIR`` or
   ``<repo>/.pbr-cache``; read per call, so a test or a caller may set the variable first.
+- :func:`scratch_dir`: a script's own folder in it, named for the code and data that wrote it.
 
 The benchmark data sets are not under the checkout: see :func:`pbr_bench.datasets.resolve_data_dir`
 (``$PBR_DATA_DIR`` or ``--data-dir``).
@@ -17,6 +18,7 @@ The benchmark data sets are not under the checkout: see :func:`pbr_bench.dataset
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -27,6 +29,7 @@ __all__ = [
     "RESULTS_DIR",
     "cache_dir",
     "in_repo",
+    "scratch_dir",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +54,28 @@ def in_repo(path: str | os.PathLike[str]) -> str:
         return resolved.relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return str(path)
+
+
+def scratch_dir(name: str, script: str | os.PathLike[str]) -> Path:
+    """``name``'s folder of intermediate results in :func:`cache_dir`, with a fingerprint of
+    what wrote them in its name: the library and harness sources, ``script``'s, and the data
+    sets' files (names and sizes). A script reads back only what the same code on the same data
+    wrote; any change starts a new folder, so a changed default or grid is never served old rows
+    (the old folders can be deleted at will)."""
+    from .datasets import resolve_data_dir  # datasets imports this module
+
+    digest = hashlib.sha256()
+    sources = sorted(
+        [*(REPO_ROOT / "pbr_core").rglob("*.py"), *(BENCHMARKS_DIR / "pbr_bench").rglob("*.py")]
+    )
+    for path in [*sources, Path(script).resolve()]:
+        digest.update(in_repo(path).encode() + b"\0")
+        digest.update(path.read_bytes())
+    try:
+        data = resolve_data_dir(None)
+    except FileNotFoundError:  # no data set configured: what runs reads none
+        data = None
+    if data is not None:
+        for path in sorted(p for p in data.rglob("*") if p.is_file()):
+            digest.update(f"{path.relative_to(data).as_posix()}:{path.stat().st_size}\0".encode())
+    return cache_dir() / f"{name}-{digest.hexdigest()[:12]}"

@@ -83,3 +83,26 @@ def test_bm25_rejects_bad_corpora() -> None:
         BM25Index([], [])
     with pytest.raises(ValueError, match="2 ids but 1 texts"):
         BM25Index(["a", "b"], ["only one"])
+
+
+def test_a_scripts_scratch_folder_is_named_for_its_code_and_its_data(tmp_path, monkeypatch) -> None:
+    """Scratch pickles were named for the script alone, so a changed default, grid or data set
+    was served the rows computed before the change."""
+    from pbr_bench.paths import scratch_dir
+
+    monkeypatch.setenv("PBR_CACHE_DIR", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    (data / "set").mkdir(parents=True)
+    (data / "set" / "a.json").write_text("[1]")
+    monkeypatch.setenv("PBR_DATA_DIR", str(data))
+    script = tmp_path / "lead.py"
+    script.write_text("GRID = [1, 2]\n")
+
+    first = scratch_dir("lead", script)
+    assert first.parent == tmp_path / "cache" and first.name.startswith("lead-")
+    assert scratch_dir("lead", script) == first  # the same code on the same data: read back
+    script.write_text("GRID = [1, 2, 3]\n")
+    grid_changed = scratch_dir("lead", script)
+    (data / "set" / "a.json").write_text("[1, 2]")
+    data_changed = scratch_dir("lead", script)
+    assert len({first, grid_changed, data_changed}) == 3
