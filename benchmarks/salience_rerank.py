@@ -55,6 +55,9 @@ DATASETS = {"locomo-turn": 200, "personabench-0.0": None}  # None: every scored 
 SEED = 0
 N = 10  # candidates re-ranked per question
 MODEL_ID = "gemma-3-270m-q4_k_m/fp32"
+#: What the cache's scores were computed with besides the model: ``MODEL_ID`` keys them, so a
+#: scorer with other settings must not append to (or be served from) it.
+MAX_ITEM_TOKENS = 128
 CACHE = GENERATION_CACHE_DIR / "salience_gemma-3-270m-fp32.jsonl"
 METHODS = ["hybrid", "hybrid → salience", "hybrid → RRF", "hybrid → z-sum"]
 OUT = RESULTS_DIR
@@ -92,6 +95,21 @@ def candidates(built: Built, q: Query) -> tuple[list[str], list[str], np.ndarray
     )
 
 
+def _checked(scorer: Any) -> Any:
+    """``scorer``, if it scores as the cached salience was scored; else SystemExit saying what
+    to change (a new ``MODEL_ID``, so old and new scores never share a key)."""
+    from pbr_core.salience.hf_scorer import DEFAULT_TEMPLATE
+
+    seen = (scorer.model_id, scorer.template, scorer.max_item_tokens)
+    if seen != (MODEL_ID, DEFAULT_TEMPLATE, MAX_ITEM_TOKENS):
+        raise SystemExit(
+            f"default_scorer() now scores as {seen!r}, the cache {CACHE.name} as "
+            f"{(MODEL_ID, DEFAULT_TEMPLATE, MAX_ITEM_TOKENS)!r}: give MODEL_ID a new name "
+            "(and MAX_ITEM_TOKENS its value) before scoring"
+        )
+    return scorer
+
+
 def score_missing(todo: list[tuple[Built, Query]]) -> None:
     """Salience of every candidate not cached yet, appended to the cache one question a line."""
     from pbr_core.salience import default_scorer, salience
@@ -103,7 +121,7 @@ def score_missing(todo: list[tuple[Built, Query]]) -> None:
         if all((q.text, t) in cached for t in texts):
             continue
         if scorer is None:
-            scorer = default_scorer()
+            scorer = _checked(default_scorer())
         t0 = time.perf_counter()
         s = salience(scorer, q.text, texts)
         seconds = time.perf_counter() - t0
