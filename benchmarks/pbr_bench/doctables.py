@@ -441,9 +441,8 @@ def safe_report(results: Path) -> list[str]:
         for mode in modes:
             r = cells[mode]
             text = _pair(r)
-            if r["wins"]:
-                p = float(r["sign_p"])
-                text += f" ({r['wins']} / {r['losses']}" + (f", p {p:.2g})" if p < 0.05 else ")")
+            if r["wins"] not in ("", None):  # a paired cell: its wins, losses and p, always
+                text += f" ({r['wins']} / {r['losses']}, p {float(r['sign_p']):.2g})"
             out.append(text)
         lines.append(f"| {label} | {_LLM_LABELS.get(llm, llm)} ({n}) | " + " | ".join(out) + " |")
     return lines
