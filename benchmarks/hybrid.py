@@ -74,6 +74,7 @@ from pbr_bench.datasets import Query, load_pbr_generations
 from pbr_bench.embed import CountingEncoder, EmbeddingCache, minilm_encoder
 from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, Built, build
+from pbr_bench.machine import describe
 from pbr_bench.metrics import best_over_combinations, evaluate
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
 from pbr_bench.report import write_csv
@@ -365,6 +366,7 @@ def time_query_path(built: Built) -> dict[str, Any]:
         "median_ms": {f"rank(mode={m!r})": statistics.median(v) for m, v in timings.items()},
         "median_ms_lexical_query": statistics.median(terms_ms),
         "lexical_index_build_ms (once per snapshot)": build_ms,
+        "machine": describe(),
     }
 
 

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.synthetic import corpus, queries, vocabulary
 from pbr_core import HistoryItem, HistoryStore
@@ -76,7 +77,8 @@ def main() -> None:
             flush=True,
         )
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "hybrid_speed.json").write_text(json.dumps(rows, indent=1) + "\n")
+    payload = {"machine": describe(), "rows": rows}  # what the rows were timed on
+    (OUT / "hybrid_speed.json").write_text(json.dumps(payload, indent=1) + "\n")
     with (OUT / "hybrid_speed.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

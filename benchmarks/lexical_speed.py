@@ -44,6 +44,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
+from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.synthetic import (
     N_QUERIES,
@@ -243,6 +244,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {
+        "machine": describe(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),

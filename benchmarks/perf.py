@@ -56,6 +56,7 @@ import numpy as np
 import scipy
 from tqdm import tqdm
 
+from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR, in_repo
 from pbr_core import HistoryItem, HistoryStore, PBRConfig, Personalizer
 from pbr_core.anchor import ApproximateKnn, compute_anchor
@@ -117,28 +118,9 @@ def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gb = round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    affinity = getattr(os, "sched_getaffinity", None)
+    """:func:`pbr_bench.machine.describe` and the versions and threads of the libraries timed."""
     return {
-        "cpu": cpu,
-        "cores": len(affinity(0)) if affinity else os.cpu_count(),
-        "memory_gb": mem_gb,
-        "load_avg": [round(v, 2) for v in os.getloadavg()],
-        "python": platform.python_version(),
+        **describe(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
         "faiss": faiss.__version__,

@@ -16,7 +16,7 @@ default template, items cut at 128 tokens). Every row re-ranks exactly the same 
 Scored by R@1, R@5, N@5 (PersonaBench's best-over-combinations rule), with per-question wins /
 losses of each re-rank against ``hybrid`` and the two-sided sign test
 (:func:`pbr_bench.compare.sign_summary`). Cost: wall seconds of each salience call (N + 1
-sequences), on the machine as it was (see the JSON for the load average).
+sequences), on the machine as it was (each cache line records the load average when it was scored).
 
 Salience of every (question, candidate) pair is cached in
 ``benchmarks/cache/salience_<model>.jsonl`` (one line per question: the query, the candidate texts,

@@ -21,6 +21,7 @@ import statistics
 from typing import Any
 
 from pbr_bench.datasets import load_personabench
+from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.report import write_rows
 from pbr_core import Personalizer
@@ -62,6 +63,7 @@ def main() -> int:
         "questions": len(runs),
         "models": {"embedder": model_id_of(pbr.embedder), "llm": model_id_of(pbr.generator)},
         "load_average": os.getloadavg(),
+        "machine": describe(),
         "median_ms": median,
         "runs": runs,
     }

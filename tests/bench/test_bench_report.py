@@ -49,3 +49,26 @@ def test_no_rows_is_refused_and_writes_nothing(tmp_path) -> None:
     with pytest.raises(ValueError, match="no rows"):
         write_rows([], tmp_path / "empty")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_timing_records_the_cpu_model_and_the_cores_it_could_use() -> None:
+    """Timings were written with the load average at most, so two runs' figures could not be
+    told apart by machine (the CPU model differs from machine to machine here)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from pbr_bench.machine import describe
+
+    got = describe()
+    json.dumps(got)  # JSON-ready
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        )
+        assert got["cpu"] == model
+    assert got["cores_usable"] == len(os.sched_getaffinity(0))
+    assert len(got["load_avg"]) == 3
