@@ -273,29 +273,59 @@ def _strings(value: Any) -> list[str] | None:
     return None
 
 
-#: Where a JSON answer starts: an object or list whose first value is a string or an object.
-_JSON_START = re.compile(r'[\[{]\s*+(?:"|\{|\[)')
+#: Where a JSON answer starts, at the start of a line: an object or list whose first value is
+#: a string or an object.
+_JSON_START = re.compile(r'^[ \t]*+[\[{]\s*+(?:"|\{|\[)', re.M)
 #: A JSON string, closed or cut off at the end of the answer, and whether a ``:`` follows it
 #: (then it is a key).
 _JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*+)("\s*+:?|$)', re.S)
 
 
 def _salvaged_strings(body: str) -> list[str]:
-    """The string values of a JSON answer that does not parse (cut off mid-way, one line or
-    many), from where the JSON starts: prose before it is not an item, keys are not values, and
-    the last string is kept even when its closing quote never came."""
+    """The strings of a JSON answer that does not parse (cut off mid-way, one line or many): a
+    list's elements, and each object's text as :func:`_object_text` reads a parsed one (a
+    ``"tone"`` or a ``"time"`` is not an utterance); the last string is kept even when its
+    closing quote never came. Only where the JSON starts a line and no list item comes before
+    it: a numbered list that mentions ``{"mode": "dark"}`` is a list, not JSON."""
     start = _JSON_START.search(body)
-    if start is None:
+    if start is None or any(_LIST_MARKER.match(ln) for ln in body[: start.start()].splitlines()):
         return []
-    out = []
+    out: list[str] = []
+    fields: dict[str, str] | None = None  # the object being read, if any
+
+    def close() -> None:
+        nonlocal fields
+        text = _object_text(fields) if fields else None
+        if text is not None:
+            out.append(text)
+        fields = None
+
+    key: str | None = None
+    after_key, at = False, start.start()
     for match in _JSON_STRING.finditer(body, start.start()):
+        for ch in body[at : match.start()]:  # the syntax between two strings
+            if ch in "{}":
+                close()
+                fields = {} if ch == "{" else None
+            elif ch == "[":  # a key's value is a list: its strings are elements
+                after_key = False
+        at = match.end()
         raw, end = match.groups()
-        if end.endswith(":"):
-            continue
         try:
-            out.append(json.loads(f'"{raw}"'))
+            text = json.loads(f'"{raw}"')
         except ValueError:  # a cut escape ("\u12"): the text as written
-            out.append(raw)
+            text = raw
+        if end.endswith(":"):
+            key, after_key = text, True
+            continue
+        if after_key and fields is not None and key is not None:
+            fields[key] = text  # an object's field: its text is chosen when it closes
+            if not end:  # cut off while writing this field: it is the one the object was for
+                fields = {key: text}
+        elif not after_key:
+            out.append(text)  # a list's element
+        after_key = False
+    close()
     return out
 
 
@@ -358,6 +388,21 @@ def _prepare(text: str, prompt: str | None, max_chars: int | None) -> tuple[str 
     return text, None
 
 
+_NUMBER_MARKER = re.compile(r"^\s*+\(?(\d{1,3})\s*+[.)\]:-]\s")
+_BULLET = re.compile(r"^\s*+[-*•·]\s")
+
+
+def _numbered(items: Sequence[str]) -> bool:
+    """Whether the LLM numbered (or bulleted) a list of strings itself: at least two, numbered
+    1, 2, 3, ... or all bulleted. ``["5 - 10 km runs keep me sane"]`` is one item's text."""
+    if len(items) < 2:
+        return False
+    if all(_BULLET.match(item) for item in items):
+        return True
+    numbers = [_NUMBER_MARKER.match(item) for item in items]
+    return all(m is not None and int(m.group(1)) == i for i, m in enumerate(numbers, 1))
+
+
 def _clean(items: Sequence[str], limit: int | None, *, decoded: bool = False) -> tuple[str, ...]:
     """``items`` as utterances: list markers and quotes taken off, short, repeated and non-text
     items dropped, at most ``limit``.
@@ -366,7 +411,7 @@ def _clean(items: Sequence[str], limit: int | None, *, decoded: bool = False) ->
     favourite film``) and whose leading number is too (``10 - 15 minutes of yoga``), unless every
     item starts with a list marker (the LLM numbered them).
     """
-    numbered = decoded and all(_LIST_MARKER.match(raw.strip()) for raw in items)
+    numbered = decoded and _numbered(items)
     seen: set[str] = set()
     out: list[str] = []
     for raw in items:

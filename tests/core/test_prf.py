@@ -122,6 +122,39 @@ def test_a_json_strings_own_quotes_and_leading_number_are_its_text() -> None:
     )
 
 
+def test_a_numbered_list_that_mentions_json_is_read_as_a_list() -> None:
+    """Salvaging cut-off JSON once fired on any ``{"`` and dropped the list before it."""
+    answer = (
+        'Here you go:\n1. I run every weekend\n2. I use {"mode": "dark"} settings on my '
+        "phone\n3. My sister likes tea"
+    )
+    assert parse_utterances(answer).items == (
+        "I run every weekend",
+        'I use {"mode": "dark"} settings on my phone',
+        "My sister likes tea",
+    )
+
+
+def test_a_cut_off_list_of_objects_gives_each_objects_text() -> None:
+    answer = (
+        '[{"tone": "casual", "line": "I like green tea in the morning"},'
+        ' {"tone": "formal", "line": "I run every'
+    )
+    assert parse_utterances(answer).items == ("I like green tea in the morning", "I run every")
+    answer = '{"candidates": [{"text": "a thing I say often"}, {"text": "another thing I sa'
+    assert parse_utterances(answer).items == ("a thing I say often", "another thing I sa")
+
+
+def test_one_json_string_or_ranges_keep_their_leading_numbers() -> None:
+    assert parse_utterances('["5 - 10 km runs keep me sane"]').items == (
+        "5 - 10 km runs keep me sane",
+    )
+    assert parse_utterances('["10 - 15 minutes of yoga", "20 - 30 push-ups a day"]').items == (
+        "10 - 15 minutes of yoga",
+        "20 - 30 push-ups a day",
+    )
+
+
 def test_completion_answers_continue_after_the_first_marker() -> None:
     answer = " what can I cook with kale tonight?\n2. is quinoa better than rice?\n3. more"
     got = parse_utterances(answer, style="completion")
