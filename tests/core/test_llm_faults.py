@@ -81,6 +81,13 @@ def assert_waited_within(asked: list[float | None], timeout: float) -> None:
     assert all(t is not None and t <= timeout + 1e-6 for t in asked), asked
 
 
+def assert_request_waited_within(asked: list[float | None], timeout: float) -> None:
+    """A sync request's waits, one after the other, add up to at most ``timeout``: the calls
+    share one deadline (a wait of ``timeout`` per call would take that many times longer)."""
+    assert_waited_within(asked, timeout)
+    assert sum(t for t in asked if t is not None) <= timeout + 1e-6, asked
+
+
 @pytest.fixture
 def gate() -> Iterator[threading.Event]:
     """What a hung LLM waits for; released at the end of the test, whatever happens."""
@@ -147,7 +154,7 @@ def test_a_hung_llm_times_out_and_the_search_answers(
     start = time.monotonic()
     dropped = dropped_both(p)
     assert time.monotonic() - start < HANG
-    assert_waited_within(waits, TIMEOUT)
+    assert_request_waited_within(waits, TIMEOUT)
     assert dropped["utterances"] == f"the LLM call timed out after {TIMEOUT:g} s"
     assert dropped["reasoning"] == f"the LLM call timed out after {TIMEOUT:g} s"
     with pytest.raises(LLMTimeoutError, match=r"timed out after 0\.3 s") as info:
@@ -186,7 +193,9 @@ async def test_cancelling_a_request_frees_it_at_once(gate: threading.Event) -> N
     start = time.monotonic()
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(p.asearch(USER, "dinner?"), timeout=0.2)
-    assert time.monotonic() - start < HANG  # no timeout of its own: only the cancel ends it
+    # no timeout of its own: the cancel ends it at once (generous for a loaded machine; a
+    # request that held on after the cancel for seconds fails it)
+    assert time.monotonic() - start < 2.5
     assert p.llm_executor.in_flight == 2  # the two sync calls still run, holding their slots
     # The threads cannot be killed: they finish in the background once the LLM answers, and
     # hand their slots back.
@@ -207,7 +216,7 @@ def test_requests_beyond_the_slots_wait_at_most_the_timeout_and_say_why(
     waits.clear()
     again = p.search(USER, "lunch?").personalized.explanation
     assert "all 2 LLM call slots were busy" in again.dropped["utterances"]
-    assert_waited_within(waits, TIMEOUT)  # the wait for a slot is within the request's timeout
+    assert_request_waited_within(waits, TIMEOUT)  # a slot is waited for within the timeout
 
 
 # -- one personalizer's stuck LLM does not slow another ----------------------------------------
@@ -737,7 +746,7 @@ def test_a_langchain_retriever_with_a_hung_model_answers_degraded(
     start = time.monotonic()
     got = retriever.invoke("dinner?", user_id="alice")
     assert time.monotonic() - start < HANG
-    assert_waited_within(waits, TIMEOUT)
+    assert_request_waited_within(waits, TIMEOUT)
     pbr = got[0].metadata["pbr"]
     assert pbr["degraded"] is True
     assert pbr["missing"]["utterances"] == f"the LLM call timed out after {TIMEOUT:g} s"

@@ -777,6 +777,26 @@ async def test_the_async_path_is_native(embed_model: HashEmbedding) -> None:
     assert llm._calls == ["async", "async"]  # concurrent (rendezvous) and never the sync API
 
 
+async def loop_ran_meanwhile(work: Any) -> tuple[Any, int]:
+    """``await work`` and how often a ticker ran on the event loop meanwhile (every 10 ms).
+    A loop blocked by a synchronous call runs it once at most; a loop left free, many times
+    (at least 2 asked for below: a loaded machine starves a free loop far less than that)."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        return await work, ticks
+    finally:
+        ticker.cancel()
+
+
 class BlockingLLM(MockLLM):
     """A CustomLLM without async code of its own: its inherited ``acomplete`` blocks. Records
     the thread each call ran on."""
@@ -798,11 +818,12 @@ async def test_a_blocking_llm_neither_freezes_the_event_loop_nor_outlives_the_ti
     retriever = PBRRetriever.from_defaults(
         nodes=_nodes(), llm=llm, embed_model=embed_model, user_id="u1", config=config
     )
-    got = await retriever.aretrieve(QUERY)
+    got, ticks = await loop_ran_meanwhile(retriever.aretrieve(QUERY))
     explanation = got[0].node.metadata[EXPLANATION_KEY]
     assert explanation["degraded"] and "timed out" in explanation["dropped"]["utterances"]
-    # the blocking calls ran off the event loop's thread, so the loop kept serving meanwhile
+    # the blocking calls ran off the event loop's thread, and the loop kept serving meanwhile
     assert llm.threads and threading.current_thread() not in llm.threads
+    assert ticks >= 2
 
 
 async def test_the_sync_path_needs_no_event_loop_of_its_own(base: PBRRetriever) -> None:
@@ -1709,15 +1730,20 @@ async def test_the_embedded_llms_async_chat_stream_leaves_the_event_loop_free(
     threads: list[threading.Thread] = []
 
     def decode(self: Any, prompt: str) -> str:
-        threads.append(threading.current_thread())  # the forward passes, without the weights
+        threads.append(threading.current_thread())
+        time.sleep(0.4)  # the forward passes, without the weights
         return "a b c"
 
     monkeypatch.setattr(LocalGemmaGenerator, "generate", decode)
     llm = LocalGemmaLLM()
-    stream = await llm.astream_chat([ChatMessage(role="user", content="hi")])
-    text = "".join([r.delta or "" async for r in stream])
+
+    async def chat() -> str:
+        stream = await llm.astream_chat([ChatMessage(role="user", content="hi")])
+        return "".join([r.delta or "" async for r in stream])
+
+    text, ticks = await loop_ran_meanwhile(chat())
     assert text == "a b c"
-    assert threads and threading.current_thread() not in threads  # not on the loop's thread
+    assert threads and threading.current_thread() not in threads and ticks >= 2
 
 
 def test_filters_of_another_type_are_refused_when_given(base: PBRRetriever) -> None:
