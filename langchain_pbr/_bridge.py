@@ -92,7 +92,9 @@ class LangChainGenerator:
         # No one id names the model that answers (see one_model), or the model declares none
         # (its class name, which two models share): no answer is cached, since it would be
         # served for another model's.
-        self.cacheable = one_model(llm) and declared_model_id(model) is not None
+        self.cacheable = (
+            one_model(llm) and answers_as_model(llm) and declared_model_id(model) is not None
+        )
         # in-process (no timeout: pbr_core.generation.timeout_for) only if every model that
         # may answer is: a remote fallback of the embedded model can hang on its network
         models = answering if answering is not None else answering_models(llm)
@@ -233,6 +235,26 @@ def one_model(llm: Any) -> bool:
         if llm is None:
             return True
     return True
+
+
+def answers_as_model(llm: Any) -> bool:
+    """Whether ``llm``'s answer to a prompt is its model's own: no step before the model
+    rewrites the prompt (a prompt template, a lambda) and none after it rewrites the answer
+    (other than ``StrOutputParser``, which takes its text), in its wrappers or steps. Two such
+    chains around one model would otherwise share its cached answers."""
+    from langchain_core.output_parsers import StrOutputParser
+
+    for _ in range(8):
+        if isinstance(llm, BaseLanguageModel):
+            return True
+        steps = _steps(llm)
+        if steps is not None:
+            first, rest = steps[0], steps[1:]
+            return answers_as_model(first) and all(isinstance(s, StrOutputParser) for s in rest)
+        llm = _wrapped(llm)
+        if llm is None:  # a Runnable of the user's: what it does to the prompt is unknown
+            return False
+    return False
 
 
 #: ``bind()`` arguments that change which model answers.

@@ -52,10 +52,14 @@ def declared_llm_model_id(llm: LLM) -> str | None:
 
 
 def rewrites_prompts(llm: LLM) -> bool:
-    """Whether ``llm.complete`` sends the model something other than the prompt it is given:
-    a ``completion_to_prompt`` other than LlamaIndex's default (which returns it unchanged)."""
+    """Whether ``llm.complete`` may send the model something other than the prompt it is
+    given: a ``completion_to_prompt`` other than LlamaIndex's default (which returns it
+    unchanged), or a ``system_prompt`` or ``query_wrapper_prompt`` (which LLMs such as
+    ``HuggingFaceLLM`` apply in ``complete``)."""
     wrapper = getattr(llm, "completion_to_prompt", None)
-    return wrapper is not None and wrapper is not default_completion_to_prompt
+    if wrapper is not None and wrapper is not default_completion_to_prompt:
+        return True
+    return bool(getattr(llm, "system_prompt", None) or getattr(llm, "query_wrapper_prompt", None))
 
 
 def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptStyle:

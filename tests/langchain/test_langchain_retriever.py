@@ -935,6 +935,27 @@ def test_a_model_chosen_by_the_input_or_a_chain_of_two_models_is_not_cached() ->
     assert generator_for(small | StrOutputParser(), None, "chat").cacheable
 
 
+
+def test_a_chain_that_rewrites_the_prompt_or_the_answer_is_not_cached() -> None:
+    """A step before the model changes what it reads, one after it what pbr gets: two such
+    chains around one model shared its cached answers (the LlamaIndex sibling, a
+    ``completion_to_prompt`` of the user's, was fixed first; from a review)."""
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import PromptTemplate
+    from langchain_core.runnables import RunnableLambda
+
+    from langchain_pbr._bridge import generator_for
+
+    model = SyncOnlyChat(model_name="acme-7b")
+    french = RunnableLambda(lambda p: "Answer in French. " + str(p)) | model
+    shout = model | StrOutputParser() | RunnableLambda(lambda text: text.upper())
+    templated = PromptTemplate.from_template("Be brief. {q}") | model
+    for chain in (french, shout, templated):
+        generator = generator_for(chain, None, "chat")
+        assert generator.model_id == "acme-7b" and not generator.cacheable
+    for plain in (model, model.with_retry(), model | StrOutputParser(), model.bind(stop=["x"])):
+        assert generator_for(plain, None, "chat").cacheable
+
 @pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])
 def test_the_runs_configurable_picks_the_model_that_writes_the_feedback(how: str) -> None:
     """``config={"configurable": {"llm": "other"}}`` reaches the LLM's run, as it reaches any

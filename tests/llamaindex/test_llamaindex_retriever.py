@@ -1337,6 +1337,8 @@ def test_answers_of_an_llm_that_rewrites_its_prompts_are_not_cached() -> None:
     assert not LlamaIndexGenerator(
         ScriptedLLM(completion_to_prompt=lambda p: "Answer briefly. " + p)
     ).cacheable
+    # what HuggingFace-style LLMs apply in complete() too
+    assert not LlamaIndexGenerator(ScriptedLLM(system_prompt="Answer in French.")).cacheable
 
 
 class OpaqueStore(BasePydanticVectorStore):
