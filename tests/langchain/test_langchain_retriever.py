@@ -935,7 +935,6 @@ def test_a_model_chosen_by_the_input_or_a_chain_of_two_models_is_not_cached() ->
     assert generator_for(small | StrOutputParser(), None, "chat").cacheable
 
 
-
 def test_a_chain_that_rewrites_the_prompt_or_the_answer_is_not_cached() -> None:
     """A step before the model changes what it reads, one after it what pbr gets: two such
     chains around one model shared its cached answers (the LlamaIndex sibling, a
@@ -955,6 +954,7 @@ def test_a_chain_that_rewrites_the_prompt_or_the_answer_is_not_cached() -> None:
         assert generator.model_id == "acme-7b" and not generator.cacheable
     for plain in (model, model.with_retry(), model | StrOutputParser(), model.bind(stop=["x"])):
         assert generator_for(plain, None, "chat").cacheable
+
 
 @pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])
 def test_the_runs_configurable_picks_the_model_that_writes_the_feedback(how: str) -> None:
