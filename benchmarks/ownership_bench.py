@@ -46,7 +46,8 @@ Run (a shared 2-core machine: the load average is recorded with every figure):
     python benchmarks/ownership_bench.py --plot-only benchmarks/results/ownership/ownership.json
 
 Prints two tables and writes ``benchmarks/results/ownership/ownership.json``, ``.csv`` and
-``.png`` (``ownership_quick.*`` with ``--quick``, so a quick run never overwrites the full one).
+``.png``; a run of one section writes ``ownership_query.*`` or ``ownership_scale.*``, and
+``--quick`` adds ``_quick``, so no run overwrites another kind's files.
 """
 
 from __future__ import annotations
@@ -1098,10 +1099,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    # a quick run never overwrites the full one, nor a one-section run the file of both
-    stem = "ownership_quick" if quick else "ownership"
-    if not quick and args.skip == ["scale"]:
-        stem = "ownership_query"  # the query section alone (docs/data-ownership.md's run)
+    # named for what ran: a quick run never overwrites the full one, nor a one-section run
+    # the file of both (docs/data-ownership.md quotes ownership_query, the query section alone)
+    ran = [s for s in ("query", "scale") if s not in args.skip]
+    stem = "ownership" if len(ran) != 1 else f"ownership_{ran[0]}"
+    stem += "_quick" if quick else ""
 
     results: dict[str, Any] = {"machine": machine(), "quick": quick}
     results["args"] = {k: (in_repo(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

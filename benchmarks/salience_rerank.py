@@ -58,6 +58,9 @@ MODEL_ID = "gemma-3-270m-q4_k_m/fp32"
 #: What the cache's scores were computed with besides the model: ``MODEL_ID`` keys them, so a
 #: scorer with other settings must not append to (or be served from) it.
 MAX_ITEM_TOKENS = 128
+#: The template the cached scores were computed with, written out (not the library's default,
+#: which may change).
+TEMPLATE_BLOCKS = ("{memory}\n", "{condition}\n")
 CACHE = GENERATION_CACHE_DIR / "salience_gemma-3-270m-fp32.jsonl"
 METHODS = ["hybrid", "hybrid → salience", "hybrid → RRF", "hybrid → z-sum"]
 OUT = RESULTS_DIR
@@ -98,14 +101,14 @@ def candidates(built: Built, q: Query) -> tuple[list[str], list[str], np.ndarray
 def _checked(scorer: Any) -> Any:
     """``scorer``, if it scores as the cached salience was scored; else SystemExit saying what
     to change (a new ``MODEL_ID``, so old and new scores never share a key)."""
-    from pbr_core.salience.hf_scorer import DEFAULT_TEMPLATE
-
-    seen = (scorer.model_id, scorer.template, scorer.max_item_tokens)
-    if seen != (MODEL_ID, DEFAULT_TEMPLATE, MAX_ITEM_TOKENS):
+    template = scorer.template
+    blocks = (template.memory_block, template.condition_block)
+    seen = (scorer.model_id, blocks, scorer.max_item_tokens)
+    cached = (MODEL_ID, TEMPLATE_BLOCKS, MAX_ITEM_TOKENS)
+    if seen != cached:
         raise SystemExit(
-            f"default_scorer() now scores as {seen!r}, the cache {CACHE.name} as "
-            f"{(MODEL_ID, DEFAULT_TEMPLATE, MAX_ITEM_TOKENS)!r}: give MODEL_ID a new name "
-            "(and MAX_ITEM_TOKENS its value) before scoring"
+            f"default_scorer() now scores as {seen!r}, the cache {CACHE.name} as {cached!r}: "
+            "give MODEL_ID a new name (and the other constants their values) before scoring"
         )
     return scorer
 
