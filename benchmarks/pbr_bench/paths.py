@@ -59,9 +59,9 @@ def in_repo(path: str | os.PathLike[str]) -> str:
 def scratch_dir(name: str, script: str | os.PathLike[str]) -> Path:
     """``name``'s folder of intermediate results in :func:`cache_dir`, with a fingerprint of
     what wrote them in its name: the library and harness sources, ``script``'s, and the data
-    sets' files (names and sizes). A script reads back only what the same code on the same data
-    wrote; any change starts a new folder, so a changed default or grid is never served old rows
-    (the old folders can be deleted at will)."""
+    sets' files (names, sizes and modification times). A script reads back only what the same
+    code on the same data wrote; any change starts a new folder, so a changed default or grid is
+    never served old rows (the old folders can be deleted at will)."""
     from .datasets import resolve_data_dir  # datasets imports this module
 
     digest = hashlib.sha256()
@@ -77,5 +77,7 @@ def scratch_dir(name: str, script: str | os.PathLike[str]) -> Path:
         data = None
     if data is not None:
         for path in sorted(p for p in data.rglob("*") if p.is_file()):
-            digest.update(f"{path.relative_to(data).as_posix()}:{path.stat().st_size}\0".encode())
+            stat = path.stat()
+            rel = path.relative_to(data).as_posix()
+            digest.update(f"{rel}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
     return cache_dir() / f"{name}-{digest.hexdigest()[:12]}"
