@@ -44,6 +44,7 @@ LEADS = (
     "lexical_bigrams",
     "lexical_pairs_weight",
     "lexical_peak",
+    "lexical_flat",
 )
 BASELINES = ("shipped", "dense", "bm25", "rrf")
 #: What the goals ask for together: the mean of the four targets.

@@ -34,36 +34,24 @@ import itertools
 import numpy as np
 
 from pbr_bench.datasets import Query
-from pbr_bench.lead import per_history, run
+from pbr_bench.lead import run
+from pbr_bench.lexical_spread import SPREAD_RANK, fifth_to_best, stemmed
 from pbr_bench.one_set import CUT
 from pbr_core.hybrid import fuse
-from pbr_core.lexical import LexicalIndex
 from pbr_core.snapshot import UserHistory, top_k
 
 #: analyzer -> (its exponent e on c)
 ANALYZERS = {"plain": 1.0, "stem k1=0.25 b=0.25": 0.5}
 GRID = list(itertools.product(ANALYZERS, (1.5, 3.0), (1.0, 2.0)))
 CANDIDATES = [f"peak {name} a={a:g} q={q:g}" for name, a, q in GRID]
-#: The rank whose score the best is compared with.
-PEAK_RANK = 5
-
-
-def _stemmed(history: UserHistory) -> LexicalIndex:
-    texts = [item.text for item in history.items]
-    return LexicalIndex.build(texts, k1=0.25, b=0.25, stemmer="english")
-
-
-stemmed = per_history(_stemmed)
 
 
 def peak(scores: np.ndarray) -> float:
     """``1 − s_5 / s_1`` of the items' scores (0 where nothing matches; 1 with fewer than 5
     items matching)."""
-    top = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
-    if top.size == 0 or top[0] <= 0.0:
+    if np.size(scores) == 0 or float(np.max(scores)) <= 0.0:
         return 0.0
-    fifth = top[PEAK_RANK - 1] if top.size >= PEAK_RANK else 0.0
-    return float(1.0 - fifth / top[0])
+    return 1.0 - fifth_to_best(scores)
 
 
 def ranked(
@@ -92,7 +80,7 @@ def main() -> None:
         ranked,
         {
             "grid": [dict(analyzer=n, a=a, q=q) for n, a, q in GRID],
-            "peak_rank": PEAK_RANK,
+            "peak_rank": SPREAD_RANK,
         },
     )
 

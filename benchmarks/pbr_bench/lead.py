@@ -3,8 +3,9 @@ the fixed baselines of every question, the admissibility test, the choice on the
 and its one reading on the test split. Shared by ``benchmarks/lexical_prf.py``,
 ``benchmarks/lexical_fields.py``, ``benchmarks/lexical_windows.py``,
 ``benchmarks/window_pooling.py``, ``benchmarks/long_items.py``, ``benchmarks/dense_prf.py``,
-``benchmarks/lexical_bigrams.py``, ``benchmarks/lexical_pairs_weight.py`` and
-``benchmarks/lexical_peak.py``, which differ only in the candidates they rank.
+``benchmarks/lexical_bigrams.py``, ``benchmarks/lexical_pairs_weight.py``,
+``benchmarks/lexical_peak.py`` and ``benchmarks/lexical_flat.py``, which differ only in the
+candidates they rank.
 
 Protocol, ``benchmarks/hybrid_tuning.py``'s: the tuning split is
 :func:`pbr_bench.splits.is_tuning_question`. A candidate is admissible when, on the tuning split,
