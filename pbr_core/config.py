@@ -82,8 +82,8 @@ class PBRConfig:
             ``None`` waits forever (not recommended for a server). A sync call that is given up
             cannot be killed: it finishes in the background (see :mod:`pbr_core.executor`).
             A generator that computes in this process (``in_process = True``: the embedded
-            Gemma / SmolLM2 and their LangChain / LlamaIndex wrappers) is not timed: it cannot
-            hang on a network, and its first call loads the model.
+            Gemma and its LangChain / LlamaIndex wrappers; the benchmark harness's SmolLM2) is
+            not timed: it cannot hang on a network, and its first call loads the model.
         max_concurrent_llm_calls: the size of the :class:`~pbr_core.executor.LLMExecutor` a
             personalizer creates when none is given: at most this many LLM calls in flight at once
             for the personalizers that share it (those over one history store), e.g. what a
