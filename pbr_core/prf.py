@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 PromptStyle = Literal["chat", "completion"]
@@ -273,59 +273,97 @@ def _strings(value: Any) -> list[str] | None:
     return None
 
 
-#: Where a JSON answer starts, at the start of a line: an object or list whose first value is
-#: a string or an object.
-_JSON_START = re.compile(r'^[ \t]*+[\[{]\s*+(?:"|\{|\[)', re.M)
-#: A JSON string, closed or cut off at the end of the answer, and whether a ``:`` follows it
-#: (then it is a key).
-_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*+)("\s*+:?|$)', re.S)
+#: Where a JSON answer starts: an object or list whose first value is a string or an object.
+_JSON_START = re.compile(r'[\[{]\s*+(?:"|\{|\[)')
+#: A JSON string, closed or cut off at the end of the answer (a cut escape too), and whether a
+#: ``:`` follows it (then it is a key).
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*+)\\?("\s*+:?|$)', re.S)
+
+
+@dataclass
+class _Open:
+    """A JSON container being read by :func:`_salvaged_strings`."""
+
+    kind: str  # "[" or "{"
+    in_item: bool  # inside an object that is a list's item (its strings are that item's)
+    fields: dict[str, str] = field(default_factory=dict)
+    key: str | None = None  # the key whose value comes next
+    nested: bool = False  # holds a list or an object
+
+
+def _json_start(body: str) -> int | None:
+    """Where the JSON of a cut-off answer starts: at the start of a line, or on the answer's
+    first line after a short preamble ("Sure! {..."), with no list item before it."""
+    for match in _JSON_START.finditer(body):
+        before = body[: match.start()]
+        if "\n" in before and before.rsplit("\n", 1)[1].strip():
+            continue  # inside a later line's prose ("Document: {...")
+        if any(_LIST_MARKER.match(line) for line in before.splitlines()):
+            return None  # a list that mentions JSON ({"mode": "dark"}) is a list
+        return match.start()
+    return None
 
 
 def _salvaged_strings(body: str) -> list[str]:
-    """The strings of a JSON answer that does not parse (cut off mid-way, one line or many): a
-    list's elements, and each object's text as :func:`_object_text` reads a parsed one (a
+    """The strings of a JSON answer that does not parse (cut off mid-way, one line or many):
+    the elements of its lists, and the text of each object that is a list's item (or of the
+    answer, where it is one object of strings), as :func:`_object_text` reads a parsed one (a
     ``"tone"`` or a ``"time"`` is not an utterance); the last string is kept even when its
-    closing quote never came. Only where the JSON starts a line and no list item comes before
-    it: a numbered list that mentions ``{"mode": "dark"}`` is a list, not JSON."""
-    start = _JSON_START.search(body)
-    if start is None or any(_LIST_MARKER.match(ln) for ln in body[: start.start()].splitlines()):
+    closing quote never came. An object inside such an item adds nothing."""
+    at = _json_start(body)
+    if at is None:
         return []
     out: list[str] = []
-    fields: dict[str, str] | None = None  # the object being read, if any
+    stack: list[_Open] = []
+
+    def open_(kind: str) -> None:
+        parent = stack[-1] if stack else None
+        if parent is not None:
+            parent.nested, parent.key = True, None  # the pending key's value is this container
+        in_item = parent is not None and (parent.in_item or (kind == "{" and parent.kind == "["))
+        stack.append(_Open(kind, in_item))
 
     def close() -> None:
-        nonlocal fields
-        text = _object_text(fields) if fields else None
+        done = stack.pop()
+        if done.kind != "{" or not done.fields:
+            return
+        parent = stack[-1] if stack else None
+        is_item = (parent is not None and parent.kind == "[" and not parent.in_item) or (
+            parent is None and not done.nested
+        )
+        text = _object_text(done.fields) if is_item else None
         if text is not None:
             out.append(text)
-        fields = None
 
-    key: str | None = None
-    after_key, at = False, start.start()
-    for match in _JSON_STRING.finditer(body, start.start()):
+    for match in _JSON_STRING.finditer(body, at):
         for ch in body[at : match.start()]:  # the syntax between two strings
-            if ch in "{}":
+            if ch in "[{":
+                open_(ch)
+            elif ch in "]}" and stack:
                 close()
-                fields = {} if ch == "{" else None
-            elif ch == "[":  # a key's value is a list: its strings are elements
-                after_key = False
+            elif ch == "," and stack:
+                stack[-1].key = None  # a key's value that was no string (a number) has ended
         at = match.end()
         raw, end = match.groups()
         try:
             text = json.loads(f'"{raw}"')
         except ValueError:  # a cut escape ("\u12"): the text as written
             text = raw
-        if end.endswith(":"):
-            key, after_key = text, True
+        top = stack[-1] if stack else None
+        if top is None:
             continue
-        if after_key and fields is not None and key is not None:
-            fields[key] = text  # an object's field: its text is chosen when it closes
-            if not end:  # cut off while writing this field: it is the one the object was for
-                fields = {key: text}
-        elif not after_key:
-            out.append(text)  # a list's element
-        after_key = False
-    close()
+        if end.endswith(":") and top.kind == "{":
+            top.key = text
+        elif top.kind == "[":
+            if not top.in_item:
+                out.append(text)  # a list's element
+        elif top.key is not None:
+            top.fields[top.key] = text  # an object's field: its text is chosen when it closes
+            if not end:  # cut off while writing this field: the one the object was for
+                top.fields = {top.key: text}
+            top.key = None
+    while stack:
+        close()
     return out
 
 
@@ -394,13 +432,21 @@ _BULLET = re.compile(r"^\s*+[-*•·]\s")
 
 def _numbered(items: Sequence[str]) -> bool:
     """Whether the LLM numbered (or bulleted) a list of strings itself: at least two, numbered
-    1, 2, 3, ... or all bulleted. ``["5 - 10 km runs keep me sane"]`` is one item's text."""
+    1, 2, 3, ... or all bulleted; a last item cut off at its marker (``"3."``) is not counted.
+    ``["5 - 10 km runs keep me sane"]`` is one item's text, and so are two ranges in a row
+    (``"1 - 2 cups ..."``, ``"2 - 3 hours ..."``): a ``-`` numbers only three items or more."""
+    items = list(items)
+    if items and _NUMBER_MARKER.fullmatch(items[-1].strip() + " "):
+        items = items[:-1]  # the answer stopped right after the next number
     if len(items) < 2:
         return False
     if all(_BULLET.match(item) for item in items):
         return True
     numbers = [_NUMBER_MARKER.match(item) for item in items]
-    return all(m is not None and int(m.group(1)) == i for i, m in enumerate(numbers, 1))
+    if not all(m is not None and int(m.group(1)) == i for i, m in enumerate(numbers, 1)):
+        return False
+    dashed = any(m is not None and m.group(0).rstrip().endswith("-") for m in numbers)
+    return len(items) >= 3 or not dashed
 
 
 def _clean(items: Sequence[str], limit: int | None, *, decoded: bool = False) -> tuple[str, ...]:
@@ -461,14 +507,16 @@ def parse_utterances(
     if ready is None:
         return Parsed((), problem)
     body = strip_fences(ready).strip()
-    # a chat prompt asked for JSON: the strings of one cut off mid-way are its items (a
-    # completion prompt asked for a numbered list, and JSON there is noise: dates, roles)
-    salvaged = _salvaged_strings(body) if style == "chat" else []
-    for found in (_strings(_load_json(body)), salvaged):
-        if found:
-            items = _clean(found, limit, decoded=True)
-            if items:
-                return Parsed(items)
+    found = _strings(_load_json(body))
+    if found and (items := _clean(found, limit, decoded=True)):
+        return Parsed(items)
+    # A chat prompt asked for JSON: the strings of one cut off mid-way are its items, where
+    # they are a list (two or more) or nothing else parses; one string salvaged from text
+    # that merely holds some JSON (a date, a role) is not. A completion prompt asked for a
+    # numbered list, and JSON there is noise.
+    salvaged = _clean(_salvaged_strings(body), limit, decoded=True) if style == "chat" else ()
+    if len(salvaged) > 1:
+        return Parsed(salvaged)
     lines = [ln for ln in body.splitlines() if ln.strip() and not _JSON_SYNTAX_LINE.match(ln)]
     if style == "completion" and lines:
         lines[0] = "1. " + lines[0].lstrip()
@@ -478,6 +526,7 @@ def parse_utterances(
     if style == "chat" and not marked:
         # Prose without a list is not a list of utterances: take sentences only if several.
         items = items if len(items) > 1 else ()
+    items = items or salvaged
     if not items:
         return Parsed((), "no utterances could be parsed from the LLM answer")
     return Parsed(items)

@@ -155,6 +155,59 @@ def test_one_json_string_or_ranges_keep_their_leading_numbers() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # an object that wraps the list, or an object inside an item, is no item itself
+        (
+            '{"thoughts": "The user cooks and runs", "queries": ["what can I cook with kale", '
+            '"best running shoes for',
+            ("what can I cook with kale", "best running shoes for"),
+        ),
+        (
+            '[{"tone": "casual", "meta": {"id": "a1"}, "line": "I like green tea in the morning"},'
+            ' {"tone": "formal", "line": "I run every',
+            ("I like green tea in the morning", "I run every"),
+        ),
+        # a key whose value is a number leaves the next list element alone
+        ('[{"id": 1}, "I like green tea", "I run every', ("I like green tea", "I run every")),
+        # a short preamble on the JSON's own line
+        (
+            'Sure! {"candidates": ["I could roast beets tonight", "maybe kale chips ag',
+            ("I could roast beets tonight", "maybe kale chips ag"),
+        ),
+        # cut right after a backslash
+        (
+            '["She said \\"hi\\" to me", "I run every day \\',
+            ('She said "hi" to me', "I run every day"),
+        ),
+    ],
+)
+def test_a_cut_off_json_answer_gives_the_strings_a_whole_one_would(
+    answer: str, expected: tuple[str, ...]
+) -> None:
+    assert parse_utterances(answer).items == expected
+
+
+def test_one_string_salvaged_from_text_that_holds_some_json_does_not_replace_its_lines() -> None:
+    answer = '{"role":"user", "date":"2024-10-15"} In this message, the user asks.\nShe runs daily.'
+    assert parse_utterances(answer).items == (
+        '{"role":"user", "date":"2024-10-15"} In this message, the user asks.',
+        "She runs daily.",
+    )
+
+
+def test_two_ranges_or_a_list_cut_at_its_next_number_are_read_as_their_strings_say() -> None:
+    assert parse_utterances('["1 - 2 cups of coffee a day", "2 - 3 hours of reading"]').items == (
+        "1 - 2 cups of coffee a day",
+        "2 - 3 hours of reading",
+    )
+    assert parse_utterances('["1. I like green tea", "2. I run every day", "3.').items == (
+        "I like green tea",
+        "I run every day",
+    )
+
+
 def test_completion_answers_continue_after_the_first_marker() -> None:
     answer = " what can I cook with kale tonight?\n2. is quinoa better than rice?\n3. more"
     got = parse_utterances(answer, style="completion")
