@@ -238,19 +238,28 @@ def one_model(llm: Any) -> bool:
 
 
 def answers_as_model(llm: Any) -> bool:
-    """Whether ``llm``'s answer to a prompt is its model's own: no step before the model
-    rewrites the prompt (a prompt template, a lambda) and none after it rewrites the answer
-    (other than ``StrOutputParser``, which takes its text), in its wrappers or steps. Two such
-    chains around one model would otherwise share its cached answers."""
+    """Whether ``llm``'s answer to a prompt is its model's own, as its name (the cache key)
+    says: no step before the model rewrites the prompt (a prompt template, a lambda), none
+    after it rewrites the answer (other than ``StrOutputParser`` itself, which takes its
+    text), and no ``bind()`` changes how it answers (``stop``, ``temperature``, tools), in its
+    wrappers or steps. Two such chains around one model would otherwise share its cached
+    answers."""
     from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.runnables import RunnableBinding
+
+    def plain_parser(step: Any) -> bool:
+        while isinstance(step, RunnableBinding) and not step.kwargs:  # with_config()
+            step = step.bound
+        return type(step) is StrOutputParser  # a subclass may rewrite the text
 
     for _ in range(8):
         if isinstance(llm, BaseLanguageModel):
             return True
+        if isinstance(llm, RunnableBinding) and llm.kwargs:
+            return False
         steps = _steps(llm)
         if steps is not None:
-            first, rest = steps[0], steps[1:]
-            return answers_as_model(first) and all(isinstance(s, StrOutputParser) for s in rest)
+            return answers_as_model(steps[0]) and all(plain_parser(s) for s in steps[1:])
         llm = _wrapped(llm)
         if llm is None:  # a Runnable of the user's: what it does to the prompt is unknown
             return False

@@ -59,7 +59,19 @@ def rewrites_prompts(llm: LLM) -> bool:
     wrapper = getattr(llm, "completion_to_prompt", None)
     if wrapper is not None and wrapper is not default_completion_to_prompt:
         return True
-    return bool(getattr(llm, "system_prompt", None) or getattr(llm, "query_wrapper_prompt", None))
+    if getattr(llm, "system_prompt", None):
+        return True
+    template = getattr(llm, "query_wrapper_prompt", None)
+    if template is None:
+        return False
+    try:  # HuggingFaceLLM's default, "{query_str}", leaves the prompt as it is
+        return bool(template.format(query_str=_PROMPT_PROBE) != _PROMPT_PROBE)
+    except Exception:  # a template this probe cannot fill: assume it rewrites
+        return True
+
+
+#: A prompt no template leaves unchanged by chance (see :func:`rewrites_prompts`).
+_PROMPT_PROBE = "pbr prompt probe 7f3a"
 
 
 def llm_prompt_style(llm: LLM, override: PromptStyle | None = None) -> PromptStyle:

@@ -898,7 +898,7 @@ def test_answers_are_cached_only_under_an_id_that_names_the_answering_model(
 
     named = SyncOnlyChat()
     assert generator_for(named, None, "chat").cacheable
-    assert generator_for(named.bind(stop=["\n\n"]), None, "chat").cacheable
+    assert generator_for(named.with_config(tags=["x"]), None, "chat").cacheable
     assert not generator_for(ScriptedChat(), None, "chat").cacheable  # no id: class name only
     assert not generator_for(named.bind(model="another"), None, "chat").cacheable
     assert not generator_for(named.with_fallbacks([SyncOnlyChat()]), None, "chat").cacheable
@@ -952,8 +952,17 @@ def test_a_chain_that_rewrites_the_prompt_or_the_answer_is_not_cached() -> None:
     for chain in (french, shout, templated):
         generator = generator_for(chain, None, "chat")
         assert generator.model_id == "acme-7b" and not generator.cacheable
-    for plain in (model, model.with_retry(), model | StrOutputParser(), model.bind(stop=["x"])):
-        assert generator_for(plain, None, "chat").cacheable
+
+    class Upper(StrOutputParser):
+        def parse(self, text: str) -> str:
+            return text.upper()
+
+    # bind() arguments change the answer too (a stop string cuts it): not under the bare name
+    for rewriting in (model | Upper(), model.bind(stop=["."]), model.bind(temperature=0.0)):
+        assert not generator_for(rewriting, None, "chat").cacheable
+    plain = (model, model.with_retry(), model | StrOutputParser(), model.with_config(tags=["x"]))
+    for chain in (*plain, model | StrOutputParser().with_config(run_name="text")):
+        assert generator_for(chain, None, "chat").cacheable
 
 
 @pytest.mark.parametrize("how", ["invoke", "ainvoke", "chain"])

@@ -1339,6 +1339,13 @@ def test_answers_of_an_llm_that_rewrites_its_prompts_are_not_cached() -> None:
     ).cacheable
     # what HuggingFace-style LLMs apply in complete() too
     assert not LlamaIndexGenerator(ScriptedLLM(system_prompt="Answer in French.")).cacheable
+    from llama_index.core.prompts import PromptTemplate
+
+    french = PromptTemplate("Answer in French. {query_str}")
+    assert not LlamaIndexGenerator(ScriptedLLM(query_wrapper_prompt=french)).cacheable
+    # HuggingFaceLLM's default wrapper leaves the prompt as it is: still cached
+    same = PromptTemplate("{query_str}")
+    assert LlamaIndexGenerator(ScriptedLLM(query_wrapper_prompt=same)).cacheable
 
 
 class OpaqueStore(BasePydanticVectorStore):
