@@ -1102,6 +1102,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # named for what ran: a quick run never overwrites the full one, nor a one-section run
     # the file of both (docs/data-ownership.md quotes ownership_query, the query section alone)
     ran = [s for s in ("query", "scale") if s not in args.skip]
+    if not ran:
+        ap.error("--skip query scale leaves nothing to run")
     stem = "ownership" if len(ran) != 1 else f"ownership_{ran[0]}"
     stem += "_quick" if quick else ""
 

@@ -82,8 +82,10 @@ def assert_waited_within(asked: list[float | None], timeout: float) -> None:
 
 
 def assert_request_waited_within(asked: list[float | None], timeout: float) -> None:
-    """A sync request's waits, one after the other, add up to at most ``timeout``: the calls
-    share one deadline (a wait of ``timeout`` per call would take that many times longer)."""
+    """A sync request whose every call hangs waits, one call after the other, at most
+    ``timeout`` in all: the calls share one deadline (a wait of ``timeout`` per call would take
+    that many times longer). (Where a call returns early, the next may ask for more than what
+    is left of the sum; every test using this hangs all its calls.)"""
     assert_waited_within(asked, timeout)
     assert sum(t for t in asked if t is not None) <= timeout + 1e-6, asked
 
