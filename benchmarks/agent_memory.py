@@ -114,6 +114,7 @@ from pbr_bench.datasets import Dataset, Query, load_named
 from pbr_bench.embed import CountingEncoder, EmbeddingCache
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.splits import is_tuning_user
 from pbr_core import PBRConfig
 
@@ -488,6 +489,7 @@ def main_windows(args: argparse.Namespace, ds: Dataset, users: list[str]) -> Non
             )
     summary = {"meta": meta, "rows": rows, "paired": paired, "chosen": chosen, **run.notes}
     (args.out / "window.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(summary["rows"], args.out / "summary.png")
     print(f"\nwrote {args.out} in {meta['seconds']} s")
 
 
@@ -649,6 +651,15 @@ def print_tables(
                         f"{'ratio ' + label:<50} {op:<13} median x{r['median_ms']:.2f}, "
                         f"p95 x{r['p95_ms']:.2f}"
                     )
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """R@5 on every question, each framework's own memory against pbr's, per part."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["split"] == "all":
+            groups.setdefault(str(r["part"]), {})[str(r["store"])] = r["R@5"]
+    bar_png(path, groups, title="agent_memory: R@5, every question", ylabel="R@5")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.llms import harness_generator
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.runner import generate_missing, generation_cache_of
 from pbr_core import PBRConfig
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
@@ -80,6 +82,20 @@ def generate(llm: str, names: list[str], questions: int, seed: int) -> None:
         prompts = [p for q in chosen for p in ungated_prompts(personalizer, q.user_id, q.text)]
         done = generate_missing(prompts, generator.generate_batch, model_id, cache, desc=name)
         print(f"{name} {llm}: {done} of {len(prompts)} prompts generated", flush=True)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """R@5 per data set: the no-LLM legs and hybrid + PBR with each small LLM."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["method"] in ("dense", "bm25", "hybrid (no LLM)"):
+            bar = str(r["method"])
+        elif r["method"] == "hybrid + PBR":
+            bar = f"hybrid + PBR, {r['llm']}"
+        else:
+            continue
+        groups.setdefault(str(r["dataset"]), {})[bar] = r["R@5"]
+    bar_png(path, groups, title="hybrid_llm: R@5", ylabel="R@5")
 
 
 def main() -> None:
@@ -176,6 +192,7 @@ def score() -> None:
         w.writeheader()
         w.writerows(rows_out)
     (OUT / "llm.json").write_text(json.dumps({"rows": rows_out, "verdict": verdict}, indent=1))
+    plot(rows_out, OUT / "llm.png")
     for r in rows_out:
         if "pbr_wins" in r:
             extra = (

@@ -51,6 +51,7 @@ import argparse
 import csv
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,7 @@ from scipy.stats import rankdata
 
 from pbr_bench.histories import DATASETS, Built, build, encoders
 from pbr_bench.paths import RESULTS_DIR, scratch_dir
+from pbr_bench.report import bar_png
 from pbr_bench.splits import is_tuning_user
 from pbr_core.hybrid import fuse, lexical_query, lexical_weight, rank, with_context
 from pbr_core.snapshot import UserHistory
@@ -173,6 +175,15 @@ def best_threshold(rows: list[dict[str, Any]], variant: str, task: str) -> tuple
     return best
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Test split: how well each score tells a question's gold item from the rest (AUC)."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if r["split"] == "test":
+            groups.setdefault(str(r["dataset"]), {})[str(r["variant"])] = r["AUC gold"]
+    bar_png(path, groups, title="hybrid_scores: AUC gold vs not, test split", ylabel="AUC")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -264,6 +275,7 @@ def main() -> None:
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "scores.json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    plot(table, OUT / "scores.png")
     with (OUT / "scores.csv").open("w", newline="", encoding="utf-8") as f:
         keys = list(dict.fromkeys(k for t in table for k in t))
         w = csv.DictWriter(f, fieldnames=keys)

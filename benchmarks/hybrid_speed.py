@@ -21,11 +21,14 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.synthetic import corpus, queries, vocabulary
 from pbr_core import HistoryItem, HistoryStore
 from pbr_core.hybrid import lexical_query, rank
@@ -35,6 +38,15 @@ DIM = 384
 K = 10
 TARGET_MS = {1_000: 2.0, 100_000: 20.0}
 OUT = RESULTS_DIR
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Median ms per query, dense and hybrid, per history size."""
+    groups = {
+        f"{r['items']:,} items": {"dense": r["dense_ms_median"], "hybrid": r["hybrid_ms_median"]}
+        for r in rows
+    }
+    bar_png(path, groups, title="hybrid_speed: ms per query (median)", ylabel="ms", log=True)
 
 
 def main() -> None:
@@ -79,6 +91,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     payload = {"machine": describe(), "rows": rows}  # what the rows were timed on
     (OUT / "hybrid_speed.json").write_text(json.dumps(payload, indent=1) + "\n")
+    plot(rows, OUT / "hybrid_speed.png")
     with (OUT / "hybrid_speed.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

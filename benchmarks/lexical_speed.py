@@ -46,6 +46,7 @@ import numpy as np
 
 from pbr_bench.machine import describe
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.synthetic import (
     N_QUERIES,
     QUERY_TERMS,
@@ -189,6 +190,14 @@ def run_size(
     ]
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Median ms per query of each library, per corpus size."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        groups.setdefault(f"{r['items']:,} items", {})[str(r["library"])] = r["query_ms_median"]
+    bar_png(path, groups, title=f"{path.stem}: ms per query (median)", ylabel="ms", log=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
@@ -263,6 +272,7 @@ def main() -> None:
     (args.out / f"{name}.json").write_text(
         json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
     )
+    plot(rows, args.out / f"{name}.png")
     with (args.out / f"{name}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

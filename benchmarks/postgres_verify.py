@@ -49,6 +49,7 @@ from sqlalchemy import create_engine, text
 from langchain_pbr.stores import host_records
 from pbr_bench.paths import RESULTS_DIR
 from pbr_bench.postgres_server import PostgresServer, find_binaries
+from pbr_bench.report import bar_png
 from pbr_core import HistoryItem
 from pbr_core.corpus import Corpus
 
@@ -134,6 +135,12 @@ def measure(url: str, n_users: int, n_items: int, repeats: int) -> dict[str, flo
     return out
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Milliseconds per query of each step, against a plain owner-filtered search."""
+    steps = {str(r["step"]): r["ms_per_query"] for r in rows}
+    bar_png(path, {"ms per query": steps}, title="postgres_verify: per step", ylabel="ms", log=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=10)
@@ -179,6 +186,7 @@ def main() -> None:
         else "system",
     }
     Path(f"{args.out}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    plot(rows, Path(f"{args.out}.png"))
     print(f"wrote {args.out}.csv / .json")
 
 

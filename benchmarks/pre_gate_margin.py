@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -42,6 +43,7 @@ from pbr_bench.compare import sign_summary
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig
 from pbr_core.hybrid import lexical_query, lexical_terms, rank
@@ -131,6 +133,15 @@ def evaluate(rows: list[dict[str, Any]], signal: str | None, t: float) -> list[d
     return out
 
 
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    """LLM calls per question of each signal and threshold, per split."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in summary:
+        bar = f"{r['signal']} ≥ {r['threshold']:g}"
+        groups.setdefault(str(r["split"]), {})[bar] = r["calls_per_q"]
+    bar_png(path, groups, title="pre_gate_margin: LLM calls per question", ylabel="calls")
+
+
 def main() -> None:
     rows = collect()
     candidates: list[tuple[str | None, float]] = [(None, 0.0)] + [
@@ -175,6 +186,7 @@ def main() -> None:
     (OUT / "pre_gate_margin.json").write_text(
         json.dumps({"summary": summary, "chosen_on_tuning_split": chosen}, indent=1)
     )
+    plot(summary, OUT / "pre_gate_margin.png")
     for s in summary:
         print(
             f"{s['split']:5s} {s['signal']:5s} {s['threshold']:5.2f} "

@@ -48,6 +48,7 @@ from pbr_bench.datasets import Query
 from pbr_bench.histories import Built, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.paths import GENERATION_CACHE_DIR, RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_core.hybrid import lexical_query, rank
 from pbr_core.salience import rerank
 
@@ -193,6 +194,14 @@ def report(todo: list[tuple[Built, Query]]) -> dict[str, Any]:
     return {"candidates": N, "seed": SEED, "model": MODEL_ID, "rows": rows}
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """R@5 of each re-rank order, per data set (over the same candidates)."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in rows:
+        groups.setdefault(str(r["dataset"]), {})[str(r["method"])] = r["R@5"]
+    bar_png(path, groups, title="salience_rerank: R@5 over the same candidates", ylabel="R@5")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -209,6 +218,7 @@ def main() -> None:
     out = report(todo)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "salience_rerank.json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    plot(out["rows"], OUT / "salience_rerank.png")
     keys = list(dict.fromkeys(k for r in out["rows"] for k in r))
     with (OUT / "salience_rerank.csv").open("w", encoding="utf-8") as f:
         f.write(",".join(keys) + "\n")

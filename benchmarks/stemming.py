@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ from pbr_bench.embed import EmbeddingCache
 from pbr_bench.histories import DATASETS, Built, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations, recall_any_at_k
 from pbr_bench.paths import REPO_ROOT, RESULTS_DIR
-from pbr_bench.report import write_csv
+from pbr_bench.report import bar_png, write_csv
 from pbr_bench.runner import CachedEmbedder
 from pbr_bench.splits import is_tuning_question
 from pbr_core import PBRConfig, Personalizer
@@ -282,6 +283,16 @@ def index_memory(name: str, built: Built) -> dict[str, Any]:
     }
 
 
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    """R@5 on every question, each method unstemmed and stemmed, per data set."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in summary:
+        if r["split"] == "all" and r["method"] in ("bm25", "hybrid"):
+            bar = f"{r['method']}, {r['analyzer']}"
+            groups.setdefault(str(r["dataset"]), {})[bar] = r["R@5"]
+    bar_png(path, groups, title="stemming: R@5, every question", ylabel="R@5")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -328,6 +339,7 @@ def main() -> None:
         )
         + "\n"
     )
+    plot(summary, OUT / "stemming.png")
     print(f"\nwrote {(OUT / 'stemming.json').relative_to(REPO_ROOT)}", flush=True)
 
 

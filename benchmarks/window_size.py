@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pbr_bench.compare import SplitScores, cells_below_best, sign_summary
@@ -39,6 +40,7 @@ from pbr_bench.ensemble import rrf
 from pbr_bench.histories import DATASETS, build, encoders, item_ids
 from pbr_bench.metrics import best_over_combinations
 from pbr_bench.paths import RESULTS_DIR
+from pbr_bench.report import bar_png
 from pbr_bench.splits import is_tuning_question
 from pbr_core.hybrid import lexical_query, rank
 from pbr_core.windows import Window
@@ -126,6 +128,14 @@ def paired(scores: SplitScores, method: str, others: list[str], split: str) -> s
     return "\n".join(lines)
 
 
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    """Each window size's mean of R@5 and N@5 over the data sets, per split."""
+    groups: dict[str, dict[str, float]] = {}
+    for r in records:
+        groups.setdefault(str(r["split"]), {})[str(r["method"])] = r["mean"]
+    bar_png(path, groups, title="window_size: mean R@5 / N@5 over the data sets", ylabel="mean")
+
+
 def main() -> None:
     scores, costs = collect()
     text, records = table(scores, "tune")
@@ -144,6 +154,7 @@ def main() -> None:
     report = "\n\n".join(parts)
     print(report)
     OUT.mkdir(parents=True, exist_ok=True)
+    plot(records, OUT / "window_size.png")
     (OUT / "window_size.txt").write_text(report + "\n")
     (OUT / "window_size.json").write_text(
         json.dumps(dict(records=records, chosen=chosen, costs=costs), indent=1) + "\n"

@@ -46,3 +46,40 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 def _rounded(value: float) -> float:
     return float(f"{value:.6g}") if 0 < abs(value) < 1e-3 else round(value, 6)
+
+
+def bar_png(
+    path: Path,
+    groups: Mapping[str, Mapping[str, float]],
+    *,
+    title: str,
+    ylabel: str,
+    log: bool = False,
+) -> None:
+    """A table's figure: grouped bars, one group per key of ``groups`` (a data set, a size),
+    one bar per inner key (a method), the value above each bar; written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(k for bars in groups.values() for k in bars))
+    width = 0.8 / max(1, len(names))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(names)) ** 0.5), 4.5))
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(groups))]
+        values = [bars.get(name, float("nan")) for bars in groups.values()]
+        drawn = ax.bar(xs, values, width, label=name)
+        ax.bar_label(drawn, fmt="%.3g", fontsize=6, rotation=90, padding=2)
+    ax.set_xticks(range(len(groups)), list(groups), fontsize=8)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * (2.0 if log else 1.15))  # room for the values above the bars
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -72,3 +72,12 @@ def test_a_timing_records_the_cpu_model_and_the_cores_it_could_use() -> None:
         assert got["cpu"] == model
     assert got["cores_usable"] == len(os.sched_getaffinity(0))
     assert len(got["load_avg"]) == 3
+
+
+def test_a_tables_figure_is_a_png_with_a_bar_per_method_and_group(tmp_path) -> None:
+    from pbr_bench.report import bar_png
+
+    path = tmp_path / "figure.png"
+    groups = {"locomo": {"dense": 0.35, "hybrid": 0.55}, "prefeval": {"dense": 0.98}}
+    bar_png(path, groups, title="t", ylabel="R@5")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
