@@ -302,19 +302,51 @@ def fleet_postgres_cold(results: Path) -> list[str]:
     return lines
 
 
+def _against_plain(results: Path, cell: str, method: str) -> str:
+    """`` (wins / losses vs plain on R@5, p sign)`` of ``method`` in ``cell``'s paired file."""
+    row = pick(read(results, f"{cell}/paired_vs_plain__none.csv"), method=f"{method}__none")
+    return f" ({row['wins']} / {row['losses']}, p {p_value(row['sign_p'])})"
+
+
 @table("prefeval-no-llm")
 def prefeval_no_llm(results: Path) -> list[str]:
-    """PrefEval explicit preferences among N fillers, no LLM: R@1 / R@5."""
+    """PrefEval explicit preferences among N fillers, no LLM: R@1 / R@5, and per-question R@5
+    wins / losses against plain with the sign test."""
     methods = [("plain", "plain"), ("bm25", "BM25"), ("pbr-no-prf", "q + anchor")]
     heads = ["N fillers", *(f"{label} R@1 / R@5" for _, label in methods)]
     lines = ["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
     for n in (10, 50, 100, 300):
-        summary = read(results, f"prefeval-explicit-n{n}/summary__none.csv")
-        cells = [
-            (lambda r: f"{dec(r['R@1'])} / {dec(r['R@5'])}")(pick(summary, method=m))
-            for m, _ in methods
-        ]
+        cell = f"prefeval-explicit-n{n}"
+        summary = read(results, f"{cell}/summary__none.csv")
+        cells = []
+        for m, _ in methods:
+            r = pick(summary, method=m)
+            paired = "" if m == "plain" else _against_plain(results, cell, m)
+            cells.append(f"{dec(r['R@1'])} / {dec(r['R@5'])}{paired}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@table("locomo-no-llm")
+def locomo_no_llm(results: Path) -> list[str]:
+    """LoCoMo's 1,536 questions without an LLM: R@5 / N@5, and per-question R@5 wins / losses
+    against plain with the sign test."""
+    lines = [
+        "| LoCoMo (1,536 questions), R@5 / N@5 | plain | BM25 | anchor only (no LLM) |",
+        "|---|---|---|---|",
+    ]
+    for level, label in (
+        ("turn", "turn level (5,882 turns)"),
+        ("session", "session level (272 sessions)"),
+    ):
+        cell = f"locomo-{level}"
+        summary = read(results, f"{cell}/summary__none.csv")
+        cells = []
+        for m in ("plain", "bm25", "pbr-no-prf"):
+            r = pick(summary, method=m)
+            paired = "" if m == "plain" else _against_plain(results, cell, m)
+            cells.append(f"{dec(r['R@5'])} / {dec(r['N@5'])}{paired}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 

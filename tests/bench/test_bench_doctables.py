@@ -24,7 +24,8 @@ def test_a_changed_result_changes_the_table_and_nothing_else(tmp_path: Path) -> 
     for n in (10, 50, 100, 300):
         folder = tmp_path / f"prefeval-explicit-n{n}"
         folder.mkdir()
-        shutil.copy(RESULTS / folder.name / "summary__none.csv", folder / "summary__none.csv")
+        for name in ("summary__none.csv", "paired_vs_plain__none.csv"):
+            shutil.copy(RESULTS / folder.name / name, folder / name)
     doc = "before\n<!-- table:prefeval-no-llm -->\nstale\n<!-- /table:prefeval-no-llm -->\nafter\n"
     fresh, names = render(doc, tmp_path)
     assert names == ["prefeval-no-llm"] and "stale" not in fresh
@@ -48,5 +49,6 @@ def test_a_missing_result_row_is_an_error_not_a_blank_cell(tmp_path: Path) -> No
         folder.mkdir()
         rows = (RESULTS / folder.name / "summary__none.csv").read_text().splitlines()
         (folder / "summary__none.csv").write_text("\n".join(r for r in rows if "bm25" not in r))
+        shutil.copy(RESULTS / folder.name / "paired_vs_plain__none.csv", folder)
     with pytest.raises(LookupError, match="0 rows match"):
         render("<!-- table:prefeval-no-llm -->\n<!-- /table:prefeval-no-llm -->\n", tmp_path)
