@@ -307,6 +307,11 @@ class PBRRetriever(BaseRetriever):
         made_for = (id(store), self.user_key, id(embedder))
         built = _BUILT.get(self.corpus) if self.corpus is not None else None
         if self.corpus is not None and built is not None and built != made_for:
+            if self.history is not self.corpus.cache:
+                # a corpus another retriever built, given as corpus= (a configured copy
+                # comes with its default's history too): refused as any corpus over another
+                # store, owner key or embeddings is
+                _check_corpus(self.corpus, store, self.user_key, embedder)
             # a configured copy (configurable_fields) of a retriever whose corpus pbr built,
             # for another store, owner key or embeddings: that corpus lists the other store
             # under the other key; this copy gets its own, over a history of its own

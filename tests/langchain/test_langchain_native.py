@@ -548,6 +548,19 @@ def test_a_corpus_given_over_another_store_key_or_embeddings_is_refused() -> Non
             PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, corpus=corpus)
 
 
+def test_a_corpus_another_retriever_built_is_shared_or_refused_never_swapped() -> None:
+    """Given another retriever's corpus over another store, a retriever silently built one of
+    its own (the rule meant for configured copies): sharing looked done and was not (from a
+    review). Over the same store it is shared; over another, refused."""
+    store, other = InMemoryVectorStore(EMB), InMemoryVectorStore(EMB)
+    llm = FakeListLLM(responses=["x"])
+    first = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store)
+    shared = PBRRetriever(llm=llm, embeddings=EMB, vectorstore=store, corpus=first.corpus)
+    assert shared.corpus is first.corpus
+    with pytest.raises(ValidationError, match="another vector store"):
+        PBRRetriever(llm=llm, embeddings=EMB, vectorstore=other, corpus=first.corpus)
+
+
 def test_search_kwargs_k_is_read_as_k_and_a_configured_k_applies() -> None:
     """``search_kwargs["k"]`` overrode ``k`` silently, a configured ``k`` too (from a review):
     it is read as ``k``, refused where it disagrees with a ``k`` given too."""
