@@ -918,7 +918,14 @@ class Corpus:
 
     # -- reading -------------------------------------------------------------------------------
     def history(self, user_id: str) -> UserHistory | None:
-        """The user's current history, checked against the host store; None if they have none."""
+        """The user's current history, checked against the host store; None if they have none.
+
+        The snapshot pbr ranks with, not a copy (a copy per read would cost a request its
+        speed): read it, never change it. An item's ``metadata`` is typed ``Mapping`` for that
+        reason; a change made through it would change what pbr returns, unrecorded by the host.
+        Results (:class:`~pbr_core.protocols.SearchHit`, the adapters' documents and nodes)
+        carry copies.
+        """
         check_user_id(user_id)
         if not self.verified:
             return self.cache._current(user_id)
