@@ -2,6 +2,13 @@
 
 from typing import TYPE_CHECKING, Any
 
+try:  # the `langchain` extra: say so, rather than fail deep inside a submodule
+    import langchain_core  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ImportError(
+        "langchain_pbr needs LangChain: pip install 'personalize-before-retrieve[langchain]'"
+    ) from exc
+
 from langchain_pbr.chat_models import LocalGemmaChatModel
 from langchain_pbr.retrievers import PBRRetriever
 from langchain_pbr.salience import SalienceCompressor

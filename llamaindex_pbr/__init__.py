@@ -1,5 +1,12 @@
 """LlamaIndex integration of Personalize Before Retrieve (PBR): a per-user retriever."""
 
+try:  # the `llamaindex` extra: say so, rather than fail deep inside a submodule
+    import llama_index.core  # noqa: F401
+except ModuleNotFoundError as exc:
+    raise ImportError(
+        "llamaindex_pbr needs LlamaIndex: pip install 'personalize-before-retrieve[llamaindex]'"
+    ) from exc
+
 from pbr_core.adapters_support import EXPLANATION_KEY
 
 from .embeddings import LocalMiniLMEmbedding

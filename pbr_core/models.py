@@ -99,7 +99,8 @@ def _require(modules: Sequence[str], what: str) -> None:
     missing = [m for m in modules if m not in _FOUND and importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(
-            f"{what} needs {', '.join(missing)}, which is not installed; {_INSTALL_HINT}"
+            f"{what} needs {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed; {_INSTALL_HINT}"
         )
     _FOUND.update(modules)
 

@@ -162,3 +162,21 @@ def test_importing_salience_loads_no_model_library() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("package", "framework", "extra"),
+    [
+        ("langchain_pbr", "langchain_core", "langchain"),
+        ("llamaindex_pbr", "llama_index", "llamaindex"),
+    ],
+)
+def test_an_adapter_without_its_framework_names_the_extra_to_install(
+    package: str, framework: str, extra: str
+) -> None:
+    """A base install (`pip install personalize-before-retrieve`) failed on ``import
+    langchain_pbr`` with a bare ``No module named 'langchain_core'`` from a submodule."""
+    code = f"import sys; sys.modules[{framework!r}] = None; import {package}"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode != 0
+    assert f"pip install 'personalize-before-retrieve[{extra}]'" in run.stderr
