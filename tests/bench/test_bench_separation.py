@@ -66,6 +66,8 @@ def test_the_library_wheel_holds_the_library_only(tmp_path) -> None:
     packages = {t for t in tops if not t.endswith(".dist-info")}
     assert packages == {"pbr_core", "langchain_pbr", "llamaindex_pbr"}
     assert not [n for n in names if "bench" in n.split("/")[-1] and n.endswith(".py")]
+    # the license the metadata declares travels with the code
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
 
 
 def test_the_harness_is_installed_and_finds_the_checkout_from_any_folder(tmp_path) -> None:
