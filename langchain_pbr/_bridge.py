@@ -89,12 +89,10 @@ class LangChainGenerator:
         self.prompt_style = prompt_style
         model = underlying_model(llm)
         self.model_id = model_id(model)  # keys pbr_core's generation cache
-        # No one id names the model that answers (see one_model), or the model declares none
+        # No one id names what answers (see answers_as_model), or the model declares none
         # (its class name, which two models share): no answer is cached, since it would be
         # served for another model's.
-        self.cacheable = (
-            one_model(llm) and answers_as_model(llm) and declared_model_id(model) is not None
-        )
+        self.cacheable = answers_as_model(llm) and declared_model_id(model) is not None
         # in-process (no timeout: pbr_core.generation.timeout_for) only if every model that
         # may answer is: a remote fallback of the embedded model can hang on its network
         models = answering if answering is not None else answering_models(llm)
@@ -211,41 +209,22 @@ def underlying_model(llm: Any) -> Any:
     return llm
 
 
-def one_model(llm: Any) -> bool:
-    """Whether every answer of ``llm`` comes from the model :func:`underlying_model` finds: not
-    where the run's config picks the model (``configurable_fields``,
+def answers_as_model(llm: Any) -> bool:
+    """Whether every answer of ``llm`` is the own answer of the one model
+    :func:`underlying_model` finds, so that model's name may key cached answers.
+
+    Not where another model may answer: the run's config picks it (``configurable_fields``,
     ``configurable_alternatives``), the input does (a ``RunnableBranch``), a failure does
-    (``with_fallbacks``), or a ``bind()`` overrides it (``bind(model=...)``), anywhere in its
-    wrappers or steps; nor a chain of two models (``a | parser | b``: the last one answers)."""
+    (``with_fallbacks``), or a chain holds two (``a | parser | b``: the last one answers). Nor
+    where the answer is not the model's own: a ``bind()`` changes how it answers (``model=``,
+    ``stop``, ``temperature``, tools), a step before it rewrites the prompt (a prompt template,
+    a lambda), or one after it rewrites the answer (anything but ``StrOutputParser`` itself,
+    which takes its text), anywhere in its wrappers or steps. Two such runnables around one
+    model would otherwise share its cached answers.
+    """
+    from langchain_core.output_parsers import StrOutputParser
     from langchain_core.runnables import RunnableBinding, RunnableWithFallbacks
     from langchain_core.runnables.configurable import DynamicRunnable
-
-    for _ in range(8):
-        if isinstance(llm, DynamicRunnable | RunnableWithFallbacks) or _branches(llm):
-            return False
-        if isinstance(llm, RunnableBinding) and _MODEL_KWARGS & set(llm.kwargs):
-            return False
-        if isinstance(llm, BaseLanguageModel):
-            return True
-        steps = _steps(llm)
-        if steps is not None:
-            models = [s for s in steps if isinstance(underlying_model(s), BaseLanguageModel)]
-            return len(models) <= 1 and all(one_model(step) for step in steps)
-        llm = _wrapped(llm)
-        if llm is None:
-            return True
-    return True
-
-
-def answers_as_model(llm: Any) -> bool:
-    """Whether ``llm``'s answer to a prompt is its model's own, as its name (the cache key)
-    says: no step before the model rewrites the prompt (a prompt template, a lambda), none
-    after it rewrites the answer (other than ``StrOutputParser`` itself, which takes its
-    text), and no ``bind()`` changes how it answers (``stop``, ``temperature``, tools), in its
-    wrappers or steps. Two such chains around one model would otherwise share its cached
-    answers."""
-    from langchain_core.output_parsers import StrOutputParser
-    from langchain_core.runnables import RunnableBinding
 
     def plain_parser(step: Any) -> bool:
         while isinstance(step, RunnableBinding) and not step.kwargs:  # with_config()
@@ -255,6 +234,8 @@ def answers_as_model(llm: Any) -> bool:
     for _ in range(8):
         if isinstance(llm, BaseLanguageModel):
             return True
+        if isinstance(llm, DynamicRunnable | RunnableWithFallbacks) or _branches(llm):
+            return False
         if isinstance(llm, RunnableBinding) and llm.kwargs:
             return False
         steps = _steps(llm)
@@ -264,10 +245,6 @@ def answers_as_model(llm: Any) -> bool:
         if llm is None:  # a Runnable of the user's: what it does to the prompt is unknown
             return False
     return False
-
-
-#: ``bind()`` arguments that change which model answers.
-_MODEL_KWARGS = frozenset({"model", "model_name", "model_id", "deployment_name"})
 
 
 def _branches(llm: Any) -> list[tuple[Any, Any]]:
