@@ -35,6 +35,18 @@ def _text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def check_cache_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a generation cache's file; ValueError where it is a folder, naming a file in
+    it (checked by the cache and, before any model loads, by ``pbr demo --cache``)."""
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(
+            f"the generation cache {file} is a folder; give a file in it, e.g. "
+            f"{file / 'generations.jsonl'}"
+        )
+    return file
+
+
 class GenerationCache:
     """A thread-safe (model id, prompt) → text map, persisted to ``path`` when one is given.
 
@@ -50,12 +62,7 @@ class GenerationCache:
             isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
         ):
             raise ValueError(f"max_entries must be an integer >= 1 or None, got {max_entries!r}")
-        self.path = Path(path) if path is not None else None
-        if self.path is not None and self.path.is_dir():
-            raise ValueError(
-                f"the generation cache {self.path} is a folder; give a file in it, e.g. "
-                f"{self.path / 'generations.jsonl'}"
-            )
+        self.path = check_cache_file(path) if path is not None else None
         self.max_entries = max_entries
         self._data: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()

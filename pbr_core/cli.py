@@ -8,7 +8,6 @@ The harness is imported only when ``pbr bench`` runs, never when this module is 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 
@@ -72,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cache_file(text: str) -> str:
     """An argparse type: a file path, not a folder (checked before any model loads)."""
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(
-            f"{text} is a folder; give a file in it, e.g. {os.path.join(text, 'generations.jsonl')}"
-        )
+    from .cache import check_cache_file
+
+    try:
+        check_cache_file(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
