@@ -127,10 +127,11 @@ def _variants(base: LexicalIndex, stemmer: StemmerName | None) -> list[LexicalIn
     ]
 
 
-def collect(name: str) -> list[Row]:
+def collect(name: str, scratch: Path) -> list[Row]:
     """Per question of data set ``name``: its split, gold, every item's cosine (best window and
-    whole item) and BM25 score and ceiling under every analyzer of the grid."""
-    path = scratch_dir("hybrid_tuning", __file__) / f"{name}.pkl"
+    whole item) and BM25 score and ceiling under every analyzer of the grid, kept in
+    ``scratch``."""
+    path = scratch / f"{name}.pkl"
     if path.exists():
         rows: list[Row] = pickle.loads(path.read_bytes())
         return rows
@@ -383,7 +384,8 @@ def stage_b(analyzers: Sequence[int]) -> list[Candidate]:
 
 def main() -> None:
     t0 = time.perf_counter()
-    loaded = load_all(collect, LOADED)
+    scratch = scratch_dir("hybrid_tuning", __file__)  # one fingerprint per run
+    loaded = load_all(lambda name: collect(name, scratch), LOADED)
     sets = views(loaded, VIEWS)
     base = {b: evaluate(lambda r, b=b: baseline_scores(b, r), sets, "tune") for b in BASELINES}
     records: list[dict[str, Any]] = []

@@ -300,12 +300,7 @@ def run(name: str, candidates: Sequence[str], ranked: Candidates, extra: dict[st
     ``$PBR_CACHE_DIR/<name>-<code>``, :func:`~pbr_bench.paths.scratch_dir`), then :func:`report`
     to ``benchmarks/results/hybrid/<name>.{csv,json,png}``."""
     t0 = time.perf_counter()
-    sets = views(
-        load_all(
-            lambda data_set: collect(
-                data_set, scratch_dir(name, BENCHMARKS_DIR / f"{name}.py"), ranked
-            )
-        )
-    )
+    scratch = scratch_dir(name, BENCHMARKS_DIR / f"{name}.py")  # one fingerprint per run
+    sets = views(load_all(lambda data_set: collect(data_set, scratch, ranked)))
     report(sets, candidates, RESULTS_DIR / "hybrid" / name, extra)
     print(f"({time.perf_counter() - t0:.0f}s)")
